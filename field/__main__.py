@@ -1,0 +1,7 @@
+"""``python -m field`` is the ``field`` command."""
+
+import sys
+
+from .cli import main
+
+sys.exit(main())

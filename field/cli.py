@@ -1,0 +1,144 @@
+"""The ``field`` command: ``field serve`` starts a Field on uvicorn."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+
+import uvicorn
+
+from . import __version__
+from .config import Config
+from .errors import FieldError
+from .store import open_log
+from .transports.http import create_app
+
+logger = logging.getLogger("field")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="field", description="Host an Akashik Protocol Field.")
+    parser.add_argument("--version", action="version", version=f"field {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+    serve = commands.add_parser("serve", help="start the Field server")
+    serve.add_argument("--host", help="address to listen on (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="port to listen on; 0 picks a free one (8765)")
+    serve.add_argument(
+        "--data-dir",
+        type=Path,
+        help="directory of the SQLite event log (default ./field-data)",
+    )
+    serve.add_argument(
+        "--in-memory",
+        action="store_true",
+        help="keep the log in memory only: nothing survives a restart",
+    )
+    serve.add_argument(
+        "--sync",
+        choices=["full", "normal"],
+        help="SQLite durability: full survives power loss, normal a crash (default full)",
+    )
+    serve.add_argument("--max-body-bytes", type=int, help="largest request body (1 MiB)")
+    serve.add_argument("--max-queue", type=int, help="requests waiting for the writer (10000)")
+    serve.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug"],
+        help="log verbosity (default info)",
+    )
+    return parser
+
+
+def _config(args: argparse.Namespace) -> Config:
+    config = Config.from_env(
+        host=args.host,
+        port=args.port,
+        data_dir=args.data_dir,
+        sync=args.sync,
+        max_body_bytes=args.max_body_bytes,
+        max_queue=args.max_queue,
+        log_level=args.log_level,
+    )
+    if args.in_memory:
+        config = replace(config, data_dir=None)
+    return config
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, but a SIGINT or SIGTERM is a normal stop: exit status 0.
+
+    (uvicorn re-raises the signal after its graceful shutdown, which would
+    end the process by that signal instead.)
+    """
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self.should_exit and sig == signal.SIGINT:
+            self.force_exit = True  # a second Ctrl-C skips the graceful wait
+        else:
+            self.should_exit = True
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on such sockets,
+    # and without it every kept-alive response waits for a delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(config: Config) -> int:
+    """Run the server until SIGINT or SIGTERM; returns the exit status."""
+    logging.basicConfig(
+        level=config.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        sock = _bind(config.host, config.port)
+    except OSError as exc:
+        logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
+        return 2
+    config = replace(config, port=sock.getsockname()[1])
+    try:
+        log = open_log(config.data_dir, synchronous=config.sync)
+    except FieldError as exc:
+        logger.error("cannot open the event log in %s: %s", config.data_dir, exc.message)
+        sock.close()
+        return 2
+    server = _Server(
+        uvicorn.Config(
+            create_app(config, log=log),
+            log_level=config.log_level,
+            lifespan="on",
+            access_log=False,
+            timeout_graceful_shutdown=10,
+        )
+    )
+    try:
+        server.run(sockets=[sock])
+    finally:
+        log.close()
+    return 0 if server.started else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = _config(args)
+    except ValueError as exc:
+        print(f"field: {exc}", file=sys.stderr)
+        return 2
+    return serve(config)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

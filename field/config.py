@@ -1,0 +1,69 @@
+"""Server configuration: typed, bounded, read once at start-up.
+
+Every setting has a command-line flag (``field serve --help``) and an
+environment variable ``FIELD_<NAME>``; a flag wins over the environment,
+and the environment over the default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .model import Limits
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Config:
+    """Settings of one ``field serve`` process."""
+
+    host: str = "127.0.0.1"
+    port: int = 8765
+    #: Directory of the SQLite log; ``None`` keeps the log in memory (tests, demos).
+    data_dir: Path | None = Path("./field-data")
+    #: SQLite synchronous mode: "full" survives power loss, "normal" a process crash.
+    sync: str = "full"
+    #: Bound on requests waiting for the writer; past it requests get OVERLOADED.
+    max_queue: int = 10_000
+    #: Most operations committed in one group commit.
+    max_batch: int = 512
+    log_level: str = "info"
+    limits: Limits = field(default_factory=Limits)
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be between 0 and 65535, not {self.port}")
+        if self.sync not in ("full", "normal"):
+            raise ValueError(f'sync must be "full" or "normal", not {self.sync!r}')
+        if self.max_queue < 1 or self.max_batch < 1:
+            raise ValueError("max_queue and max_batch must be positive")
+        if self.limits.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be at least 1024")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+        """Defaults, then ``FIELD_*`` variables, then ``overrides`` (None means unset)."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            raw = environ.get(f"FIELD_{f.name.upper()}")
+            if raw is not None and f.name != "limits":
+                values[f.name] = _parse(f.name, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None and k != "limits"})
+        body = overrides.get("max_body_bytes") or environ.get("FIELD_MAX_BODY_BYTES")
+        values.pop("max_body_bytes", None)
+        config = cls(**values)
+        if body is not None:
+            config = replace(config, limits=replace(config.limits, max_body_bytes=int(body)))
+        return config
+
+
+def _parse(name: str, raw: str) -> Any:
+    if name == "data_dir":
+        return None if raw in ("", ":memory:") else Path(raw)
+    if name in ("port", "max_queue", "max_batch"):
+        return int(raw)
+    return raw

@@ -1,0 +1,569 @@
+"""The Field: operations in, responses and log entries out.
+
+:meth:`Field.handle` is the whole protocol core. It validates an envelope,
+authenticates its sender, runs the operation against the current state
+and returns an :class:`Outcome`: the response payload and the log entries
+that record what changed. It does no I/O: the caller (the service) makes
+the entries durable before it releases the response.
+
+Every operation is all-or-nothing. Handlers only read the state and build
+entries; :meth:`Field._commit` then advances the Lamport clock and applies
+the entries through the same projection that replays the log. A request
+that fails raises a :class:`~field.errors.FieldError` before anything is
+committed, so it changes nothing and consumes no epoch.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+import orjson
+
+from .. import PROTOCOL_VERSION
+from ..errors import AuthError, Code, FieldError, InvalidPayload, NotFound, StateError
+from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits
+from ..store.base import LogEntry, StoredEntry
+from . import relevance, validation
+from .state import AgentRecord, FieldState
+
+#: Operations implemented by this Field, in spec order.
+SUPPORTED_OPERATIONS: tuple[str, ...] = ("REGISTER", "DEREGISTER", "RECORD", "ATTUNE", "DETECT")
+CONFORMANCE_LEVEL = 1
+SUMMARY_CHARS = 240
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What one operation produced: its response and the entries to make durable."""
+
+    response: dict[str, Any]
+    entries: list[LogEntry] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Ids:
+    """Sources of identifiers and secrets; tests replace them for determinism."""
+
+    token: Callable[[], str] = lambda: secrets.token_urlsafe(32)
+    suffix: Callable[[], str] = lambda: secrets.token_hex(10)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _timestamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+@dataclass(slots=True)
+class _Context:
+    envelope: validation.Envelope
+    agent: AgentRecord | None
+    epoch: int
+    now: float
+
+
+class Field:
+    """The protocol state machine of one Field."""
+
+    def __init__(
+        self,
+        *,
+        limits: Limits | None = None,
+        persistent: bool = True,
+        now: Callable[[], float] = time.time,
+        ids: Ids | None = None,
+    ) -> None:
+        self.limits = limits or Limits()
+        self.persistent = persistent
+        self.state = FieldState(self.limits)
+        self._now = now
+        self._ids = ids or Ids()
+        self._handlers: dict[str, Callable[[_Context], Outcome]] = {
+            "REGISTER": self._register,
+            "DEREGISTER": self._deregister,
+            "RECORD": self._record,
+            "ATTUNE": self._attune,
+            "DETECT": self._detect,
+        }
+
+    # -- life cycle ------------------------------------------------------------
+
+    def replay(self, entries: Iterable[StoredEntry]) -> None:
+        """Rebuild the state from a stored log (start-up and recovery)."""
+        self.state.replay(entries)
+
+    def genesis(self) -> list[LogEntry]:
+        """The entries that start a new log: the Field's identity."""
+        if self.state.field_id is not None:
+            return []
+        entry = LogEntry(
+            0, "field.created", {"field_id": f"field-{self._ids.suffix()}"}, ts=self._now()
+        )
+        self.state.apply(entry)
+        return [entry]
+
+    @property
+    def epoch(self) -> int:
+        return self.state.clock.value
+
+    # -- the one entry point ---------------------------------------------------
+
+    def handle(self, body: Any, *, token: str | None, operation: str | None = None) -> Outcome:
+        """Run one enveloped operation; ``operation`` is the endpoint's, if any."""
+        envelope = validation.envelope(body, expected_operation=operation, limits=self.limits)
+        try:
+            handler = self._handlers.get(envelope.operation)
+            if handler is None:
+                raise StateError(
+                    f"{envelope.operation} is not supported by this Field "
+                    f"(conformance level {CONFORMANCE_LEVEL})",
+                    code=Code.UNSUPPORTED_OPERATION,
+                    recoverable=False,
+                    suggested_action=f"Use one of {', '.join(SUPPORTED_OPERATIONS)}.",
+                )
+            agent = None if envelope.operation == "REGISTER" else self.authenticate(token)
+            if agent is not None and agent.id != envelope.agent_id:
+                raise AuthError(
+                    f"the bearer token belongs to agent {agent.id!r}, not {envelope.agent_id!r}",
+                    code=Code.FORBIDDEN,
+                    recoverable=False,
+                    suggested_action="Send each agent's requests with its own token.",
+                )
+            epoch = self.state.clock.next(envelope.epoch)
+            outcome = handler(_Context(envelope, agent, epoch, self._now()))
+            self._commit(epoch, outcome.entries)
+            return outcome
+        except FieldError as error:
+            error.operation = error.operation or envelope.operation
+            raise
+
+    def authenticate(self, token: str | None) -> AgentRecord:
+        """The registered agent a bearer token belongs to."""
+        if not token:
+            raise AuthError("this request needs 'Authorization: Bearer <token>'")
+        digest = hash_token(token)
+        agent_id = self.state.tokens.get(digest)
+        if agent_id is not None:
+            agent = self.state.agents[agent_id]
+            if hmac.compare_digest(agent.token_hash, digest):
+                return agent
+        revoked = self.state.revoked_tokens.get(digest)
+        if revoked is not None:
+            raise AuthError(
+                f"agent {revoked!r} has deregistered; its token is no longer valid",
+                code=Code.AGENT_NOT_REGISTERED,
+                suggested_action="Call REGISTER again to get a new token.",
+            )
+        raise AuthError("the bearer token is not one this Field issued")
+
+    def _commit(self, epoch: int, entries: list[LogEntry]) -> None:
+        reserved = self.state.clock.advance(epoch)
+        if reserved is not None:
+            entries.append(LogEntry(epoch, "clock.reserved", {"until": reserved}, ts=self._now()))
+        for entry in entries:
+            self.state.apply(entry)
+
+    # -- REGISTER / DEREGISTER -------------------------------------------------
+
+    def capabilities(self) -> dict[str, Any]:
+        return {
+            "conformance_level": CONFORMANCE_LEVEL,
+            "supported_operations": list(SUPPORTED_OPERATIONS),
+            "protocol_version": PROTOCOL_VERSION,
+            "persistence": self.persistent,
+            "conflict_strategies": [],
+            "field_id": self.state.field_id or "",
+            "detect_modes": ["list"],
+            "limits": self.limits.as_dict(),
+        }
+
+    def _register(self, ctx: _Context) -> Outcome:
+        request = validation.register_payload(ctx.envelope.payload, self.limits)
+        if request["id"] != ctx.envelope.agent_id:
+            raise AuthError(
+                "REGISTER payload id must equal the envelope agent_id",
+                code=Code.FORBIDDEN,
+                suggested_action="Register under the id you send the envelope from.",
+            )
+        missing = [op for op in request["required_operations"] if op not in SUPPORTED_OPERATIONS]
+        if missing:
+            raise StateError(
+                f"this Field does not support {', '.join(missing)}",
+                code=Code.UNSUPPORTED_OPERATION,
+                recoverable=False,
+                suggested_action="Connect to a Field that supports them, or drop them.",
+                details={
+                    "status": "rejected",
+                    "rejection_reason": f"unsupported operations: {', '.join(missing)}",
+                    "missing_operations": missing,
+                    "field_capabilities": self.capabilities(),
+                },
+            )
+        if request["id"] in self.state.agents:
+            raise StateError(
+                f"agent id {request['id']!r} is already registered",
+                code=Code.AGENT_ID_TAKEN,
+                suggested_action="Register under a different id.",
+            )
+        token = self._ids.token()
+        agent = {
+            "id": request["id"],
+            "role": request["role"],
+            "interests": request["interests"],
+            "current_task_id": request["current_task_id"],
+            "registered_epoch": ctx.epoch,
+        }
+        entry = LogEntry(
+            ctx.epoch,
+            "agent.registered",
+            {"agent": agent, "token_hash": hash_token(token)},
+            agent_id=request["id"],
+            ts=ctx.now,
+        )
+        response = {
+            "status": "registered",
+            "agent": {**agent, "status": "idle"},
+            "field_capabilities": self.capabilities(),
+            "rejection_reason": None,
+            "token": token,
+            "epoch": ctx.epoch,
+        }
+        return Outcome(response, [entry])
+
+    def _deregister(self, ctx: _Context) -> Outcome:
+        target = validation.deregister_payload(ctx.envelope.payload)
+        if target != ctx.envelope.agent_id:
+            raise AuthError(
+                "an agent can only deregister itself",
+                code=Code.FORBIDDEN,
+                recoverable=False,
+                suggested_action="Send DEREGISTER from the agent that leaves.",
+            )
+        entry = LogEntry(
+            ctx.epoch, "agent.deregistered", {"agent_id": target}, agent_id=target, ts=ctx.now
+        )
+        response = {
+            "status": "ok",
+            "cleanup": {
+                "units_orphaned": self.state.units_by_agent[target],
+                "tasks_reassigned": 0,
+            },
+            "epoch": ctx.epoch,
+        }
+        return Outcome(response, [entry])
+
+    # -- RECORD ----------------------------------------------------------------
+
+    def _record(self, ctx: _Context) -> Outcome:
+        request = validation.record_payload(ctx.envelope.payload, self.limits)
+        assert ctx.agent is not None  # guaranteed by handle(): RECORD is authenticated
+        for relation in request["relations"]:
+            if relation["target_id"] not in self.state.units:
+                raise NotFound(
+                    f"relation target {relation['target_id']!r} is not a memory unit in this Field",
+                    code=Code.UNIT_NOT_FOUND,
+                    suggested_action="Relate only to units the Field returned.",
+                )
+        unit_id = f"mem-{self._ids.suffix()}"
+        unit = {
+            "id": unit_id,
+            **request,
+            "source": {
+                "agent_id": ctx.agent.id,
+                "agent_role": ctx.agent.role,
+                "session_id": ctx.envelope.session_id,
+                "timestamp": _timestamp(ctx.now),
+            },
+            "status": "draft" if request["mode"] == "draft" else "active",
+            "epoch": ctx.epoch,
+        }
+        entries = [LogEntry(ctx.epoch, "memory.recorded", {"unit": unit}, ctx.agent.id, ctx.now)]
+        conflicts = self._relation_effects(ctx, unit, entries)
+        response = {
+            "status": "accepted",
+            "memory_unit_id": unit_id,
+            "epoch": ctx.epoch,
+            "conflicts_detected": conflicts,
+            "rejection_reason": None,
+        }
+        return Outcome(response, entries)
+
+    def _relation_effects(
+        self, ctx: _Context, unit: dict[str, Any], entries: list[LogEntry]
+    ) -> list[str]:
+        """Entries for ``supersedes`` and ``contradicts`` relations; returns new conflicts."""
+        agent_id = unit["source"]["agent_id"]
+        superseded: set[str] = set()
+        contested: set[str] = set()
+        conflicts: list[str] = []
+        for relation in unit["relations"]:
+            target = relation["target_id"]
+            if relation["type"] == "supersedes" and target not in superseded:
+                superseded.add(target)
+                data = {"memory_unit_id": target, "by": unit["id"]}
+                entries.append(LogEntry(ctx.epoch, "memory.superseded", data, agent_id, ctx.now))
+            elif relation["type"] == "contradicts":
+                conflict_id = f"conflict-{self._ids.suffix()}"
+                description = relation["description"] or (
+                    f"{unit['id']} contradicts {target}: "
+                    f"{_shorten(unit['content'], 80)!r} vs "
+                    f"{_shorten(self.state.units[target]['content'], 80)!r}"
+                )
+                conflict = {
+                    "id": conflict_id,
+                    "type": "factual",
+                    "status": "detected",
+                    "unit_a": target,
+                    "unit_b": unit["id"],
+                    "description": description,
+                    "detected_by": "explicit",
+                    "epoch": ctx.epoch,
+                }
+                conflicts.append(conflict_id)
+                entries.append(
+                    LogEntry(ctx.epoch, "conflict.detected", {"conflict": conflict}, agent_id, ctx.now)
+                )
+                contested.update((target, unit["id"]))
+        for unit_id in sorted(contested - superseded):
+            if self._status_after(unit_id, unit) in ("active", "draft"):
+                data = {"memory_unit_id": unit_id, "conflict_id": conflicts[-1]}
+                entries.append(LogEntry(ctx.epoch, "memory.contested", data, agent_id, ctx.now))
+        return conflicts
+
+    def _status_after(self, unit_id: str, new_unit: dict[str, Any]) -> str:
+        if unit_id == new_unit["id"]:
+            return str(new_unit["status"])
+        return str(self.state.units[unit_id]["status"])
+
+    # -- ATTUNE ----------------------------------------------------------------
+
+    def _attune(self, ctx: _Context) -> Outcome:
+        scope = validation.attune_payload(ctx.envelope.payload, self.limits)
+        assert ctx.agent is not None  # guaranteed by handle(): ATTUNE is authenticated
+        agent = ctx.agent
+        query = relevance.Query(
+            agent_id=agent.id,
+            role=scope["role"],
+            interests=scope["interests"] if scope["interests"] is not None else agent.interests,
+            context_hint=scope["context_hint"],
+            task_id=scope["active_task_id"] or agent.current_task_id,
+            recency_weight=scope["recency_weight"],
+            include_own=scope["include_own"],
+            since_epoch=scope["since_epoch"],
+        )
+        index = self.state.index
+        rows = relevance.candidates(index, query)
+        scores = relevance.score(index, query, rows)
+        polling = query.since_epoch is not None
+        if not polling:
+            scores = relevance.diversify(index, rows, scores)
+        keep = scores >= scope["relevance_threshold"]
+        rows, scores = rows[keep], scores[keep]
+        available = len(rows)
+        if polling:
+            # rows ascend by epoch: a prefix is the oldest new units, so the
+            # next poll can continue exactly where this page stops
+            walk = np.arange(min(available, scope["max_units"]))
+        else:
+            walk = np.argsort(-scores, kind="stable")[: scope["max_units"]]
+        chosen, tokens_used = self._fit(rows[walk], scores[walk], scope, make_progress=polling)
+        chosen.sort(key=lambda item: -item[1])  # stable: ties keep epoch order
+        record = [self._scoped(query, *item) for item in chosen]
+        epoch = ctx.epoch
+        if polling and len(chosen) < available:
+            epoch = max(self.state.units[index.ids[row]]["epoch"] for row, *_ in chosen)
+        response = {
+            "status": "ok",
+            "record": record,
+            "conflicts": self._conflicts_for(agent.id),
+            "context_budget": {
+                "units_returned": len(record),
+                "units_available": available,
+                "tokens_used": tokens_used,
+                "tokens_budget": scope["max_tokens"],
+            },
+            "epoch": epoch,
+        }
+        return Outcome(response)
+
+    def _fit(
+        self, rows: np.ndarray, scores: np.ndarray, scope: dict[str, Any], *, make_progress: bool
+    ) -> tuple[list[tuple[int, float, str, dict[str, Any]]], int | None]:
+        """Walk ``rows`` in order, taking each in the richest form ``max_tokens`` allows.
+
+        The walk stops at the first unit that does not fit in any form. A
+        poll (``make_progress``) always takes its first unit, in its
+        shortest form, so that polling can never stall on one large unit.
+        """
+        budget = scope["max_tokens"]
+        units, ids = self.state.units, self.state.index.ids
+        chosen: list[tuple[int, float, str, dict[str, Any]]] = []
+        used = 0
+        for row, row_score in zip(rows.tolist(), scores.tolist(), strict=True):
+            forms = _forms(units[ids[row]], scope["format"])
+            if budget is None:
+                chosen.append((row, row_score, *forms[0]))
+                continue
+            for name, shown in forms:
+                cost = _tokens(shown)
+                if used + cost <= budget:
+                    break
+            else:
+                if chosen or not make_progress:
+                    break
+            used += cost
+            chosen.append((row, row_score, name, shown))
+        return chosen, (used if budget is not None else None)
+
+    def _scoped(
+        self, query: relevance.Query, row: int, row_score: float, form: str, shown: dict[str, Any]
+    ) -> dict[str, Any]:
+        """One ScopedMemoryUnit of the ATTUNE response."""
+        unit = self.state.units[self.state.index.ids[row]]
+        scored = {
+            "relevance_score": round(row_score, 6),
+            "relevance_reason": relevance.explain(self.state.index, query, unit, row_score),
+            "format": form,
+        }
+        if form == "ids_only":
+            return {**shown, **scored}
+        return {"memory_unit": shown, **scored}
+
+    def _conflicts_for(self, agent_id: str) -> list[dict[str, Any]]:
+        """Unresolved conflicts, the agent's own first, then newest first."""
+        units = self.state.units
+        unresolved = [
+            c for c in self.state.conflicts.values() if c["status"] in UNRESOLVED_CONFLICT_STATUSES
+        ]
+
+        def involves_agent(conflict: dict[str, Any]) -> bool:
+            return any(
+                units[conflict[key]]["source"]["agent_id"] == agent_id
+                for key in ("unit_a", "unit_b")
+            )
+
+        unresolved.sort(key=lambda c: (not involves_agent(c), -c["epoch"]))
+        return unresolved[: self.limits.max_attune_conflicts]
+
+    # -- DETECT ----------------------------------------------------------------
+
+    def _detect(self, ctx: _Context) -> Outcome:
+        request = validation.detect_payload(ctx.envelope.payload, self.limits)
+        if request["mode"] != "list":
+            raise StateError(
+                f"DETECT mode {request['mode']!r} is not supported at conformance level "
+                f"{CONFORMANCE_LEVEL}",
+                code=Code.UNSUPPORTED_OPERATION,
+                recoverable=False,
+                suggested_action='Use mode "list".',
+            )
+        response = {
+            "status": "ok",
+            "conflicts": self.list_conflicts(
+                statuses=request["status"],
+                types=request["types"],
+                involving_agents=request["involving_agents"],
+            ),
+            "scan_coverage": {"units_scanned": 0, "new_conflicts_found": 0},
+            "epoch": ctx.epoch,
+        }
+        return Outcome(response)
+
+    # -- reads outside the protocol (GET endpoints) ----------------------------
+
+    def list_conflicts(
+        self,
+        *,
+        statuses: Iterable[str] = (),
+        types: Iterable[str] = (),
+        involving_agents: Iterable[str] = (),
+    ) -> list[dict[str, Any]]:
+        """Conflicts matching every non-empty filter, oldest first."""
+        status_set, type_set, agent_set = set(statuses), set(types), set(involving_agents)
+        units = self.state.units
+        result = []
+        for conflict in self.state.conflicts.values():
+            if status_set and conflict["status"] not in status_set:
+                continue
+            if type_set and conflict["type"] not in type_set:
+                continue
+            if agent_set and not agent_set & {
+                units[conflict[key]]["source"]["agent_id"] for key in ("unit_a", "unit_b")
+            }:
+                continue
+            result.append(conflict)
+        return result
+
+    def list_agents(self) -> list[dict[str, Any]]:
+        return [agent.to_wire() for agent in self.state.agents.values()]
+
+    def status(self) -> dict[str, Any]:
+        state = self.state
+        return {
+            "status": "ok",
+            "field_id": state.field_id or "",
+            "protocol_version": PROTOCOL_VERSION,
+            "conformance_level": CONFORMANCE_LEVEL,
+            "epoch": state.clock.value,
+            "persistence": self.persistent,
+            "counts": {
+                "agents": len(state.agents),
+                "memory_units": {k: v for k, v in state.unit_statuses.items() if v},
+                "conflicts": {
+                    "total": len(state.conflicts),
+                    "unresolved": sum(
+                        c["status"] in UNRESOLVED_CONFLICT_STATUSES
+                        for c in state.conflicts.values()
+                    ),
+                },
+            },
+            "limits": self.limits.as_dict(),
+        }
+
+
+def _shorten(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+def _summarize(unit: dict[str, Any]) -> dict[str, Any]:
+    """The unit in summary form: first sentence of its content, short confidence."""
+    content = unit["content"].strip()
+    sentence_end = content.find(". ")
+    first = content if sentence_end < 0 else content[: sentence_end + 1]
+    summary = dict(unit)
+    summary["content"] = _shorten(first, SUMMARY_CHARS)
+    confidence = unit.get("confidence")
+    if confidence is not None:
+        summary["confidence"] = {
+            k: confidence[k] for k in ("score", "reasoning") if k in confidence
+        }
+    return summary
+
+
+def _forms(unit: dict[str, Any], fmt: str) -> list[tuple[str, dict[str, Any]]]:
+    """The forms a unit may take in an ATTUNE response, richest first."""
+    if fmt == "ids_only":
+        return [("ids_only", {"memory_unit_id": unit["id"], "epoch": unit["epoch"]})]
+    summary = ("summary", _summarize(unit))
+    return [("full", unit), summary] if fmt == "full" else [summary]
+
+
+def _tokens(unit: dict[str, Any]) -> int:
+    """Estimated tokens of a serialized unit: four bytes of JSON per token."""
+    return math.ceil(len(orjson.dumps(unit)) / 4)
+
+
+def invalid(message: str) -> FieldError:
+    return InvalidPayload(message)

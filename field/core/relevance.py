@@ -1,0 +1,299 @@
+"""Relevance of memory units to an attuning agent, computed over columns.
+
+The :class:`UnitIndex` keeps one row per memory unit, in the order the
+units were recorded (so rows ascend by epoch), as numpy columns, plus an
+inverted index from keyword to rows. :func:`score` rates every candidate
+row at once; nothing loops over units in Python.
+
+A score is ``rw * recency + (1 - rw) * content`` where ``rw`` is the
+scope's ``recency_weight`` and ``content`` is the weighted mean of the
+factors that apply to this request:
+
+=========  ======  ===============================================  ==========
+factor     weight  value                                            applies
+=========  ======  ===============================================  ==========
+role       0.20    1 for a unit by an agent of the same role, else  always
+                   the share of role words found in the unit
+interest   0.30    sqrt of the idf-weighted share of interest and   interests
+                   context-hint words found in the unit             or hint
+type       0.20    :data:`~field.model.TYPE_IMPORTANCE`             always
+task       0.20    1 when the unit serves the agent's task          a task
+confidence 0.10    confidence.score (0.5 for a draft without one)   always
+=========  ======  ===============================================  ==========
+
+Recency halves every ``RECENCY_HALF_LIFE`` units recorded after the unit.
+Every factor lies in [0, 1] and the weights are normalized, so the score
+does too.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..model import TYPE_IMPORTANCE, UNIT_STATUSES
+
+RECENCY_HALF_LIFE = 256.0
+DIVERSITY_DECAY = 0.92
+WEIGHTS = {"role": 0.20, "interest": 0.30, "type": 0.20, "task": 0.20, "confidence": 0.10}
+
+STATUS_CODE = {status: code for code, status in enumerate(UNIT_STATUSES)}
+_HIDDEN_CODES = np.array([STATUS_CODE["superseded"], STATUS_CODE["retracted"]], dtype=np.int8)
+
+_WORD = re.compile(r"[a-z0-9]+")
+_STOPWORDS = frozenset(
+    "a an and are as at be by for from has have in is it its of on or that the this to was "
+    "were will with about into than then there these those our your their not no yes".split()
+)
+
+
+def keywords(text: str | None) -> list[str]:
+    """The keywords of ``text``: lower-case words, no stop words, plural 's' removed."""
+    if not text:
+        return []
+    words = []
+    for word in _WORD.findall(text.lower()):
+        if len(word) < 2 or word in _STOPWORDS:
+            continue
+        if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
+            word = word[:-1]
+        words.append(word)
+    return words
+
+
+def unit_keywords(unit: dict[str, Any]) -> frozenset[str]:
+    intent = unit["intent"]
+    text = " ".join(
+        part
+        for part in (unit["content"], intent.get("purpose"), intent.get("question"))
+        if part
+    )
+    return frozenset(keywords(text))
+
+
+class _Interner:
+    """Maps strings to small integer codes (for columns)."""
+
+    def __init__(self) -> None:
+        self._codes: dict[str, int] = {}
+
+    def code(self, value: str) -> int:
+        code = self._codes.get(value)
+        if code is None:
+            code = self._codes[value] = len(self._codes)
+        return code
+
+    def find(self, value: str | None) -> int:
+        if value is None:
+            return -2
+        return self._codes.get(value, -2)
+
+
+class _Column:
+    """A growable numpy column (amortized O(1) append)."""
+
+    def __init__(self, dtype: npt.DTypeLike) -> None:
+        self._data = np.zeros(64, dtype=dtype)
+        self.size = 0
+
+    def append(self, value: Any) -> None:
+        if self.size == len(self._data):
+            self._data = np.concatenate([self._data, np.zeros_like(self._data)])
+        self._data[self.size] = value
+        self.size += 1
+
+    @property
+    def view(self) -> npt.NDArray[Any]:
+        return self._data[: self.size]
+
+    def __setitem__(self, index: int, value: Any) -> None:
+        self._data[index] = value
+
+
+class UnitIndex:
+    """Column store of memory units for vectorized scoring."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.rows: dict[str, int] = {}
+        self.row_keywords: list[frozenset[str]] = []
+        self.epoch = _Column(np.int64)
+        self.status = _Column(np.int8)
+        self.type_weight = _Column(np.float32)
+        self.confidence = _Column(np.float32)
+        self.agent = _Column(np.int32)
+        self.role = _Column(np.int32)
+        self.task = _Column(np.int32)
+        self.agents = _Interner()
+        self.roles = _Interner()
+        self.tasks = _Interner()
+        self._postings: dict[str, _Column] = {}
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def add(self, unit: dict[str, Any]) -> None:
+        row = len(self.ids)
+        self.ids.append(unit["id"])
+        self.rows[unit["id"]] = row
+        self.epoch.append(unit["epoch"])
+        self.status.append(STATUS_CODE[unit["status"]])
+        self.type_weight.append(TYPE_IMPORTANCE.get(unit["type"], 0.5))
+        score = (unit.get("confidence") or {}).get("score")
+        self.confidence.append(0.5 if score is None else score)
+        self.agent.append(self.agents.code(unit["source"]["agent_id"]))
+        self.role.append(self.roles.code(unit["source"]["agent_role"]))
+        task = unit["intent"].get("task_id")
+        self.task.append(-1 if task is None else self.tasks.code(task))
+        words = unit_keywords(unit) | frozenset(keywords(unit["source"]["agent_role"]))
+        self.row_keywords.append(words)
+        for word in words:
+            postings = self._postings.get(word)
+            if postings is None:
+                postings = self._postings[word] = _Column(np.int32)
+            postings.append(row)
+
+    def set_status(self, unit_id: str, status: str) -> None:
+        self.status[self.rows[unit_id]] = STATUS_CODE[status]
+
+    def postings(self, word: str) -> npt.NDArray[np.int32]:
+        column = self._postings.get(word)
+        return column.view if column is not None else np.empty(0, dtype=np.int32)
+
+    def coverage(self, words: Iterable[str], *, idf: bool) -> npt.NDArray[np.float32] | None:
+        """Per row, the (idf-weighted) share of ``words`` the unit contains."""
+        unique = sorted(set(words))
+        if not unique:
+            return None
+        n = len(self.ids)
+        hits = np.zeros(n, dtype=np.float32)
+        total = 0.0
+        for word in unique:  # a loop over query words, never over units
+            rows = self.postings(word)
+            weight = math.log1p(n / (1 + len(rows))) + 1.0 if idf else 1.0
+            total += weight
+            if len(rows):
+                hits[rows] += weight
+        return hits / np.float32(total)
+
+
+@dataclass(slots=True, kw_only=True)
+class Query:
+    """What the Field knows about the attuning agent and its scope."""
+
+    agent_id: str
+    role: str
+    interests: list[str]
+    context_hint: str | None
+    task_id: str | None
+    recency_weight: float
+    include_own: bool
+    since_epoch: int | None
+    interest_words: frozenset[str] = field(init=False)
+    hint_words: frozenset[str] = field(init=False)
+    role_words: frozenset[str] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.interest_words = frozenset(w for i in self.interests for w in keywords(i))
+        self.hint_words = frozenset(keywords(self.context_hint))
+        self.role_words = frozenset(keywords(self.role))
+
+
+def candidates(index: UnitIndex, query: Query) -> npt.NDArray[np.intp]:
+    """Rows ATTUNE may return: visible, not the caller's own, after since_epoch."""
+    n = len(index)
+    mask = ~np.isin(index.status.view, _HIDDEN_CODES)
+    if not query.include_own:
+        own = index.agents.find(query.agent_id)
+        if own >= 0:
+            mask &= index.agent.view != own
+    if query.since_epoch is not None:
+        mask &= index.epoch.view > query.since_epoch
+    return np.flatnonzero(mask) if n else np.empty(0, dtype=np.intp)
+
+
+def score(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+    """Relevance in [0, 1] of each row in ``rows`` to ``query``."""
+    if len(rows) == 0:
+        return np.empty(0, dtype=np.float64)
+    n = len(index)
+    factors: list[tuple[float, npt.NDArray[Any]]] = []
+    same_role = (index.role.view[rows] == index.roles.find(query.role)).astype(np.float32)
+    role_words = index.coverage(query.role_words, idf=False)
+    role = same_role if role_words is None else np.maximum(same_role, role_words[rows])
+    factors.append((WEIGHTS["role"], role))
+    interest = index.coverage(query.interest_words | query.hint_words, idf=True)
+    if interest is not None:
+        factors.append((WEIGHTS["interest"], np.sqrt(interest[rows])))
+    factors.append((WEIGHTS["type"], index.type_weight.view[rows]))
+    if query.task_id is not None:
+        task = index.task.view[rows] == index.tasks.find(query.task_id)
+        factors.append((WEIGHTS["task"], task.astype(np.float32)))
+    factors.append((WEIGHTS["confidence"], index.confidence.view[rows]))
+    total_weight = sum(weight for weight, _ in factors)
+    content = sum(weight * values.astype(np.float64) for weight, values in factors) / total_weight
+    age = (n - 1 - rows).astype(np.float64)
+    recency = np.exp2(-age / RECENCY_HALF_LIFE)
+    rw = query.recency_weight
+    result: npt.NDArray[np.float64] = np.clip(rw * recency + (1.0 - rw) * content, 0.0, 1.0)
+    return result
+
+
+def diversify(
+    index: UnitIndex, rows: npt.NDArray[np.intp], scores: npt.NDArray[np.float64]
+) -> npt.NDArray[np.float64]:
+    """Scores discounted by ``DIVERSITY_DECAY`` per better-ranked unit of the same source.
+
+    The k-th best unit of one agent keeps ``DIVERSITY_DECAY ** k`` of its
+    score, so a page is not filled by a single prolific agent.
+    """
+    if len(rows) < 2:
+        return scores
+    order = np.argsort(-scores, kind="stable")
+    sources = index.agent.view[rows][order]
+    by_source = np.argsort(sources, kind="stable")
+    grouped = sources[by_source]
+    starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+    group_sizes = np.diff(np.r_[starts, len(grouped)])
+    rank_in_group = np.arange(len(grouped)) - np.repeat(starts, group_sizes)
+    occurrence = np.empty(len(rows), dtype=np.int64)
+    occurrence[order[by_source]] = rank_in_group
+    discounted: npt.NDArray[np.float64] = scores * np.power(DIVERSITY_DECAY, occurrence)
+    return discounted
+
+
+def explain(index: UnitIndex, query: Query, unit: dict[str, Any], rank_score: float) -> str:
+    """A human-readable reason for one unit's score."""
+    row = index.rows[unit["id"]]
+    words = index.row_keywords[row]
+    source = unit["source"]
+    parts = [f"{unit['type'].replace('_', ' ')} from {source['agent_id']} ({source['agent_role']})"]
+    if source["agent_role"] == query.role:
+        parts.append("same role as you")
+    elif query.role_words & words:
+        parts.append(f"mentions your role ({', '.join(sorted(query.role_words & words))})")
+    matched = [i for i in query.interests if frozenset(keywords(i)) & words]
+    if matched:
+        parts.append(f"matches your interests: {', '.join(matched)}")
+    hint = sorted(query.hint_words & words)
+    if hint:
+        parts.append(f"matches your context hint ({', '.join(hint[:5])})")
+    if query.task_id is not None and unit["intent"].get("task_id") == query.task_id:
+        parts.append(f"serves your task {query.task_id}")
+    score_value = (unit.get("confidence") or {}).get("score")
+    if score_value is not None:
+        parts.append(f"confidence {score_value:.2f}")
+    age = len(index) - 1 - row
+    if age == 0:
+        parts.append("the newest unit")
+    else:
+        parts.append(f"{age} unit{'s' if age > 1 else ''} recorded since")
+    if unit["status"] == "contested":
+        parts.append("contested")
+    return "; ".join(parts) + f" (relevance {rank_score:.2f})"

@@ -1,0 +1,154 @@
+"""The Field's state: a projection of the event log.
+
+:meth:`FieldState.apply` is the only code that changes the state, and it
+takes log entries. The Field decides what happens (``field.py``) by
+producing entries and then applying them here; start-up applies the
+stored log the same way. So the state after a restart is, by
+construction, the state that was acknowledged before it.
+
+Entry kinds and their ``data``:
+
+===================== ===============================================
+``field.created``     ``{field_id}``: the first entry of every log
+``clock.reserved``    ``{until}``: epochs up to ``until`` may be used
+``agent.registered``  ``{agent, token_hash}``
+``agent.deregistered````{agent_id}``
+``memory.recorded``   ``{unit}``: the full MemoryUnit
+``memory.superseded`` ``{memory_unit_id, by}``
+``memory.contested``  ``{memory_unit_id, conflict_id}``
+``conflict.detected`` ``{conflict}``: the full Conflict
+===================== ===============================================
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..model import Limits
+from ..store.base import LogEntry, StoredEntry
+from .clock import LamportClock
+from .relevance import UnitIndex
+
+
+@dataclass(slots=True)
+class AgentRecord:
+    """A registered agent and the hash of its bearer token."""
+
+    id: str
+    role: str
+    interests: list[str]
+    current_task_id: str | None
+    registered_epoch: int
+    token_hash: str
+    status: str = "idle"
+
+    def to_wire(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "role": self.role,
+            "status": self.status,
+            "interests": list(self.interests),
+            "current_task_id": self.current_task_id,
+            "registered_epoch": self.registered_epoch,
+        }
+
+
+@dataclass(slots=True)
+class FieldState:
+    """Everything the Field knows, rebuilt from the log."""
+
+    limits: Limits
+    field_id: str | None = None
+    clock: LamportClock = field(init=False)
+    agents: dict[str, AgentRecord] = field(default_factory=dict)
+    tokens: dict[str, str] = field(default_factory=dict)
+    revoked_tokens: dict[str, str] = field(default_factory=dict)
+    units: dict[str, dict[str, Any]] = field(default_factory=dict)
+    units_by_agent: Counter[str] = field(default_factory=Counter)
+    unit_statuses: Counter[str] = field(default_factory=Counter)
+    index: UnitIndex = field(default_factory=UnitIndex)
+    conflicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    last_position: int = 0
+
+    def __post_init__(self) -> None:
+        self.clock = LamportClock(max_skew=self.limits.max_epoch_skew)
+
+    # -- the projection ------------------------------------------------------
+
+    def apply(self, entry: LogEntry | StoredEntry) -> None:
+        """Fold one log entry into the state."""
+        handler = _APPLY.get(entry.kind)
+        if handler is not None:
+            handler(self, entry.data)
+        self.clock.value = max(self.clock.value, entry.epoch)
+        if isinstance(entry, StoredEntry):
+            self.last_position = entry.position
+
+    def replay(self, entries: Any) -> None:
+        """Apply stored entries in order, then settle the clock above them."""
+        for entry in entries:
+            self.apply(entry)
+        self.clock.restore(epoch=self.clock.value, reserved=self.clock.reserved)
+
+    def _field_created(self, data: dict[str, Any]) -> None:
+        self.field_id = data["field_id"]
+
+    def _clock_reserved(self, data: dict[str, Any]) -> None:
+        self.clock.reserved = max(self.clock.reserved, data["until"])
+
+    def _agent_registered(self, data: dict[str, Any]) -> None:
+        agent = data["agent"]
+        record = AgentRecord(
+            id=agent["id"],
+            role=agent["role"],
+            interests=list(agent["interests"]),
+            current_task_id=agent.get("current_task_id"),
+            registered_epoch=agent["registered_epoch"],
+            token_hash=data["token_hash"],
+        )
+        self.agents[record.id] = record
+        self.tokens[record.token_hash] = record.id
+
+    def _agent_deregistered(self, data: dict[str, Any]) -> None:
+        record = self.agents.pop(data["agent_id"])
+        del self.tokens[record.token_hash]
+        self.revoked_tokens[record.token_hash] = record.id
+
+    def _memory_recorded(self, data: dict[str, Any]) -> None:
+        unit = data["unit"]
+        self.units[unit["id"]] = unit
+        self.units_by_agent[unit["source"]["agent_id"]] += 1
+        self.unit_statuses[unit["status"]] += 1
+        self.index.add(unit)
+
+    def _set_unit_status(self, unit_id: str, status: str) -> None:
+        unit = self.units[unit_id]
+        self.unit_statuses[unit["status"]] -= 1
+        self.unit_statuses[status] += 1
+        unit["status"] = status
+        self.index.set_status(unit_id, status)
+
+    def _memory_superseded(self, data: dict[str, Any]) -> None:
+        self._set_unit_status(data["memory_unit_id"], "superseded")
+
+    def _memory_contested(self, data: dict[str, Any]) -> None:
+        self._set_unit_status(data["memory_unit_id"], "contested")
+
+    def _conflict_detected(self, data: dict[str, Any]) -> None:
+        conflict = data["conflict"]
+        self.conflicts[conflict["id"]] = conflict
+
+
+_APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
+    "field.created": FieldState._field_created,
+    "clock.reserved": FieldState._clock_reserved,
+    "agent.registered": FieldState._agent_registered,
+    "agent.deregistered": FieldState._agent_deregistered,
+    "memory.recorded": FieldState._memory_recorded,
+    "memory.superseded": FieldState._memory_superseded,
+    "memory.contested": FieldState._memory_contested,
+    "conflict.detected": FieldState._conflict_detected,
+}

@@ -1,0 +1,503 @@
+"""Request validation with the spec's error codes.
+
+These checks are the compiled form of the JSON Schemas in ``protocol/``:
+the schemas are the contract, and ``tests/test_validation_schema.py``
+keeps this module in step with them on generated inputs. They run on
+every request, so they are plain Python rather than a generic schema
+interpreter, and each failure raises the most specific code the spec
+names (``MISSING_INTENT`` rather than a generic "required property").
+
+Each ``*_payload`` function returns a normalized copy of its payload
+(defaults filled in) or raises a :class:`~field.errors.ValidationError`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import Code, InvalidEnvelope, InvalidPayload, ValidationError
+from ..model import (
+    ATTUNE_FORMATS,
+    CONFLICT_STATUSES,
+    CONFLICT_TYPES,
+    DETECT_MODES,
+    MAX_EPOCH,
+    MEMORY_TYPES,
+    OPERATIONS,
+    RELATION_TYPES,
+    Limits,
+)
+
+AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+_ENVELOPE_KEYS = frozenset(
+    {"protocol", "version", "id", "operation", "agent_id", "session_id", "epoch", "payload"}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """A validated message envelope (spec 5.1)."""
+
+    id: str
+    operation: str
+    agent_id: str
+    session_id: str | None
+    epoch: int
+    payload: dict[str, Any]
+
+
+# -- primitive checks ---------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _member(value: Any, allowed: frozenset[str] | tuple[str, ...]) -> bool:
+    """``value in allowed`` for any JSON value (lists and objects are unhashable)."""
+    return isinstance(value, str) and value in allowed
+
+
+def _fail(message: str, code: str = Code.INVALID_PAYLOAD) -> ValidationError:
+    return InvalidPayload(message, code=code)
+
+
+def _object(value: Any, where: str, code: str = Code.INVALID_PAYLOAD) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _fail(f"{where} must be an object", code)
+    return value
+
+
+def _closed(obj: dict[str, Any], allowed: frozenset[str], where: str) -> None:
+    extra = obj.keys() - allowed
+    if extra:
+        names = ", ".join(sorted(extra))
+        raise _fail(f"{where} has unknown field(s): {names}")
+
+
+def _string(
+    value: Any,
+    where: str,
+    *,
+    max_chars: int,
+    nonblank: bool = False,
+    allow_empty: bool = False,
+    code: str = Code.INVALID_PAYLOAD,
+) -> str:
+    if not isinstance(value, str):
+        raise _fail(f"{where} must be a string", code)
+    if (not value and not allow_empty) or (nonblank and not value.strip()):
+        raise _fail(f"{where} must not be empty", code)
+    if len(value) > max_chars:
+        raise _fail(f"{where} is longer than {max_chars} characters", code)
+    return value
+
+
+def _optional_string(
+    value: Any, where: str, *, max_chars: int, allow_empty: bool = False
+) -> str | None:
+    if value is None:
+        return None
+    return _string(value, where, max_chars=max_chars, allow_empty=allow_empty)
+
+
+def _string_list(
+    value: Any, where: str, *, max_items: int, max_chars: int, allow_empty_items: bool = False
+) -> list[str]:
+    if not isinstance(value, list):
+        raise _fail(f"{where} must be an array of strings")
+    if len(value) > max_items:
+        raise _fail(f"{where} has more than {max_items} items")
+    for i, item in enumerate(value):
+        if not isinstance(item, str):
+            raise _fail(f"{where}[{i}] must be a string")
+        if not allow_empty_items and not item:
+            raise _fail(f"{where}[{i}] must not be empty")
+        if len(item) > max_chars:
+            raise _fail(f"{where}[{i}] is longer than {max_chars} characters")
+    return list(value)
+
+
+def _enum_list(value: Any, where: str, allowed: frozenset[str] | tuple[str, ...]) -> list[str]:
+    items = _string_list(value, where, max_items=64, max_chars=64)
+    for item in items:
+        if item not in allowed:
+            raise _fail(f"{where} contains unknown value {item!r}")
+    return items
+
+
+def _epoch(value: Any, where: str, *, nullable: bool = True) -> int | None:
+    if value is None and nullable:
+        return None
+    if not _is_int(value) or not 0 <= value <= MAX_EPOCH:
+        raise _fail(f"{where} must be an integer between 0 and {MAX_EPOCH}")
+    return int(value)
+
+
+def agent_id(value: Any, where: str = "agent_id") -> str:
+    if not isinstance(value, str) or not AGENT_ID.fullmatch(value):
+        raise _fail(
+            f"{where} must be 1 to 128 characters of letters, digits and . _ : @ -, "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+# -- envelope -----------------------------------------------------------------
+
+
+def envelope(value: Any, *, expected_operation: str | None, limits: Limits) -> Envelope:
+    """Validate the message envelope of spec 5.1 (schema ``envelope``)."""
+    if not isinstance(value, dict):
+        raise InvalidEnvelope("the request body must be a JSON object (the message envelope)")
+    missing = [key for key in sorted(_ENVELOPE_KEYS) if key not in value]
+    if missing:
+        raise InvalidEnvelope(f"envelope is missing field(s): {', '.join(missing)}")
+    extra = value.keys() - _ENVELOPE_KEYS
+    if extra:
+        raise InvalidEnvelope(f"envelope has unknown field(s): {', '.join(sorted(extra))}")
+    if value["protocol"] != "akashik":
+        raise InvalidEnvelope('envelope protocol must be "akashik"')
+    if value["version"] != "0.1.0":
+        raise InvalidEnvelope('envelope version must be "0.1.0"')
+    msg_id = value["id"]
+    if not isinstance(msg_id, str) or not 1 <= len(msg_id) <= limits.max_id_chars:
+        raise InvalidEnvelope(f"envelope id must be a string of 1 to {limits.max_id_chars} chars")
+    operation = value["operation"]
+    if not _member(operation, OPERATIONS):
+        raise InvalidEnvelope(f"unknown operation {operation!r}")
+    if expected_operation is not None and operation != expected_operation:
+        raise InvalidEnvelope(
+            f"this endpoint takes {expected_operation}, the envelope says {operation}"
+        )
+    sender = value["agent_id"]
+    if not isinstance(sender, str) or not AGENT_ID.fullmatch(sender):
+        raise InvalidEnvelope("envelope agent_id is not a valid agent id")
+    session = value["session_id"]
+    if session is not None and (
+        not isinstance(session, str) or not 1 <= len(session) <= limits.max_id_chars
+    ):
+        raise InvalidEnvelope("envelope session_id must be null or a non-empty string")
+    epoch = value["epoch"]
+    if not _is_int(epoch) or not 0 <= epoch <= MAX_EPOCH:
+        raise InvalidEnvelope(f"envelope epoch must be an integer between 0 and {MAX_EPOCH}")
+    payload = value["payload"]
+    if not isinstance(payload, dict):
+        raise InvalidEnvelope("envelope payload must be an object")
+    return Envelope(msg_id, operation, sender, session, int(epoch), payload)
+
+
+# -- REGISTER / DEREGISTER ----------------------------------------------------
+
+_REGISTER_KEYS = frozenset({"id", "role", "interests", "required_operations", "current_task_id"})
+
+
+def register_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    _closed(payload, _REGISTER_KEYS, "REGISTER payload")
+    if "id" not in payload:
+        raise _fail("REGISTER payload needs id")
+    if "role" not in payload:
+        raise _fail("REGISTER payload needs role")
+    return {
+        "id": agent_id(payload["id"], "id"),
+        "role": _string(payload["role"], "role", max_chars=limits.max_role_chars, nonblank=True),
+        "interests": _string_list(
+            payload.get("interests", []),
+            "interests",
+            max_items=limits.max_list_items,
+            max_chars=limits.max_interest_chars,
+        ),
+        "required_operations": _string_list(
+            payload.get("required_operations", []),
+            "required_operations",
+            max_items=32,
+            max_chars=64,
+        ),
+        "current_task_id": _optional_string(
+            payload.get("current_task_id"), "current_task_id", max_chars=limits.max_id_chars
+        ),
+    }
+
+
+def deregister_payload(payload: dict[str, Any]) -> str:
+    _closed(payload, frozenset({"agent_id"}), "DEREGISTER payload")
+    if "agent_id" not in payload:
+        raise _fail("DEREGISTER payload needs agent_id")
+    return agent_id(payload["agent_id"])
+
+
+# -- RECORD -------------------------------------------------------------------
+
+_RECORD_KEYS = frozenset({"mode", "type", "content", "intent", "confidence", "relations"})
+_ABSENT = object()
+_GENERATED_KEYS = frozenset({"id", "epoch", "source", "status"})
+_INTENT_KEYS = frozenset({"purpose", "task_id", "question"})
+_CONFIDENCE_KEYS = frozenset({"score", "reasoning", "evidence", "assumptions"})
+_RELATION_KEYS = frozenset({"type", "target_id", "description"})
+
+
+def record_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """Validate a RECORD payload (spec 6.3 rules 1 to 5)."""
+    generated = payload.keys() & _GENERATED_KEYS
+    if generated:
+        raise _fail(
+            f"{', '.join(sorted(generated))} are generated by the Field; agents must not set them"
+        )
+    _closed(payload, _RECORD_KEYS, "RECORD payload")
+    mode = payload.get("mode", "committed")
+    if not _member(mode, ("draft", "committed")):
+        raise _fail('mode must be "draft" or "committed"')
+    memory_type = payload.get("type")
+    if memory_type is None:
+        raise _fail("type is required", Code.INVALID_TYPE)
+    if not _member(memory_type, MEMORY_TYPES):
+        raise _fail(
+            f"unknown memory type {memory_type!r}; use one of {', '.join(sorted(MEMORY_TYPES))}",
+            Code.INVALID_TYPE,
+        )
+    if "content" not in payload:
+        raise _fail("content is required")
+    content = _string(
+        payload["content"], "content", max_chars=limits.max_content_chars, nonblank=True
+    )
+    unit = {
+        "mode": mode,
+        "type": memory_type,
+        "content": content,
+        "intent": _intent(payload.get("intent"), limits),
+    }
+    confidence = _confidence(
+        payload.get("confidence", _ABSENT), committed=mode == "committed", limits=limits
+    )
+    if confidence is not None:
+        unit["confidence"] = confidence
+    unit["relations"] = _relations(payload.get("relations", []), limits)
+    return unit
+
+
+def _intent(value: Any, limits: Limits) -> dict[str, Any]:
+    if value is None:
+        raise _fail("intent is required: say why this unit is recorded", Code.MISSING_INTENT)
+    intent = _object(value, "intent", Code.MISSING_INTENT)
+    purpose = intent.get("purpose")
+    if not isinstance(purpose, str) or not purpose.strip():
+        raise _fail("intent.purpose is required and must not be empty", Code.MISSING_INTENT)
+    _closed(intent, _INTENT_KEYS, "intent")
+    return {
+        "purpose": _string(purpose, "intent.purpose", max_chars=limits.max_text_chars),
+        "task_id": _optional_string(
+            intent.get("task_id"), "intent.task_id", max_chars=limits.max_id_chars
+        ),
+        "question": _optional_string(
+            intent.get("question"),
+            "intent.question",
+            max_chars=limits.max_text_chars,
+            allow_empty=True,
+        ),
+    }
+
+
+def _confidence(value: Any, *, committed: bool, limits: Limits) -> dict[str, Any] | None:
+    if value is _ABSENT:
+        if committed:
+            raise _fail(
+                "committed units need confidence.score and confidence.reasoning",
+                Code.MISSING_CONFIDENCE,
+            )
+        return None
+    confidence = _object(value, "confidence")
+    _closed(confidence, _CONFIDENCE_KEYS, "confidence")
+    result: dict[str, Any] = {}
+    if "score" in confidence:
+        score = confidence["score"]
+        if not _is_number(score) or not 0.0 <= score <= 1.0:
+            raise _fail(
+                "confidence.score must be a number between 0.0 and 1.0", Code.INVALID_CONFIDENCE
+            )
+        result["score"] = float(score)
+    elif committed:
+        raise _fail("committed units need confidence.score", Code.MISSING_CONFIDENCE)
+    if "reasoning" in confidence:
+        reasoning = confidence["reasoning"]
+        if committed and (not isinstance(reasoning, str) or not reasoning.strip()):
+            raise _fail(
+                "committed units need a non-empty confidence.reasoning", Code.MISSING_CONFIDENCE
+            )
+        result["reasoning"] = _string(
+            reasoning, "confidence.reasoning", max_chars=limits.max_text_chars, nonblank=True
+        )
+    elif committed:
+        raise _fail("committed units need confidence.reasoning", Code.MISSING_CONFIDENCE)
+    for key in ("evidence", "assumptions"):
+        if key in confidence:
+            result[key] = _string_list(
+                confidence[key],
+                f"confidence.{key}",
+                max_items=limits.max_list_items,
+                max_chars=limits.max_text_chars,
+                allow_empty_items=True,
+            )
+    return result
+
+
+def _relations(value: Any, limits: Limits) -> list[dict[str, Any]]:
+    if not isinstance(value, list):
+        raise _fail("relations must be an array")
+    if len(value) > limits.max_relations:
+        raise _fail(f"relations has more than {limits.max_relations} items")
+    relations = []
+    for i, item in enumerate(value):
+        relation = _object(item, f"relations[{i}]")
+        _closed(relation, _RELATION_KEYS, f"relations[{i}]")
+        if not _member(relation.get("type"), RELATION_TYPES):
+            raise _fail(
+                f"relations[{i}].type must be one of {', '.join(sorted(RELATION_TYPES))}"
+            )
+        if "target_id" not in relation:
+            raise _fail(f"relations[{i}].target_id is required")
+        relations.append(
+            {
+                "type": relation["type"],
+                "target_id": _string(
+                    relation["target_id"],
+                    f"relations[{i}].target_id",
+                    max_chars=limits.max_id_chars,
+                ),
+                "description": _optional_string(
+                    relation.get("description"),
+                    f"relations[{i}].description",
+                    max_chars=limits.max_text_chars,
+                    allow_empty=True,
+                ),
+            }
+        )
+    return relations
+
+
+# -- ATTUNE -------------------------------------------------------------------
+
+_ATTUNE_KEYS = frozenset({"scope", "context_hint", "format", "since_epoch"})
+_SCOPE_KEYS = frozenset(
+    {
+        "role",
+        "max_units",
+        "max_tokens",
+        "interests",
+        "active_task_id",
+        "temporal_layers",
+        "relevance_threshold",
+        "recency_weight",
+        "since_epoch",
+        "include_own",
+    }
+)
+
+
+def attune_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """Validate an ATTUNE payload; returns the scope with every default filled in."""
+    _closed(payload, _ATTUNE_KEYS, "ATTUNE payload")
+    if "scope" not in payload:
+        raise _fail("ATTUNE payload needs scope (at least role and max_units)")
+    scope = _object(payload["scope"], "scope")
+    _closed(scope, _SCOPE_KEYS, "scope")
+    if "role" not in scope or "max_units" not in scope:
+        raise _fail("scope needs role and max_units")
+    max_units = scope["max_units"]
+    if not _is_int(max_units) or not 1 <= max_units <= limits.max_attune_units:
+        raise _fail(f"scope.max_units must be an integer from 1 to {limits.max_attune_units}")
+    max_tokens = scope.get("max_tokens")
+    if "max_tokens" in scope and (not _is_int(max_tokens) or not 1 <= max_tokens <= MAX_EPOCH):
+        raise _fail(f"scope.max_tokens must be an integer from 1 to {MAX_EPOCH}")
+    layers = scope.get("temporal_layers", ["past", "present", "future"])
+    _enum_list(layers, "scope.temporal_layers", ("past", "present", "future"))
+    include_own = scope.get("include_own", False)
+    if not isinstance(include_own, bool):
+        raise _fail("scope.include_own must be a boolean")
+    fmt = payload.get("format", "full")
+    if not _member(fmt, ATTUNE_FORMATS):
+        raise _fail('format must be "full", "summary" or "ids_only"')
+    hint = _optional_string(
+        payload.get("context_hint"),
+        "context_hint",
+        max_chars=limits.max_text_chars,
+        allow_empty=True,
+    )
+    return {
+        "role": _string(
+            scope["role"], "scope.role", max_chars=limits.max_role_chars, nonblank=True
+        ),
+        "max_units": int(max_units),
+        "max_tokens": max_tokens,
+        "interests": _string_list(
+            scope.get("interests", []),
+            "scope.interests",
+            max_items=limits.max_list_items,
+            max_chars=limits.max_interest_chars,
+        )
+        if "interests" in scope
+        else None,
+        "active_task_id": _optional_string(
+            scope.get("active_task_id"), "scope.active_task_id", max_chars=limits.max_id_chars
+        ),
+        "relevance_threshold": _unit_interval(scope, "relevance_threshold", 0.0),
+        "recency_weight": _unit_interval(scope, "recency_weight", 0.25),
+        "since_epoch": _since_epoch(payload, scope),
+        "include_own": include_own,
+        "format": fmt,
+        "context_hint": hint,
+    }
+
+
+def _unit_interval(scope: dict[str, Any], key: str, default: float) -> float:
+    if key not in scope:
+        return default
+    value = scope[key]
+    if not _is_number(value) or not 0.0 <= value <= 1.0:
+        raise _fail(f"scope.{key} must be a number between 0.0 and 1.0")
+    return float(value)
+
+
+def _since_epoch(payload: dict[str, Any], scope: dict[str, Any]) -> int | None:
+    top = _epoch(payload.get("since_epoch"), "since_epoch")
+    inner = _epoch(scope.get("since_epoch"), "scope.since_epoch")
+    if top is not None and inner is not None and top != inner:
+        raise _fail("since_epoch and scope.since_epoch differ; give one of them")
+    return top if top is not None else inner
+
+
+# -- DETECT -------------------------------------------------------------------
+
+_DETECT_KEYS = frozenset({"mode", "target_id", "filter"})
+_FILTER_KEYS = frozenset({"status", "types", "involving_agents"})
+
+
+def detect_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    _closed(payload, _DETECT_KEYS, "DETECT payload")
+    mode = payload.get("mode")
+    if not _member(mode, DETECT_MODES):
+        raise _fail('DETECT mode must be "check", "scan" or "list"')
+    target = _optional_string(payload.get("target_id"), "target_id", max_chars=limits.max_id_chars)
+    raw_filter = payload.get("filter")
+    flt = {} if raw_filter is None else _object(raw_filter, "filter")
+    _closed(flt, _FILTER_KEYS, "filter")
+    return {
+        "mode": mode,
+        "target_id": target,
+        "status": _enum_list(flt.get("status", []), "filter.status", CONFLICT_STATUSES),
+        "types": _enum_list(flt.get("types", []), "filter.types", CONFLICT_TYPES),
+        "involving_agents": [
+            agent_id(a, "filter.involving_agents[]")
+            for a in _string_list(
+                flt.get("involving_agents", []),
+                "filter.involving_agents",
+                max_items=limits.max_list_items,
+                max_chars=128,
+            )
+        ],
+    }

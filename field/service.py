@@ -1,0 +1,187 @@
+"""The single writer: runs the Field's operations in order, durable first.
+
+Every request, read or write, becomes a *job* on one bounded queue. One
+task takes jobs off the queue in batches, runs each against the
+:class:`~field.core.field.Field` (pure, in memory), appends all the log
+entries the batch produced in one transaction (group commit), and only
+then releases the batch's responses. Two consequences:
+
+* Nothing is acknowledged before it is durable, and nothing a client can
+  see was not durable: a read that ran after a write in the same batch is
+  released after that write's commit.
+* If the append fails, no job of the batch from its first write on is
+  acknowledged, and the Field is rebuilt from the log, which the failed
+  append left unchanged.
+
+The queue is bounded (``max_queue``); when it is full, a request is
+refused at once with ``OVERLOADED`` rather than waiting without limit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from .core.field import Field, Outcome
+from .errors import FieldError, Overloaded, internal_error
+from .store.base import EventLog, LogEntry
+
+logger = logging.getLogger("field.service")
+
+Job = Callable[[Field], Outcome]
+
+
+@dataclass(slots=True)
+class _Pending:
+    job: Job
+    future: asyncio.Future[Outcome]
+    operation: str | None
+
+
+class FieldService:
+    """Owns a Field and its log; serializes every operation on them."""
+
+    def __init__(
+        self,
+        log: EventLog,
+        field_factory: Callable[[], Field],
+        *,
+        max_queue: int = 10_000,
+        max_batch: int = 512,
+    ) -> None:
+        self.log = log
+        self._field_factory = field_factory
+        self.field = self._load()
+        self._queue: asyncio.Queue[_Pending] = asyncio.Queue(max_queue)
+        self._max_batch = max_batch
+        self._writer: asyncio.Task[None] | None = None
+        self._blocking_log = log.persistent
+
+    def _load(self) -> Field:
+        """A Field rebuilt from the whole log."""
+        field = self._field_factory()
+        field.replay(self.log.iterate())
+        return field
+
+    async def start(self) -> None:
+        genesis = self.field.genesis()
+        if genesis:
+            await self._append(genesis)
+        self._writer = asyncio.create_task(self._run(), name="field-writer")
+
+    async def stop(self) -> None:
+        """Finish the jobs already queued, then stop the writer and close the log."""
+        if self._writer is not None:
+            await self._queue.join()
+            self._writer.cancel()
+            try:
+                await self._writer
+            except asyncio.CancelledError:
+                pass
+            self._writer = None
+        self.log.close()
+
+    async def execute(self, job: Job, *, operation: str | None = None) -> Outcome:
+        """Run ``job`` on the Field in order with every other job; raises FieldError."""
+        if self._writer is None:
+            raise Overloaded("the Field is not running", operation=operation)
+        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        try:
+            self._queue.put_nowait(_Pending(job, future, operation))
+        except asyncio.QueueFull:
+            raise Overloaded(
+                "the Field's request queue is full", operation=operation
+            ) from None
+        return await future
+
+    # -- the writer ------------------------------------------------------------
+
+    async def _run(self) -> None:
+        while True:
+            batch = [await self._queue.get()]
+            while len(batch) < self._max_batch and not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+            try:
+                await self._process(batch)
+            finally:
+                for _ in batch:
+                    self._queue.task_done()
+
+    async def _process(self, batch: list[_Pending]) -> None:
+        results: list[Outcome | FieldError] = []
+        entries: list[LogEntry] = []
+        first_write: int | None = None
+        for i, pending in enumerate(batch):
+            result = self._run_job(pending)
+            if isinstance(result, _Broken):
+                results.append(result.error)
+                # The projection may be half-applied: make what ran before it
+                # durable, rebuild from the log, and run the rest afresh.
+                await self._settle(batch[: i + 1], results, entries, first_write)
+                self.field = self._load()
+                if i + 1 < len(batch):
+                    await self._process(batch[i + 1 :])
+                return
+            if isinstance(result, Outcome) and result.entries:
+                if first_write is None:
+                    first_write = i
+                entries.extend(result.entries)
+            results.append(result)
+        await self._settle(batch, results, entries, first_write)
+
+    def _run_job(self, pending: _Pending) -> Outcome | FieldError | _Broken:
+        try:
+            return pending.job(self.field)
+        except FieldError as error:
+            return error
+        except Exception:
+            logger.exception("operation %s failed unexpectedly", pending.operation)
+            return _Broken(internal_error(pending.operation))
+
+    async def _settle(
+        self,
+        batch: list[_Pending],
+        results: list[Outcome | FieldError],
+        entries: list[LogEntry],
+        first_write: int | None,
+    ) -> None:
+        """Make ``entries`` durable, then resolve each job of ``batch``."""
+        if entries:
+            try:
+                await self._append(entries)
+            except FieldError as error:
+                logger.error("log append failed: %s; rebuilding state from the log", error)
+                self.field = self._load()
+                assert first_write is not None  # entries imply a write
+                for i in range(first_write, len(batch)):
+                    results[i] = error
+        for pending, result in zip(batch, results, strict=False):
+            if pending.future.done():  # the client went away
+                continue
+            if isinstance(result, FieldError):
+                pending.future.set_exception(result)
+            else:
+                pending.future.set_result(result)
+
+    async def _append(self, entries: list[LogEntry]) -> list[int]:
+        if self._blocking_log:
+            positions = await asyncio.to_thread(self.log.append, entries)
+        else:
+            positions = self.log.append(entries)
+        self.field.state.last_position = positions[-1]
+        return positions
+
+
+@dataclass(slots=True)
+class _Broken:
+    """A job failed outside the protocol's error handling; state may be inconsistent."""
+
+    error: FieldError
+
+
+def read_only(fn: Callable[[Field], dict[str, Any]]) -> Job:
+    """A job that only reads the Field (GET endpoints)."""
+    return lambda field: Outcome(fn(field))

@@ -1,0 +1,34 @@
+"""Event log backends: the Field's source of truth (see :mod:`field.store.base`)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from field.store.base import EventLog, LogEntry, StoredEntry
+from field.store.memory import MemoryEventLog
+from field.store.sqlite import SQLiteEventLog
+
+__all__ = [
+    "DB_FILENAME",
+    "EventLog",
+    "LogEntry",
+    "MemoryEventLog",
+    "SQLiteEventLog",
+    "StoredEntry",
+    "open_log",
+]
+
+#: The name of the SQLite file inside a data directory.
+DB_FILENAME = "field.db"
+
+
+def open_log(data_dir: str | os.PathLike[str] | None, *, synchronous: str = "full") -> EventLog:
+    """The event log for ``data_dir``: in memory for ``None``, else ``<data_dir>/field.db``."""
+    if synchronous not in ("full", "normal"):
+        raise ValueError(f"synchronous must be 'full' or 'normal', got {synchronous!r}")
+    if data_dir is None:
+        return MemoryEventLog()
+    directory = Path(data_dir)
+    directory.mkdir(parents=True, exist_ok=True)
+    return SQLiteEventLog(directory / DB_FILENAME, synchronous=synchronous)

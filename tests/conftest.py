@@ -1,0 +1,192 @@
+"""Shared fixtures: real servers on loopback ports, real clients.
+
+``field_server`` runs the real ASGI app on uvicorn in a background thread
+(its own event loop) on a free loopback port; the tests talk to it over
+TCP with aiohttp. ``spawn_server`` starts ``python -m field serve`` as a
+separate process for the tests that kill or restart it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import uvicorn
+
+from field.client import FieldClient
+from field.config import Config
+from field.transports.http import create_app
+
+_LISTENING = re.compile(r"listening on (http://\S+?):? ")
+
+
+def _ready_signal(app: Any, ready: threading.Event) -> Any:
+    """Wrap an ASGI app so ``ready`` is set once its lifespan start-up completes."""
+
+    async def wrapper(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "lifespan":
+            await app(scope, receive, send)
+            return
+
+        async def send_and_signal(message: Any) -> None:
+            await send(message)
+            if message["type"] in ("lifespan.startup.complete", "lifespan.startup.failed"):
+                ready.set()
+
+        await app(scope, receive, send_and_signal)
+
+    return wrapper
+
+
+class ThreadedServer:
+    """The real app on uvicorn, on a loopback port, in a background thread."""
+
+    def __init__(self, config: Config) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(1024)
+        self.port = self.sock.getsockname()[1]
+        self.config = replace(config, host="127.0.0.1", port=self.port)
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._ready = threading.Event()
+        app = _ready_signal(create_app(self.config), self._ready)
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
+        )
+        self.thread = threading.Thread(target=self._run, name="field-server", daemon=True)
+
+    def _run(self) -> None:
+        asyncio.run(self.server.serve(sockets=[self.sock]))
+
+    def start(self) -> ThreadedServer:
+        self.thread.start()
+        if not self._ready.wait(timeout=30):
+            raise RuntimeError("the server did not start")
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
+@pytest.fixture
+def server_factory() -> Iterator[Callable[..., ThreadedServer]]:
+    """Start servers with a given config; all are stopped after the test."""
+    started: list[ThreadedServer] = []
+
+    def start(**overrides: Any) -> ThreadedServer:
+        settings: dict[str, Any] = {"data_dir": None, "log_level": "warning", **overrides}
+        config = Config(**settings)
+        server = ThreadedServer(config).start()
+        started.append(server)
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def field_server(server_factory: Callable[..., ThreadedServer]) -> ThreadedServer:
+    """A Field with an in-memory log."""
+    return server_factory()
+
+
+@pytest.fixture
+def sqlite_server(
+    server_factory: Callable[..., ThreadedServer], tmp_path: Path
+) -> ThreadedServer:
+    """A Field with a SQLite log in a temporary directory."""
+    return server_factory(data_dir=tmp_path / "data", sync="normal")
+
+
+@pytest.fixture
+async def client(field_server: ThreadedServer) -> AsyncIterator[FieldClient]:
+    async with FieldClient(field_server.url) as field_client:
+        yield field_client
+
+
+@dataclass
+class ServerProcess:
+    """``field serve`` running as a child process."""
+
+    process: subprocess.Popen[str]
+    url: str
+    lines: list[str]
+    drain: threading.Thread
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30) -> int:
+        """Send ``sig`` and wait for the exit status; the log is then complete."""
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+        status = self.process.wait(timeout=timeout)
+        self.drain.join(timeout=timeout)
+        return status
+
+
+def _drain(process: subprocess.Popen[str], lines: list[str]) -> None:
+    assert process.stderr is not None
+    for line in process.stderr:
+        lines.append(line.rstrip("\n"))
+    process.stderr.close()
+
+
+def spawn_server(data_dir: Path, *args: str, port: int = 0) -> ServerProcess:
+    """Start ``python -m field serve`` and wait for its "listening on" line."""
+    command = [
+        sys.executable,
+        "-m",
+        "field",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--data-dir",
+        str(data_dir),
+        *args,
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
+    )
+    assert process.stderr is not None
+    lines: list[str] = []
+    for line in process.stderr:
+        lines.append(line.rstrip("\n"))
+        match = _LISTENING.search(line)
+        if match:
+            # Keep draining stderr so the child never blocks on a full pipe.
+            drain = threading.Thread(target=_drain, args=(process, lines), daemon=True)
+            drain.start()
+            return ServerProcess(process, match.group(1), lines, drain)
+    process.wait(timeout=30)
+    raise RuntimeError("field serve exited before listening:\n" + "\n".join(lines))
+
+
+@pytest.fixture
+def server_process() -> Iterator[Callable[..., ServerProcess]]:
+    """Start ``field serve`` processes; any still running are killed after the test."""
+    processes: list[ServerProcess] = []
+
+    def start(data_dir: Path, *args: str, port: int = 0) -> ServerProcess:
+        proc = spawn_server(data_dir, *args, port=port)
+        processes.append(proc)
+        return proc
+
+    yield start
+    for proc in processes:
+        if proc.process.poll() is None:
+            proc.stop(signal.SIGKILL)

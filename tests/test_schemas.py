@@ -1,0 +1,920 @@
+"""The JSON Schemas of the wire contract (protocol/schemas) and protocol/README.md."""
+
+from __future__ import annotations
+
+import copy
+import importlib
+import importlib.util
+import re
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from jsonschema import Draft202012Validator
+
+from .schema_util import (
+    SCHEMA_DIR,
+    URN_PREFIX,
+    assert_valid,
+    errors,
+    is_valid,
+    load_schemas,
+    registry,
+    validator,
+)
+
+README = SCHEMA_DIR.parent / "README.md"
+
+TYPES = ["envelope", "error", "memory-unit", "relation", "agent", "scope", "conflict",
+         "field-capabilities", "scoped-memory-unit"]
+REQUESTS = ["register.request", "deregister.request", "record.request", "attune.request",
+            "detect.request"]
+RESPONSES = ["register.response", "deregister.response", "record.response", "attune.response",
+             "detect.response", "field-status.response", "agents.response",
+             "conflicts.response"]
+ALL = TYPES + REQUESTS + RESPONSES
+
+MAX_EPOCH = 2**53 - 1
+AGENT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
+
+
+# --------------------------------------------------------------------------- helpers
+
+def put(obj: Any, path: str, value: Any) -> Any:
+    """A deep copy of obj with the value at a dotted path set ("a.b.0.c")."""
+    out = copy.deepcopy(obj)
+    *parents, last = path.split(".")
+    node = out
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    if isinstance(node, list):
+        node[int(last)] = value
+    else:
+        node[last] = value
+    return out
+
+
+def drop(obj: Any, path: str) -> Any:
+    """A deep copy of obj without the key at a dotted path."""
+    out = copy.deepcopy(obj)
+    *parents, last = path.split(".")
+    node = out
+    for key in parents:
+        node = node[int(key)] if isinstance(node, list) else node[key]
+    del node[last]
+    return out
+
+
+def walk(node: Any, path: str = "") -> Any:
+    """Yield (json-pointer, subschema) for every dict in a schema."""
+    if isinstance(node, dict):
+        yield path, node
+        for key, value in node.items():
+            yield from walk(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from walk(value, f"{path}/{i}")
+
+
+def missing_only(name: str, instance: Any) -> set[str]:
+    """The required properties instance lacks; fails if it has any other problem."""
+    missing: set[str] = set()
+    for err in validator(name).iter_errors(instance):
+        assert err.validator == "required", f"{name}: unexpected error {err.message}"
+        missing |= {p for p in err.validator_value if p not in err.instance}
+    return missing
+
+
+# --------------------------------------------------------------------------- spec examples
+# Appendix A of the spec, verbatim.
+
+A1_REGISTER = {
+    "protocol": "akashik", "version": "0.1.0", "id": "msg-001", "operation": "REGISTER",
+    "agent_id": "researcher-01", "session_id": None, "epoch": 0,
+    "payload": {
+        "id": "researcher-01", "role": "market_researcher",
+        "interests": ["market size", "competitors", "growth trends"],
+    },
+}
+A1_REGISTER_RESPONSE = {
+    "status": "registered",
+    "agent": {
+        "id": "researcher-01", "role": "market_researcher", "status": "idle",
+        "interests": ["market size", "competitors", "growth trends"],
+    },
+    "field_capabilities": {
+        "conformance_level": 1,
+        "supported_operations": ["REGISTER", "DEREGISTER", "RECORD", "ATTUNE", "DETECT",
+                                 "SUBSCRIBE"],
+        "protocol_version": "0.1.0", "persistence": True, "conflict_strategies": [],
+    },
+}
+A1_RECORD = {
+    "protocol": "akashik", "version": "0.1.0", "id": "msg-002", "operation": "RECORD",
+    "agent_id": "researcher-01", "session_id": None, "epoch": 1,
+    "payload": {
+        "mode": "committed", "type": "finding",
+        "content": "European SaaS market for SMB HR tools is growing at 23% CAGR, expected to "
+                   "reach $4.2B by 2027. Primary growth driver is regulatory compliance "
+                   "automation post-EU AI Act.",
+        "intent": {
+            "purpose": "Validate market size assumption for go-to-market strategy",
+            "task_id": "task-market-sizing",
+            "question": "Is the European HR SaaS market large enough to justify a dedicated "
+                        "go-to-market?",
+        },
+        "confidence": {
+            "score": 0.82,
+            "reasoning": "Based on three independent analyst reports with consistent "
+                         "estimates. Slight uncertainty on AI Act impact timeline.",
+            "evidence": ["https://example.com/report-a", "https://example.com/report-b"],
+            "assumptions": ["EU AI Act enforcement begins Q3 2026",
+                            "No major EU recession in 2026-2027"],
+        },
+        "relations": [{"type": "answers", "target_id": "mem-question-001"}],
+    },
+}
+A1_RECORD_RESPONSE = {
+    "status": "accepted", "memory_unit_id": "mem-002", "epoch": 2, "conflicts_detected": [],
+}
+A1_ATTUNE = {
+    "protocol": "akashik", "version": "0.1.0", "id": "msg-003", "operation": "ATTUNE",
+    "agent_id": "strategist-01", "session_id": None, "epoch": 3,
+    "payload": {
+        "scope": {"role": "strategist", "max_units": 10},
+        "context_hint": "About to draft competitive positioning section",
+    },
+}
+A1_UNIT = {
+    "id": "mem-002", "mode": "committed", "type": "finding",
+    "content": A1_RECORD["payload"]["content"],
+    "intent": A1_RECORD["payload"]["intent"],
+    "confidence": A1_RECORD["payload"]["confidence"],
+    "source": {"agent_id": "researcher-01", "agent_role": "market_researcher",
+               "session_id": None, "timestamp": "2026-03-01T10:30:00Z"},
+    "relations": [{"type": "answers", "target_id": "mem-question-001"}],
+    "status": "active", "epoch": 2,
+}
+A1_ATTUNE_RESPONSE = {
+    "status": "ok",
+    "record": [{
+        "memory_unit": A1_UNIT, "relevance_score": 0.85,
+        "relevance_reason": "Recent finding from market_researcher. Market sizing is relevant "
+                            "to strategy.",
+        "format": "full",
+    }],
+    "conflicts": [],
+    "context_budget": {"units_returned": 1, "units_available": 1, "tokens_used": None,
+                       "tokens_budget": None},
+    "epoch": 3,
+}
+A2_RECORD = {
+    "protocol": "akashik", "version": "0.1.0", "id": "msg-010", "operation": "RECORD",
+    "agent_id": "researcher-02", "session_id": None, "epoch": 10,
+    "payload": {
+        "mode": "committed", "type": "finding",
+        "content": "European SaaS market growth is decelerating to 14% CAGR due to enterprise "
+                   "budget cuts in Q4 2026.",
+        "intent": {"purpose": "Update market growth projection with latest data",
+                   "question": "Has the market growth trajectory changed?"},
+        "confidence": {
+            "score": 0.75,
+            "reasoning": "Based on a single Q4 earnings report from a major player. May not "
+                         "represent the full market.",
+            "assumptions": ["Q4 trends are indicative of 2027 trajectory"],
+        },
+        "relations": [{"type": "contradicts", "target_id": "mem-002",
+                       "description": "Original estimate was 23% CAGR; new data suggests 14%"}],
+    },
+}
+A2_RECORD_RESPONSE = {
+    "status": "accepted", "memory_unit_id": "mem-010", "epoch": 11,
+    "conflicts_detected": ["conflict-001"],
+}
+A2_CONFLICT = {
+    "id": "conflict-001", "type": "factual", "status": "detected", "unit_a": "mem-002",
+    "unit_b": "mem-010",
+    "description": "Conflicting market growth estimates: 23% CAGR vs 14% CAGR",
+    "detected_by": "explicit",
+}
+
+# --------------------------------------------------------------------------- server-shaped bases
+
+CAPABILITIES = {
+    "conformance_level": 1,
+    "supported_operations": ["REGISTER", "DEREGISTER", "RECORD", "ATTUNE", "DETECT"],
+    "protocol_version": "0.1.0", "persistence": True, "conflict_strategies": [],
+    "field_id": "field-7f3a", "detect_modes": ["list"],
+    "limits": {"max_body_bytes": 1048576, "max_units": 1000, "max_epoch_skew": 2**32},
+}
+AGENT = {"id": "researcher-01", "role": "market_researcher", "status": "idle",
+         "interests": ["market size"], "current_task_id": None, "registered_epoch": 1}
+UNIT = {
+    "id": "mem-0123456789abcdef0123", "mode": "committed", "type": "finding",
+    "content": "Churn fell to 2%.",
+    "intent": {"purpose": "Track churn", "task_id": "task-1", "question": None},
+    "confidence": {"score": 0.9, "reasoning": "From the billing export.", "evidence": [],
+                   "assumptions": []},
+    "source": {"agent_id": "analyst-1", "agent_role": "analyst", "session_id": None,
+               "timestamp": "2026-03-01T10:30:00.123Z"},
+    "relations": [], "status": "active", "epoch": 5,
+}
+DRAFT_UNIT = {**drop(UNIT, "confidence"), "mode": "draft", "status": "draft"}
+CONFLICT = {
+    "id": "conflict-0123456789abcdef0123", "type": "factual", "status": "detected",
+    "unit_a": "mem-0123456789abcdef0123", "unit_b": "mem-89abcdef0123456789ab",
+    "description": "mem-89abcdef0123456789ab contradicts mem-0123456789abcdef0123",
+    "detected_by": "explicit", "epoch": 9,
+}
+RESOLVED_CONFLICT = {
+    **CONFLICT, "status": "resolved",
+    "resolution": {"strategy": "last_write_wins", "winner_id": "mem-89abcdef0123456789ab",
+                   "rationale": "newer", "resolved_by": "lead-1", "epoch_resolved": 12},
+}
+RECORD = {
+    "mode": "committed", "type": "decision", "content": "Ship on Monday.",
+    "intent": {"purpose": "Fix the release date", "task_id": None, "question": None},
+    "confidence": {"score": 0.7, "reasoning": "Tests are green."},
+}
+DRAFT = {"mode": "draft", "type": "observation", "content": "Looks slow.",
+         "intent": {"purpose": "Note a hunch"}}
+SCOPED_FULL = {"memory_unit": UNIT, "relevance_score": 0.5, "relevance_reason": "recent",
+               "format": "full"}
+SCOPED_IDS = {"memory_unit_id": UNIT["id"], "epoch": 5, "relevance_score": 0.5,
+              "relevance_reason": "recent", "format": "ids_only"}
+ERROR = {"code": "MISSING_INTENT", "message": "intent.purpose is required",
+         "operation": "RECORD", "recoverable": True, "suggested_action": "Add intent.purpose."}
+REJECTION = {
+    "code": "UNSUPPORTED_OPERATION", "message": "missing operations: MERGE",
+    "operation": "REGISTER", "recoverable": False, "suggested_action": None,
+    "details": {"status": "rejected", "rejection_reason": "Unsupported: MERGE",
+                "missing_operations": ["MERGE"], "field_capabilities": CAPABILITIES},
+}
+ATTUNE_RESPONSE = {
+    "status": "ok", "record": [SCOPED_FULL, {**SCOPED_FULL, "format": "summary"}],
+    "conflicts": [CONFLICT],
+    "context_budget": {"units_returned": 2, "units_available": 7, "tokens_used": 120,
+                       "tokens_budget": 500},
+    "epoch": 14,
+}
+FIELD_STATUS = {
+    "status": "ok", "field_id": "field-7f3a", "protocol_version": "0.1.0",
+    "server_version": "0.1.0", "conformance_level": 1, "epoch": 42, "persistence": True,
+    "log": {"backend": "sqlite", "last_position": 17},
+    "counts": {"agents": 2, "memory_units": {"active": 3, "contested": 2, "draft": 1},
+               "conflicts": {"total": 1, "unresolved": 1}},
+    "limits": {"max_body_bytes": 1048576}, "uptime_seconds": 12.5,
+}
+TOKEN = "Zk3x9Qm2-vB8_nT4rL6yW1cH5jD7sA0eGuPoIiKkMmN"
+
+
+# --------------------------------------------------------------------------- structure
+
+def test_every_listed_schema_exists_and_nothing_else() -> None:
+    assert set(load_schemas()) == set(ALL)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_schema_is_valid_2020_12(name: str) -> None:
+    schema = load_schemas()[name]
+    Draft202012Validator.check_schema(schema)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert schema["$id"] == URN_PREFIX + name
+    assert schema.get("title") and schema.get("description")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_every_ref_resolves(name: str) -> None:
+    resolver = registry().resolver(base_uri=URN_PREFIX + name)
+    refs = [node["$ref"] for _, node in walk(load_schemas()[name]) if "$ref" in node]
+    for ref in refs:
+        assert ref.startswith(("#", URN_PREFIX)), ref
+        resolver.lookup(ref)  # raises if unresolvable
+
+
+# Objects that are deliberately open: the MemoryUnit top level (future extensions).
+OPEN_OBJECTS = {("memory-unit", "")}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_object_schemas_are_closed(name: str) -> None:
+    for pointer, node in walk(load_schemas()[name]):
+        types = node.get("type")
+        if "object" in (types if isinstance(types, list) else [types]) and "properties" in node:
+            if (name, pointer) in OPEN_OBJECTS:
+                assert "additionalProperties" not in node
+            else:
+                assert node.get("additionalProperties") is False, f"{name}{pointer} is open"
+
+
+def test_agent_id_pattern_is_defined_once() -> None:
+    definitions = [
+        (name, pointer)
+        for name, schema in load_schemas().items()
+        for pointer, node in walk(schema)
+        if node.get("pattern", "").startswith("^[A-Za-z0-9][A-Za-z0-9._:@-]")
+    ]
+    assert definitions == [("agent", "/$defs/agent_id")]
+
+
+# --------------------------------------------------------------------------- Appendix A
+
+def test_spec_a1_envelopes_and_payloads() -> None:
+    for message, payload_schema in [(A1_REGISTER, "register.request"),
+                                    (A1_RECORD, "record.request"),
+                                    (A1_ATTUNE, "attune.request"),
+                                    (A2_RECORD, "record.request")]:
+        assert_valid("envelope", message)
+        assert_valid(payload_schema, message["payload"])
+
+
+def test_spec_a1_attune_response_is_valid_as_is() -> None:
+    assert_valid("attune.response", A1_ATTUNE_RESPONSE)
+    assert_valid("memory-unit", A1_UNIT)
+
+
+def test_spec_a1_register_response_lacks_only_our_extensions() -> None:
+    # The spec's example predates this server's extensions: current_task_id on the agent,
+    # field_id/detect_modes/limits in the capabilities, and token/epoch/rejection_reason.
+    # Everything it does carry must validate; the only errors allowed are those omissions.
+    assert missing_only("agent", A1_REGISTER_RESPONSE["agent"]) == {"current_task_id"}
+    assert missing_only("field-capabilities", A1_REGISTER_RESPONSE["field_capabilities"]) == {
+        "field_id", "detect_modes", "limits"}
+    adapted = {
+        "status": "registered",
+        "agent": {**A1_REGISTER_RESPONSE["agent"], "current_task_id": None},
+        "field_capabilities": {**A1_REGISTER_RESPONSE["field_capabilities"],
+                               "field_id": "field-1", "detect_modes": ["list"],
+                               "limits": {"max_units": 1000}},
+        "rejection_reason": None, "token": TOKEN, "epoch": 1,
+    }
+    assert_valid("register.response", adapted)
+
+
+def test_spec_record_responses_lack_only_rejection_reason() -> None:
+    # The spec's examples omit rejection_reason, which this server always sends (null).
+    for response in (A1_RECORD_RESPONSE, A2_RECORD_RESPONSE):
+        assert missing_only("record.response", response) == {"rejection_reason"}
+        assert_valid("record.response", {**response, "rejection_reason": None})
+
+
+def test_spec_a2_conflict_lacks_only_epoch() -> None:
+    # epoch (when the conflict was detected) is an extension.
+    assert missing_only("conflict", A2_CONFLICT) == {"epoch"}
+    assert_valid("conflict", {**A2_CONFLICT, "epoch": 11})
+
+
+# --------------------------------------------------------------------------- valid / invalid cases
+
+def case(name: str, instance: Any, label: str) -> Any:
+    return pytest.param(name, instance, id=f"{name}:{label}")
+
+
+VALID = [
+    # envelope
+    case("envelope", A1_REGISTER, "spec"),
+    case("envelope", put(A1_REGISTER, "agent_id", "a" * 128), "agent-id-128"),
+    case("envelope", put(A1_REGISTER, "agent_id", "a.b_c:d@e-f9"), "agent-id-punct"),
+    case("envelope", put(A1_REGISTER, "agent_id", "7"), "agent-id-1"),
+    case("envelope", put(A1_REGISTER, "epoch", MAX_EPOCH), "epoch-max"),
+    case("envelope", put(A1_REGISTER, "session_id", "s" * 256), "session-256"),
+    case("envelope", put(A1_REGISTER, "payload", {}), "empty-payload"),
+    *[case("envelope", put(A1_REGISTER, "operation", op), op)
+      for op in ["DEREGISTER", "DETECT", "MERGE", "SUBSCRIBE", "REPLAY", "COMPACT",
+                 "COORDINATE", "HANDOFF", "SESSION"]],
+    # error
+    case("error", ERROR, "basic"),
+    case("error", {**ERROR, "operation": None, "suggested_action": None}, "nulls"),
+    case("error", {**ERROR, "details": {"field": "intent.purpose", "n": [1]}}, "details-open"),
+    case("error", REJECTION, "register-rejection"),
+    case("error", {**ERROR, "code": "UNSUPPORTED_OPERATION", "operation": "DETECT"},
+         "unsupported-detect-without-details"),
+    case("error", {**ERROR, "code": "SOME_FUTURE_CODE"}, "unknown-code"),
+    # relation
+    case("relation", {"type": "supports", "target_id": "mem-1"}, "minimal"),
+    case("relation", {"type": "contradicts", "target_id": "x", "description": None}, "null-desc"),
+    case("relation", {"type": "informs", "target_id": "x", "description": "d" * 4096}, "desc-4096"),
+    # memory-unit
+    case("memory-unit", UNIT, "committed"),
+    case("memory-unit", DRAFT_UNIT, "draft-without-confidence"),
+    case("memory-unit", {**DRAFT_UNIT, "confidence": {"evidence": ["x"]}}, "draft-partial-conf"),
+    case("memory-unit", {**UNIT, "x_future_field": {"a": 1}}, "open-top-level"),
+    case("memory-unit", {**UNIT, "status": "contested"}, "contested"),
+    case("memory-unit", {**UNIT, "confidence": {"score": 0.9, "reasoning": "r"}}, "summary-conf"),
+    case("memory-unit", put(UNIT, "source.timestamp", "2026-03-01T10:30:00Z"), "ts-no-fraction"),
+    case("memory-unit", put(UNIT, "relations", [{"type": "supersedes", "target_id": "m"}]),
+         "relation"),
+    # agent
+    case("agent", AGENT, "full"),
+    case("agent", drop(AGENT, "registered_epoch"), "no-registered-epoch"),
+    case("agent", {**AGENT, "interests": [], "current_task_id": "task-1"}, "task"),
+    case("agent", {**AGENT, "interests": ["i" * 256] * 64}, "interests-max"),
+    # scope
+    case("scope", {"role": "strategist", "max_units": 10}, "minimal"),
+    case("scope", {"role": "r", "max_units": 1000, "max_tokens": 500, "interests": ["x"],
+                   "active_task_id": None, "temporal_layers": ["past", "present", "future"],
+                   "relevance_threshold": 0, "recency_weight": 1, "since_epoch": 0,
+                   "include_own": True}, "full"),
+    case("scope", {"role": "r", "max_units": 1, "since_epoch": None}, "since-null"),
+    # conflict
+    case("conflict", CONFLICT, "detected"),
+    case("conflict", {**CONFLICT, "status": "escalated"}, "escalated"),
+    case("conflict", RESOLVED_CONFLICT, "resolved"),
+    case("conflict", put(RESOLVED_CONFLICT, "resolution.winner_id", None), "no-winner"),
+    # field-capabilities
+    case("field-capabilities", CAPABILITIES, "level-1"),
+    case("field-capabilities", {**CAPABILITIES, "limits": {}, "detect_modes": []}, "empty"),
+    case("field-capabilities", {**CAPABILITIES, "conformance_level": 3,
+                                "conflict_strategies": ["vote", "synthesis"]}, "strategies"),
+    # scoped-memory-unit
+    case("scoped-memory-unit", SCOPED_FULL, "full"),
+    case("scoped-memory-unit", {**SCOPED_FULL, "format": "summary"}, "summary"),
+    case("scoped-memory-unit", SCOPED_IDS, "ids-only"),
+    case("scoped-memory-unit", {**SCOPED_IDS, "relevance_score": 1}, "score-1"),
+    # register.request
+    case("register.request", A1_REGISTER["payload"], "spec"),
+    case("register.request", {"id": "a", "role": "r"}, "minimal"),
+    case("register.request", {"id": "a", "role": "r", "interests": [],
+                              "required_operations": ["RECORD", "TELEPORT"],
+                              "current_task_id": "task-1"}, "unknown-op-name-is-schema-valid"),
+    case("register.request", {"id": "a", "role": "r", "current_task_id": None}, "task-null"),
+    case("register.request", {"id": "a", "role": "r",
+                              "required_operations": ["R" * 64] * 32}, "required-ops-max"),
+    # deregister.request
+    case("deregister.request", {"agent_id": "researcher-01"}, "basic"),
+    # record.request
+    case("record.request", A1_RECORD["payload"], "spec-a1"),
+    case("record.request", A2_RECORD["payload"], "spec-a2"),
+    case("record.request", RECORD, "committed"),
+    case("record.request", drop(RECORD, "mode"), "mode-defaults-to-committed"),
+    case("record.request", DRAFT, "draft-without-confidence"),
+    case("record.request", {**DRAFT, "confidence": {}}, "draft-empty-confidence"),
+    case("record.request", {**DRAFT, "confidence": {"score": 0.3}}, "draft-score-only"),
+    case("record.request", {**DRAFT, "confidence": {"reasoning": "r"}}, "draft-reasoning-only"),
+    case("record.request", put(RECORD, "confidence.score", 0), "score-0"),
+    case("record.request", put(RECORD, "confidence.score", 1), "score-1-int"),
+    case("record.request", put(RECORD, "confidence.score", 1.0), "score-1.0"),
+    case("record.request", put(RECORD, "content", "c" * 65536), "content-65536"),
+    case("record.request", put(RECORD, "content", " x "), "content-padded"),
+    case("record.request", put(RECORD, "intent.purpose", "p" * 4096), "purpose-4096"),
+    case("record.request", put(RECORD, "confidence.evidence", ["e" * 4096] * 64), "evidence-max"),
+    case("record.request", {**RECORD, "relations": [
+        {"type": t, "target_id": "mem-x"} for t in
+        ["supports", "contradicts", "depends_on", "supersedes", "caused_by", "elaborates",
+         "answers", "blocks", "informs"]]}, "all-relation-types"),
+    case("record.request", {**RECORD, "relations": [{"type": "informs", "target_id": "m"}] * 64},
+         "relations-64"),
+    *[case("record.request", put(RECORD, "type", t), f"type-{t}") for t in
+      ["finding", "observation", "intention", "assumption", "constraint", "question",
+       "contradiction", "synthesis", "correction", "human_directive"]],
+    # attune.request
+    case("attune.request", A1_ATTUNE["payload"], "spec"),
+    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "context_hint": None,
+                            "format": "ids_only", "since_epoch": 12}, "ids-only-since"),
+    case("attune.request", {"scope": {"role": "r", "max_units": 5, "since_epoch": 12},
+                            "since_epoch": 12}, "since-both-equal"),
+    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "format": "summary",
+                            "since_epoch": None}, "summary"),
+    # detect.request
+    case("detect.request", {"mode": "list"}, "minimal"),
+    case("detect.request", {"mode": "list", "target_id": None, "filter": {}}, "empty-filter"),
+    case("detect.request", {"mode": "list", "filter": {
+        "status": ["detected", "resolved"], "types": ["factual", "priority"],
+        "involving_agents": ["a", "b"]}}, "full-filter"),
+    case("detect.request", {"mode": "check", "target_id": "mem-1"}, "check-schema-valid"),
+    case("detect.request", {"mode": "list", "filter": None}, "filter-null"),
+    # responses
+    case("register.response", {"status": "registered", "agent": AGENT,
+                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
+                               "token": TOKEN, "epoch": 1}, "basic"),
+    case("register.response", {"status": "registered", "agent": AGENT,
+                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
+                               "token": "0123456789abcdef" * 4, "epoch": 1}, "hex-token"),
+    case("deregister.response", {"status": "ok", "cleanup": {"units_orphaned": 3,
+                                                             "tasks_reassigned": 0},
+                                 "epoch": 20}, "basic"),
+    case("record.response", {"status": "accepted", "memory_unit_id": UNIT["id"], "epoch": 5,
+                             "conflicts_detected": [CONFLICT["id"]], "rejection_reason": None},
+         "basic"),
+    case("attune.response", ATTUNE_RESPONSE, "basic"),
+    case("attune.response", {**ATTUNE_RESPONSE, "record": [SCOPED_IDS], "conflicts": []},
+         "ids-only"),
+    case("attune.response", {**ATTUNE_RESPONSE, "conflicts": [CONFLICT] * 100}, "conflicts-100"),
+    case("detect.response", {"status": "ok", "conflicts": [CONFLICT, RESOLVED_CONFLICT],
+                             "scan_coverage": {"units_scanned": 0, "new_conflicts_found": 0},
+                             "epoch": 3}, "basic"),
+    case("field-status.response", FIELD_STATUS, "basic"),
+    case("field-status.response", put(FIELD_STATUS, "counts.memory_units", {}), "no-units"),
+    case("agents.response", {"status": "ok", "agents": [AGENT], "epoch": 4}, "basic"),
+    case("agents.response", {"status": "ok", "agents": [], "epoch": 0}, "empty"),
+    case("conflicts.response", {"status": "ok", "conflicts": [CONFLICT], "epoch": 4}, "basic"),
+]
+
+INVALID = [
+    # envelope
+    case("envelope", put(A1_REGISTER, "protocol", "other"), "protocol-other"),
+    case("envelope", put(A1_REGISTER, "version", "0.2.0"), "version"),
+    case("envelope", put(A1_REGISTER, "operation", "FLY"), "unknown-operation"),
+    case("envelope", put(A1_REGISTER, "operation", "register"), "lowercase-operation"),
+    case("envelope", drop(A1_REGISTER, "session_id"), "missing-session-id"),
+    case("envelope", drop(A1_REGISTER, "payload"), "missing-payload"),
+    case("envelope", {**A1_REGISTER, "token": "x"}, "extra-property"),
+    case("envelope", put(A1_REGISTER, "epoch", -1), "epoch--1"),
+    case("envelope", put(A1_REGISTER, "epoch", MAX_EPOCH + 1), "epoch-2^53"),
+    case("envelope", put(A1_REGISTER, "epoch", 1.5), "epoch-fraction"),
+    case("envelope", put(A1_REGISTER, "epoch", True), "epoch-bool"),
+    case("envelope", put(A1_REGISTER, "epoch", "1"), "epoch-string"),
+    case("envelope", put(A1_REGISTER, "epoch", None), "epoch-null"),
+    case("envelope", put(A1_REGISTER, "agent_id", "a b"), "agent-id-space"),
+    case("envelope", put(A1_REGISTER, "agent_id", "-a"), "agent-id-leading-dash"),
+    case("envelope", put(A1_REGISTER, "agent_id", "a" * 129), "agent-id-129"),
+    case("envelope", put(A1_REGISTER, "agent_id", "agent\n"), "agent-id-trailing-newline"),
+    case("envelope", put(A1_REGISTER, "agent_id", ""), "agent-id-empty"),
+    case("envelope", put(A1_REGISTER, "agent_id", "agent/1"), "agent-id-slash"),
+    case("envelope", put(A1_REGISTER, "id", ""), "id-empty"),
+    case("envelope", put(A1_REGISTER, "id", "m" * 257), "id-257"),
+    case("envelope", put(A1_REGISTER, "session_id", ""), "session-empty"),
+    case("envelope", put(A1_REGISTER, "payload", None), "payload-null"),
+    case("envelope", put(A1_REGISTER, "payload", []), "payload-array"),
+    case("envelope", [A1_REGISTER], "array"),
+    # error
+    case("error", drop(ERROR, "operation"), "missing-operation"),
+    case("error", drop(ERROR, "suggested_action"), "missing-suggested-action"),
+    case("error", {**ERROR, "recoverable": "yes"}, "recoverable-string"),
+    case("error", {**ERROR, "stack": "Traceback"}, "extra-property"),
+    case("error", {**ERROR, "details": []}, "details-array"),
+    case("error", {**ERROR, "code": ""}, "code-empty"),
+    case("error", drop(REJECTION, "details"), "register-rejection-without-details"),
+    case("error", drop(REJECTION, "details.field_capabilities"), "rejection-no-capabilities"),
+    case("error", put(REJECTION, "details.status", "registered"), "rejection-status"),
+    # relation
+    case("relation", {"type": "refutes", "target_id": "x"}, "unknown-type"),
+    case("relation", {"type": "supports"}, "missing-target"),
+    case("relation", {"type": "supports", "target_id": ""}, "target-empty"),
+    case("relation", {"type": "supports", "target_id": "x", "weight": 1}, "extra-property"),
+    case("relation", {"type": "supports", "target_id": "x", "description": "d" * 4097},
+         "desc-4097"),
+    # memory-unit
+    case("memory-unit", put(UNIT, "status", "deleted"), "unknown-status"),
+    case("memory-unit", put(UNIT, "type", "rumor"), "unknown-type"),
+    case("memory-unit", put(UNIT, "mode", "final"), "unknown-mode"),
+    case("memory-unit", drop(UNIT, "relations"), "missing-relations"),
+    case("memory-unit", drop(UNIT, "source"), "missing-source"),
+    case("memory-unit", put(UNIT, "epoch", -1), "epoch--1"),
+    case("memory-unit", put(UNIT, "confidence.score", 1.5), "score-1.5"),
+    case("memory-unit", put(UNIT, "intent.extra", 1), "intent-extra"),
+    case("memory-unit", put(UNIT, "source.extra", 1), "source-extra"),
+    case("memory-unit", put(UNIT, "confidence.extra", 1), "confidence-extra"),
+    case("memory-unit", drop(UNIT, "source.session_id"), "source-missing-session"),
+    case("memory-unit", put(UNIT, "source.timestamp", "2026-03-01 10:30:00"), "ts-no-T"),
+    case("memory-unit", put(UNIT, "source.timestamp", "2026-03-01T10:30:00+01:00"), "ts-not-utc"),
+    case("memory-unit", put(UNIT, "source.timestamp", "2026-03-01T10:30:00Z\n"), "ts-newline"),
+    case("memory-unit", put(UNIT, "content", ""), "content-empty"),
+    # agent
+    case("agent", {**AGENT, "status": "busy"}, "unknown-status"),
+    case("agent", drop(AGENT, "current_task_id"), "missing-current-task"),
+    case("agent", drop(AGENT, "interests"), "missing-interests"),
+    case("agent", {**AGENT, "interests": ["x"] * 65}, "interests-65"),
+    case("agent", {**AGENT, "interests": [""]}, "interest-empty"),
+    case("agent", {**AGENT, "interests": ["i" * 257]}, "interest-257"),
+    case("agent", {**AGENT, "role": "   "}, "role-blank"),
+    case("agent", {**AGENT, "role": "r" * 129}, "role-129"),
+    case("agent", {**AGENT, "token": "t"}, "extra-property"),
+    case("agent", {**AGENT, "registered_epoch": -1}, "registered-epoch--1"),
+    # scope
+    case("scope", {"role": "r"}, "missing-max-units"),
+    case("scope", {"max_units": 3}, "missing-role"),
+    case("scope", {"role": "r", "max_units": 0}, "max-units-0"),
+    case("scope", {"role": "r", "max_units": 1001}, "max-units-1001"),
+    case("scope", {"role": "r", "max_units": 2.5}, "max-units-fraction"),
+    case("scope", {"role": "r", "max_units": True}, "max-units-bool"),
+    case("scope", {"role": "", "max_units": 3}, "role-empty"),
+    case("scope", {"role": "r", "max_units": 3, "max_tokens": 0}, "max-tokens-0"),
+    case("scope", {"role": "r", "max_units": 3, "relevance_threshold": 1.5}, "threshold-1.5"),
+    case("scope", {"role": "r", "max_units": 3, "recency_weight": -0.1}, "recency--0.1"),
+    case("scope", {"role": "r", "max_units": 3, "temporal_layers": ["later"]}, "layer"),
+    case("scope", {"role": "r", "max_units": 3, "temporal_layers": ["past"] * 65}, "layers-65"),
+    case("scope", {"role": "r", "max_units": 3, "since_epoch": -1}, "since--1"),
+    case("scope", {"role": "r", "max_units": 3, "since_epoch": "5"}, "since-string"),
+    case("scope", {"role": "r", "max_units": 3, "include_own": "yes"}, "include-own-string"),
+    case("scope", {"role": "r", "max_units": 3, "active_task_id": ""}, "task-empty"),
+    case("scope", {"role": "r", "max_units": 3, "query": "x"}, "extra-property"),
+    # conflict
+    case("conflict", {**CONFLICT, "type": "moral"}, "unknown-type"),
+    case("conflict", {**CONFLICT, "status": "open"}, "unknown-status"),
+    case("conflict", {**CONFLICT, "detected_by": "magic"}, "unknown-detector"),
+    case("conflict", drop(CONFLICT, "epoch"), "missing-epoch"),
+    case("conflict", drop(CONFLICT, "unit_b"), "missing-unit-b"),
+    case("conflict", {**CONFLICT, "severity": 1}, "extra-property"),
+    case("conflict", {**RESOLVED_CONFLICT, "status": "detected"}, "unresolved-with-resolution"),
+    case("conflict", {**CONFLICT, "status": "resolved"}, "resolved-without-resolution"),
+    case("conflict", put(RESOLVED_CONFLICT, "resolution.strategy", "coin_flip"), "strategy"),
+    case("conflict", put(RESOLVED_CONFLICT, "resolution.extra", 1), "resolution-extra"),
+    # field-capabilities
+    case("field-capabilities", {**CAPABILITIES, "conformance_level": 4}, "level-4"),
+    case("field-capabilities", {**CAPABILITIES, "conformance_level": "1"}, "level-string"),
+    case("field-capabilities", {**CAPABILITIES, "supported_operations": ["FLY"]}, "op"),
+    case("field-capabilities", {**CAPABILITIES, "supported_operations": ["RECORD", "RECORD"]},
+         "op-duplicate"),
+    case("field-capabilities", {**CAPABILITIES, "protocol_version": "0.2.0"}, "version"),
+    case("field-capabilities", {**CAPABILITIES, "persistence": "yes"}, "persistence-string"),
+    case("field-capabilities", {**CAPABILITIES, "conflict_strategies": ["coin_flip"]},
+         "strategy"),
+    case("field-capabilities", {**CAPABILITIES, "detect_modes": ["grep"]}, "detect-mode"),
+    case("field-capabilities", {**CAPABILITIES, "limits": {"max_units": 1.5}}, "limit-float"),
+    case("field-capabilities", {**CAPABILITIES, "limits": {"max_units": "1"}}, "limit-string"),
+    case("field-capabilities", drop(CAPABILITIES, "field_id"), "missing-field-id"),
+    case("field-capabilities", {**CAPABILITIES, "auth": "token"}, "extra-property"),
+    # scoped-memory-unit
+    case("scoped-memory-unit", drop(SCOPED_FULL, "memory_unit"), "full-without-unit"),
+    case("scoped-memory-unit", {**SCOPED_FULL, "format": "ids_only"}, "ids-only-with-unit"),
+    case("scoped-memory-unit", {**SCOPED_IDS, "format": "full"}, "full-with-id-only"),
+    case("scoped-memory-unit", {**SCOPED_IDS, "memory_unit": UNIT}, "ids-only-plus-unit"),
+    case("scoped-memory-unit", drop(SCOPED_IDS, "epoch"), "ids-only-without-epoch"),
+    case("scoped-memory-unit", {**SCOPED_FULL, "relevance_score": 1.2}, "score-1.2"),
+    case("scoped-memory-unit", {**SCOPED_FULL, "relevance_score": -0.1}, "score-negative"),
+    case("scoped-memory-unit", {**SCOPED_FULL, "relevance_reason": ""}, "reason-empty"),
+    case("scoped-memory-unit", drop(SCOPED_FULL, "relevance_reason"), "reason-missing"),
+    case("scoped-memory-unit", {**SCOPED_FULL, "format": "compact"}, "format"),
+    case("scoped-memory-unit", put(SCOPED_FULL, "memory_unit.status", "gone"), "bad-unit"),
+    # register.request
+    case("register.request", {"id": "a"}, "missing-role"),
+    case("register.request", {"role": "r"}, "missing-id"),
+    case("register.request", {"id": "a b", "role": "r"}, "bad-id"),
+    case("register.request", {"id": "a", "role": " \t"}, "role-blank"),
+    case("register.request", {"id": "a", "role": "r", "interests": "x"}, "interests-string"),
+    case("register.request", {"id": "a", "role": "r", "required_operations": ["R"] * 33},
+         "required-ops-33"),
+    case("register.request", {"id": "a", "role": "r", "required_operations": [""]},
+         "required-op-empty"),
+    case("register.request", {"id": "a", "role": "r", "required_operations": ["R" * 65]},
+         "required-op-65"),
+    case("register.request", {"id": "a", "role": "r", "status": "working"}, "extra-property"),
+    case("register.request", {"id": "a", "role": "r", "current_task_id": ""}, "task-empty"),
+    # deregister.request
+    case("deregister.request", {}, "missing"),
+    case("deregister.request", {"agent_id": "a", "force": True}, "extra-property"),
+    case("deregister.request", {"agent_id": "a b"}, "bad-id"),
+    # record.request
+    case("record.request", put(RECORD, "confidence.score", 1.5), "confidence-1.5"),
+    case("record.request", put(RECORD, "confidence.score", -0.01), "confidence-negative"),
+    case("record.request", put(RECORD, "confidence.score", True), "confidence-bool"),
+    case("record.request", put(RECORD, "confidence.score", "0.5"), "confidence-string"),
+    case("record.request", put(RECORD, "confidence.score", None), "confidence-null"),
+    case("record.request", drop(RECORD, "confidence"), "committed-without-confidence"),
+    case("record.request", drop(drop(RECORD, "confidence"), "mode"), "default-without-confidence"),
+    case("record.request", drop(RECORD, "confidence.score"), "committed-without-score"),
+    case("record.request", drop(RECORD, "confidence.reasoning"), "committed-without-reasoning"),
+    case("record.request", put(RECORD, "confidence.reasoning", "  "), "reasoning-blank"),
+    case("record.request", put(RECORD, "confidence", None), "confidence-null-object"),
+    case("record.request", {**DRAFT, "confidence": {"score": 1.5}}, "draft-confidence-1.5"),
+    case("record.request", {**DRAFT, "confidence": {"score": 0.5, "extra": 1}}, "draft-conf-extra"),
+    case("record.request", put(RECORD, "type", "rumor"), "unknown-type"),
+    case("record.request", drop(RECORD, "type"), "missing-type"),
+    case("record.request", put(RECORD, "type", None), "type-null"),
+    case("record.request", put(RECORD, "mode", "final"), "unknown-mode"),
+    case("record.request", drop(RECORD, "intent"), "missing-intent"),
+    case("record.request", put(RECORD, "intent", {}), "intent-empty"),
+    case("record.request", put(RECORD, "intent", "because"), "intent-string"),
+    case("record.request", put(RECORD, "intent.purpose", ""), "purpose-empty"),
+    case("record.request", put(RECORD, "intent.purpose", " \n\t"), "purpose-blank"),
+    case("record.request", put(RECORD, "intent.purpose", "p" * 4097), "purpose-4097"),
+    case("record.request", put(RECORD, "intent.task_id", ""), "task-empty"),
+    case("record.request", put(RECORD, "intent.why", "x"), "intent-extra"),
+    case("record.request", drop(RECORD, "content"), "missing-content"),
+    case("record.request", put(RECORD, "content", ""), "content-empty"),
+    case("record.request", put(RECORD, "content", "  \n "), "content-blank"),
+    case("record.request", put(RECORD, "content", "c" * 65537), "content-65537"),
+    case("record.request", put(RECORD, "content", 42), "content-number"),
+    case("record.request", {**RECORD, "id": "mem-mine"}, "agent-set-id"),
+    case("record.request", {**RECORD, "epoch": 5}, "agent-set-epoch"),
+    case("record.request", {**RECORD, "source": {"agent_id": "a"}}, "agent-set-source"),
+    case("record.request", {**RECORD, "status": "active"}, "agent-set-status"),
+    case("record.request", {**RECORD, "tags": ["x"]}, "extra-property"),
+    case("record.request", {**RECORD, "relations": [{"type": "informs", "target_id": "m"}] * 65},
+         "relations-65"),
+    case("record.request", {**RECORD, "relations": [{"type": "refutes", "target_id": "m"}]},
+         "relation-type"),
+    case("record.request", {**RECORD, "relations": {"type": "informs", "target_id": "m"}},
+         "relations-object"),
+    case("record.request", put(RECORD, "confidence.evidence", ["e"] * 65), "evidence-65"),
+    case("record.request", put(RECORD, "confidence.assumptions", ["a" * 4097]), "assumption-4097"),
+    case("record.request", put(RECORD, "confidence.evidence", [1]), "evidence-number"),
+    # attune.request
+    case("attune.request", {}, "missing-scope"),
+    case("attune.request", {"scope": {"role": "r"}}, "scope-missing-max-units"),
+    case("attune.request", {"scope": {"role": "r", "max_units": 1001}}, "max-units-1001"),
+    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "since_epoch": -1},
+         "since--1"),
+    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "since_epoch": 1.5},
+         "since-fraction"),
+    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "format": "brief"},
+         "format"),
+    case("attune.request", {"scope": {"role": "r", "max_units": 5},
+                            "context_hint": "h" * 4097}, "hint-4097"),
+    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "query": "x"},
+         "extra-property"),
+    # detect.request
+    case("detect.request", {}, "missing-mode"),
+    case("detect.request", {"mode": "watch"}, "unknown-mode"),
+    case("detect.request", {"mode": "list", "target_id": ""}, "target-empty"),
+    case("detect.request", {"mode": "list", "filter": {"status": ["open"]}}, "filter-status"),
+    case("detect.request", {"mode": "list", "filter": {"types": ["moral"]}}, "filter-type"),
+    case("detect.request", {"mode": "list", "filter": {"involving_agents": ["a b"]}},
+         "filter-agent"),
+    case("detect.request", {"mode": "list", "filter": {"units": ["m"]}}, "filter-extra"),
+    case("detect.request", {"mode": "list", "filter": {"status": "detected"}}, "filter-string"),
+    case("detect.request", {"mode": "list", "limit": 5}, "extra-property"),
+    case("detect.request", {"mode": "list", "filter": {"status": ["detected"] * 65}},
+         "filter-65-items"),
+    # register.response
+    case("register.response", {"status": "rejected", "agent": AGENT,
+                               "field_capabilities": CAPABILITIES, "rejection_reason": "no",
+                               "token": TOKEN, "epoch": 1}, "rejected-as-200"),
+    case("register.response", {"status": "registered", "agent": AGENT,
+                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
+                               "epoch": 1}, "missing-token"),
+    case("register.response", {"status": "registered", "agent": AGENT,
+                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
+                               "token": "short", "epoch": 1}, "short-token"),
+    case("register.response", {"status": "registered", "agent": AGENT,
+                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
+                               "token": TOKEN[:-2] + " x", "epoch": 1}, "token-space"),
+    case("register.response", {"status": "registered", "agent": AGENT,
+                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
+                               "token": TOKEN}, "missing-epoch"),
+    # deregister.response
+    case("deregister.response", {"status": "not_found", "cleanup": {"units_orphaned": 0,
+                                                                    "tasks_reassigned": 0},
+                                 "epoch": 2}, "not-found-is-an-error"),
+    case("deregister.response", {"status": "ok", "cleanup": {"units_orphaned": -1,
+                                                             "tasks_reassigned": 0},
+                                 "epoch": 2}, "negative-count"),
+    case("deregister.response", {"status": "ok", "cleanup": {"units_orphaned": 0},
+                                 "epoch": 2}, "missing-tasks"),
+    case("deregister.response", {"status": "ok", "epoch": 2}, "missing-cleanup"),
+    # record.response
+    case("record.response", {"status": "rejected", "memory_unit_id": "m", "epoch": 5,
+                             "conflicts_detected": [], "rejection_reason": "x"}, "rejected"),
+    case("record.response", {"status": "accepted", "epoch": 5, "conflicts_detected": [],
+                             "rejection_reason": None}, "missing-id"),
+    case("record.response", {"status": "accepted", "memory_unit_id": "m", "epoch": -1,
+                             "conflicts_detected": [], "rejection_reason": None}, "epoch--1"),
+    case("record.response", {"status": "accepted", "memory_unit_id": "m", "epoch": 5,
+                             "conflicts_detected": [], "rejection_reason": None,
+                             "warning": "x"}, "extra-property"),
+    # attune.response
+    case("attune.response", {**ATTUNE_RESPONSE, "status": "error"}, "status"),
+    case("attune.response", {**ATTUNE_RESPONSE, "conflicts": [CONFLICT] * 101}, "conflicts-101"),
+    case("attune.response", {**ATTUNE_RESPONSE, "conflicts": [drop(CONFLICT, "id")]},
+         "bad-conflict"),
+    case("attune.response", drop(ATTUNE_RESPONSE, "context_budget.tokens_used"),
+         "budget-missing-tokens-used"),
+    case("attune.response", put(ATTUNE_RESPONSE, "context_budget.units_returned", -1),
+         "negative-count"),
+    case("attune.response", put(ATTUNE_RESPONSE, "record.0.relevance_score", 2), "bad-item"),
+    case("attune.response", drop(ATTUNE_RESPONSE, "epoch"), "missing-epoch"),
+    # detect.response
+    case("detect.response", {"status": "ok", "conflicts": [], "epoch": 3}, "missing-coverage"),
+    case("detect.response", {"status": "ok", "conflicts": [],
+                             "scan_coverage": {"units_scanned": 0}, "epoch": 3},
+         "coverage-incomplete"),
+    # field-status.response
+    case("field-status.response", put(FIELD_STATUS, "counts.memory_units", {"deleted": 1}),
+         "unknown-unit-status"),
+    case("field-status.response", put(FIELD_STATUS, "counts.memory_units", {"active": -1}),
+         "negative-unit-count"),
+    case("field-status.response", drop(FIELD_STATUS, "counts.conflicts.unresolved"),
+         "conflicts-incomplete"),
+    case("field-status.response", put(FIELD_STATUS, "uptime_seconds", -1), "uptime--1"),
+    case("field-status.response", put(FIELD_STATUS, "log.path", "/data"), "log-extra"),
+    case("field-status.response", put(FIELD_STATUS, "limits", {"x": 0.5}), "limit-float"),
+    case("field-status.response", put(FIELD_STATUS, "protocol_version", "0.2.0"), "version"),
+    case("field-status.response", drop(FIELD_STATUS, "field_id"), "missing-field-id"),
+    # agents.response / conflicts.response
+    case("agents.response", {"status": "ok", "agents": [drop(AGENT, "role")], "epoch": 4},
+         "bad-agent"),
+    case("agents.response", {"status": "ok", "agents": [AGENT]}, "missing-epoch"),
+    case("conflicts.response", {"status": "ok", "conflicts": [{**CONFLICT, "type": "x"}],
+                                "epoch": 4}, "bad-conflict"),
+    case("conflicts.response", {"status": "ok", "conflicts": [], "epoch": 4, "next": None},
+         "extra-property"),
+]
+
+
+@pytest.mark.parametrize(("name", "instance"), VALID)
+def test_valid(name: str, instance: Any) -> None:
+    assert_valid(name, instance)
+
+
+@pytest.mark.parametrize(("name", "instance"), INVALID)
+def test_invalid(name: str, instance: Any) -> None:
+    assert not is_valid(name, instance), f"unexpectedly valid {name}: {instance!r}"[:500]
+
+
+def test_every_schema_has_valid_and_invalid_cases() -> None:
+    valid = {p.values[0] for p in VALID}
+    invalid = {p.values[0] for p in INVALID}
+    assert valid == set(ALL)
+    assert invalid == set(ALL)
+
+
+def test_errors_helper_reports_paths() -> None:
+    problems = errors("record.request", put(RECORD, "confidence.score", 1.5))
+    assert problems and problems[0].startswith("confidence/score:")
+    with pytest.raises(AssertionError, match="record.request"):
+        assert_valid("record.request", {})
+    with pytest.raises(KeyError):
+        validator("no-such-schema")
+    assert validator("envelope.json") is validator("envelope")
+    assert validator(URN_PREFIX + "envelope") is validator("envelope")
+
+
+# --------------------------------------------------------------------------- properties
+
+@given(st.floats(allow_nan=False))
+def test_confidence_score_valid_iff_in_unit_interval(score: float) -> None:
+    assert is_valid("record.request", put(RECORD, "confidence.score", score)) == (
+        0.0 <= score <= 1.0)
+
+
+@given(st.integers())
+def test_epoch_valid_iff_in_range(epoch: int) -> None:
+    assert is_valid("envelope", put(A1_REGISTER, "epoch", epoch)) == (0 <= epoch <= MAX_EPOCH)
+
+
+@given(st.from_regex(AGENT_ID_RE, fullmatch=True))
+def test_generated_agent_ids_are_valid(agent_id: str) -> None:
+    assert is_valid("envelope", put(A1_REGISTER, "agent_id", agent_id))
+
+
+@given(st.text(alphabet=st.sampled_from("aZ09._:@-/ \n\t\u00e9"), max_size=140))
+def test_agent_id_valid_iff_fullmatch(agent_id: str) -> None:
+    assert is_valid("deregister.request", {"agent_id": agent_id}) == bool(
+        AGENT_ID_RE.fullmatch(agent_id))
+
+
+@given(st.text(max_size=140))
+def test_role_valid_iff_length_and_not_blank(role: str) -> None:
+    expected = 1 <= len(role) <= 128 and any(not c.isspace() for c in role)
+    assert is_valid("scope", {"role": role, "max_units": 1}) == expected
+
+
+# --------------------------------------------------------------------------- README
+
+# The error table of the contract: code -> (HTTP status, recoverable).
+ERROR_TABLE = {
+    "INVALID_JSON": (400, "Yes"), "INVALID_ENVELOPE": (400, "Yes"),
+    "INVALID_PAYLOAD": (422, "Yes"), "MISSING_INTENT": (422, "Yes"),
+    "MISSING_CONFIDENCE": (422, "Yes"), "INVALID_CONFIDENCE": (422, "Yes"),
+    "INVALID_TYPE": (422, "Yes"), "INVALID_EPOCH": (422, "Yes"),
+    "UNSUPPORTED_OPERATION": (422, "No"), "UNAUTHENTICATED": (401, "Yes"),
+    "AGENT_NOT_REGISTERED": (401, "Yes"), "FORBIDDEN": (403, "Yes"),
+    "NOT_FOUND": (404, "No"), "UNIT_NOT_FOUND": (404, "No"), "CONFLICT_NOT_FOUND": (404, "No"),
+    "METHOD_NOT_ALLOWED": (405, "No"), "AGENT_ID_TAKEN": (409, "Yes"),
+    "INVALID_TRANSITION": (409, "Yes"), "PAYLOAD_TOO_LARGE": (413, "Yes"),
+    "UNSUPPORTED_MEDIA_TYPE": (415, "Yes"), "STORAGE_FULL": (507, "No"),
+    "EPOCH_OVERFLOW": (503, "No"), "OVERLOADED": (503, "Yes"), "INTERNAL_ERROR": (500, "No"),
+}
+
+
+def readme_error_rows() -> dict[str, tuple[int, str]]:
+    rows = {}
+    for line in README.read_text(encoding="utf-8").splitlines():
+        m = re.match(r"\|\s*`([A-Z_]+)`\s*\|\s*(\d{3})\s*\|\s*(Yes|No)\b", line)
+        if m:
+            rows[m.group(1)] = (int(m.group(2)), m.group(3))
+    return rows
+
+
+def test_readme_indexes_every_schema() -> None:
+    text = README.read_text(encoding="utf-8")
+    for name in ALL:
+        assert f"schemas/{name}.json" in text, name
+
+
+def test_readme_error_table_matches_the_contract() -> None:
+    rows = readme_error_rows()
+    for code, expected in ERROR_TABLE.items():
+        assert rows.get(code) == expected, code
+
+
+def server_errors_module() -> Any:
+    try:
+        return importlib.import_module("field.errors")
+    except ImportError:
+        path = SCHEMA_DIR.parent.parent / "field" / "errors.py"
+        if not path.exists():
+            pytest.skip("field/errors.py not present")
+        spec = importlib.util.spec_from_file_location("_field_errors_for_readme_check", path)
+        assert spec and spec.loader
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+
+def test_server_error_statuses_match_the_readme() -> None:
+    errors_module = server_errors_module()
+    for code, (status, _) in readme_error_rows().items():
+        assert errors_module.HTTP_STATUS.get(code) == status, code
