@@ -366,18 +366,21 @@ class Field:
         rows = relevance.candidates(index, query)
         scores = relevance.score(index, query, rows)
         polling = query.since_epoch is not None
-        if not polling:
-            scores = relevance.diversify(index, rows, scores)
-        keep = scores >= scope["relevance_threshold"]
-        rows, scores = rows[keep], scores[keep]
-        available = len(rows)
+        threshold = scope["relevance_threshold"]
         if polling:
+            keep = scores >= threshold
+            rows, scores = rows[keep], scores[keep]
+            available = len(rows)
             # rows ascend by epoch: a prefix is the oldest new units, so the
             # next poll can continue exactly where this page stops
             walk = np.arange(min(available, scope["max_units"]))
+            rows, scores = rows[walk], scores[walk]
         else:
-            walk = np.argsort(-scores, kind="stable")[: scope["max_units"]]
-        chosen, tokens_used = self._fit(rows[walk], scores[walk], scope, make_progress=polling)
+            best, scores, available = relevance.best_diversified(
+                index, rows, scores, count=scope["max_units"], threshold=threshold
+            )
+            rows = rows[best]
+        chosen, tokens_used = self._fit(rows, scores, scope, make_progress=polling)
         chosen.sort(key=lambda item: -item[1])  # stable: ties keep epoch order
         record = [self._scoped(query, *item) for item in chosen]
         epoch = ctx.epoch

@@ -251,21 +251,69 @@ def diversify(
     """Scores discounted by ``DIVERSITY_DECAY`` per better-ranked unit of the same source.
 
     The k-th best unit of one agent keeps ``DIVERSITY_DECAY ** k`` of its
-    score, so a page is not filled by a single prolific agent.
+    score (ties go to the earlier unit), so a page is not filled by a
+    single prolific agent.
     """
     if len(rows) < 2:
         return scores
-    order = np.argsort(-scores, kind="stable")
-    sources = index.agent.view[rows][order]
-    by_source = np.argsort(sources, kind="stable")
-    grouped = sources[by_source]
+    sources = index.agent.view[rows]
+    order = np.lexsort((-scores, sources))  # by source, then best first; stable
+    grouped = sources[order]
     starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
     group_sizes = np.diff(np.r_[starts, len(grouped)])
-    rank_in_group = np.arange(len(grouped)) - np.repeat(starts, group_sizes)
     occurrence = np.empty(len(rows), dtype=np.int64)
-    occurrence[order[by_source]] = rank_in_group
+    occurrence[order] = np.arange(len(grouped)) - np.repeat(starts, group_sizes)
     discounted: npt.NDArray[np.float64] = scores * np.power(DIVERSITY_DECAY, occurrence)
     return discounted
+
+
+def best_diversified(
+    index: UnitIndex,
+    rows: npt.NDArray[np.intp],
+    scores: npt.NDArray[np.float64],
+    *,
+    count: int,
+    threshold: float,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64], int]:
+    """The ``count`` best units after :func:`diversify`, and how many pass ``threshold``.
+
+    Returns positions into ``rows`` (best first), their diversified scores,
+    and the number of candidates whose diversified score is at least
+    ``threshold``. Diversifying every candidate needs a sort of all of
+    them; instead this diversifies a pool of the best raw scores, which
+    gives the same answer whenever the pool's ``count``-th diversified
+    score beats the best raw score left outside it (a discount never
+    raises a score, and units outside the pool rank below every pool unit
+    of their source). Otherwise it falls back to diversifying everything.
+    """
+    n = len(rows)
+    pool_size = min(n, 4 * count + 64)
+    if pool_size < n:
+        pool = np.argpartition(-scores, pool_size - 1)[:pool_size]
+        discounted = diversify(index, rows[pool], scores[pool])
+        outside_best = float(scores[pool].min())  # every unit outside scores at most this
+        kth = float(np.partition(discounted, -count)[-count]) if count <= pool_size else -1.0
+        if kth > outside_best and (threshold == 0.0 or threshold > outside_best):
+            available = n if threshold == 0.0 else int((discounted >= threshold).sum())
+            return (*_ranked(pool, discounted, count, threshold), available)
+    discounted = diversify(index, rows, scores)
+    available = int((discounted >= threshold).sum())
+    return (*_ranked(np.arange(n), discounted, count, threshold), available)
+
+
+def _ranked(
+    positions: npt.NDArray[np.intp],
+    discounted: npt.NDArray[np.float64],
+    count: int,
+    threshold: float,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+    keep = discounted >= threshold
+    positions, discounted = positions[keep], discounted[keep]
+    if len(positions) > count:
+        top = np.argpartition(-discounted, count - 1)[:count]
+        positions, discounted = positions[top], discounted[top]
+    order = np.lexsort((positions, -discounted))  # best first; ties to the earlier unit
+    return positions[order], discounted[order]
 
 
 def explain(index: UnitIndex, query: Query, unit: dict[str, Any], rank_score: float) -> str:

@@ -1,0 +1,159 @@
+"""ATTUNE latency over many active units, in the core (no HTTP, no log).
+
+    python benchmarks/attune.py [--units 100000] [--runs 50]
+
+Builds a Field with ``--units`` committed units from 50 agents, then times:
+
+* a full ATTUNE (interests, context hint, task; top 10 of every unit),
+* a ``since_epoch`` poll that finds a handful of new units,
+* the plain per-unit Python scorer of ``tests/reference_relevance.py`` on
+  the same Field and query, as the baseline the vectorized scorer is
+  compared with (it runs on fewer units, scaled, since it is slow).
+
+Prints p50 and p99 in milliseconds and the ratio to the baseline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from field.core import relevance  # noqa: E402
+from field.core.field import Field, Ids  # noqa: E402
+from tests.reference_relevance import reference_scores  # noqa: E402
+
+VOCABULARY = (
+    "market size growth pricing competitor churn retention revenue forecast hiring risk "
+    "compliance regulation europe saas smb enterprise budget segment channel partner "
+    "product roadmap launch feature adoption onboarding support security privacy audit"
+).split()
+TYPES = ["finding", "decision", "observation", "question", "assumption", "constraint"]
+
+
+def envelope(operation: str, agent: str, payload: dict[str, Any], epoch: int = 0) -> Any:
+    return {
+        "protocol": "akashik",
+        "version": "0.1.0",
+        "id": "m",
+        "operation": operation,
+        "agent_id": agent,
+        "session_id": None,
+        "epoch": epoch,
+        "payload": payload,
+    }
+
+
+def build(units: int, rng: random.Random) -> tuple[Field, dict[str, str]]:
+    counter = iter(range(1, 10**9))
+    field = Field(ids=Ids(suffix=lambda: f"{next(counter):020x}"))
+    field.genesis()
+    tokens = {}
+    for i in range(51):
+        agent = f"agent-{i}"
+        role = ["strategist", "market_researcher", "analyst", "engineer"][i % 4]
+        payload = {"id": agent, "role": role, "interests": rng.sample(VOCABULARY, 3)}
+        outcome = field.handle(envelope("REGISTER", agent, payload), token=None)
+        tokens[agent] = outcome.response["token"]
+    for n in range(units):
+        progress(n, units, "recording")
+        agent = f"agent-{rng.randrange(1, 51)}"
+        payload = {
+            "type": rng.choice(TYPES),
+            "content": " ".join(rng.choices(VOCABULARY, k=12)),
+            "intent": {"purpose": " ".join(rng.choices(VOCABULARY, k=4)),
+                       "task_id": f"task-{rng.randrange(200)}"},
+            "confidence": {"score": rng.random(), "reasoning": "generated"},
+        }
+        field.handle(envelope("RECORD", agent, payload), token=tokens[agent])
+    progress(units, units, "recording")
+    return field, tokens
+
+
+def progress(done: int, total: int, label: str) -> None:
+    if done % max(1, total // 50) and done != total:
+        return
+    bar = "#" * (30 * done // max(1, total))
+    end = "\n" if done == total else ""
+    print(f"\r{label:>10} [{bar:<30}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+
+def timed(fn: Any, runs: int, label: str, setup: Any = None) -> list[float]:
+    samples = []
+    for i in range(runs):
+        progress(i, runs, label)
+        if setup is not None:
+            setup()
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1000)
+    progress(runs, runs, label)
+    return samples
+
+
+def pct(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--units", type=int, default=100_000)
+    parser.add_argument("--runs", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=7)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    field, tokens = build(args.units, rng)
+    reader = "agent-0"
+    scope = {"role": "strategist", "max_units": 10, "interests": ["pricing", "churn"],
+             "active_task_id": "task-7"}
+
+    def full() -> None:
+        payload = {"scope": scope, "context_hint": "pricing for smb enterprise"}
+        field.handle(envelope("ATTUNE", reader, payload), token=tokens[reader])
+
+    writer = "agent-1"
+    cursor = {"epoch": field.epoch}
+
+    def write_three() -> None:  # a few new units since the last poll (not timed)
+        for _ in range(3):
+            payload = {"type": "finding", "content": "new pricing data", "intent": {"purpose": "p"},
+                       "confidence": {"score": 0.5, "reasoning": "r"}}
+            field.handle(envelope("RECORD", writer, payload), token=tokens[writer])
+
+    def poll() -> None:
+        payload = {"scope": {**scope, "since_epoch": cursor["epoch"]}}
+        response = field.handle(envelope("ATTUNE", reader, payload), token=tokens[reader])
+        cursor["epoch"] = response.response["epoch"]
+
+    full_ms = timed(full, args.runs, "full")
+    poll_ms = timed(poll, args.runs, "poll", setup=write_three)
+
+    units = list(field.state.units.values())
+    base_units = units[: min(len(units), 5000)]
+    query = relevance.Query(
+        agent_id=reader, role="strategist", interests=["pricing", "churn"],
+        context_hint="pricing for smb enterprise", task_id="task-7", recency_weight=0.25,
+        include_own=False, since_epoch=None,
+    )
+    start = time.perf_counter()
+    reference_scores(base_units, query)
+    loop_ms = (time.perf_counter() - start) * 1000 * len(units) / len(base_units)
+
+    print(f"\nATTUNE over {len(units):,} active units ({args.runs} runs each)")
+    print(f"{'case':<34}{'p50 ms':>10}{'p99 ms':>10}")
+    print(f"{'full scope, top 10':<34}{pct(full_ms, .5):>10.2f}{pct(full_ms, .99):>10.2f}")
+    print(f"{'since_epoch poll, 3 new units':<34}{pct(poll_ms, .5):>10.2f}{pct(poll_ms, .99):>10.2f}")
+    print(f"{'baseline: per-unit Python loop':<34}{loop_ms:>10.1f}{'':>10}"
+          f"  (scaled from {len(base_units):,} units)")
+    print(f"vectorized full ATTUNE is {loop_ms / statistics.median(full_ms):,.0f}x the loop")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""A plain, obviously-correct relevance scorer: one Python loop over units.
+
+It restates the formula of ``field.core.relevance`` from the unit dicts
+alone, with no columns and no numpy, so the vectorized scorer can be
+checked against it (``tests/test_relevance.py``) and timed against it
+(``benchmarks/attune.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from field.core.relevance import (
+    DIVERSITY_DECAY,
+    RECENCY_HALF_LIFE,
+    WEIGHTS,
+    Query,
+    keywords,
+    unit_keywords,
+)
+from field.model import HIDDEN_UNIT_STATUSES, TYPE_IMPORTANCE
+
+
+def words_of(unit: dict[str, Any]) -> frozenset[str]:
+    return unit_keywords(unit) | frozenset(keywords(unit["source"]["agent_role"]))
+
+
+def reference_scores(units: list[dict[str, Any]], query: Query) -> dict[str, float]:
+    """Score of every candidate unit (``units`` in recording order), by unit id."""
+    all_words = [words_of(u) for u in units]
+    n = len(units)
+    query_words = query.interest_words | query.hint_words | query.role_words
+    df = {word: sum(word in w for w in all_words) for word in query_words}
+
+    def coverage(unit_words: frozenset[str], query_words: frozenset[str], idf: bool) -> float:
+        total = hits = 0.0
+        for word in sorted(query_words):
+            weight = math.log1p(n / (1 + df[word])) + 1.0 if idf else 1.0
+            total += weight
+            if word in unit_words:
+                hits += weight
+        return hits / total
+
+    scores = {}
+    for row, unit in enumerate(units):
+        if unit["status"] in HIDDEN_UNIT_STATUSES:
+            continue
+        if not query.include_own and unit["source"]["agent_id"] == query.agent_id:
+            continue
+        if query.since_epoch is not None and unit["epoch"] <= query.since_epoch:
+            continue
+        factors = []
+        role = 1.0 if unit["source"]["agent_role"] == query.role else 0.0
+        if query.role_words:
+            role = max(role, coverage(all_words[row], query.role_words, idf=False))
+        factors.append((WEIGHTS["role"], role))
+        interest_words = query.interest_words | query.hint_words
+        if interest_words:
+            value = coverage(all_words[row], interest_words, idf=True)
+            factors.append((WEIGHTS["interest"], math.sqrt(value)))
+        factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))
+        if query.task_id is not None:
+            factors.append((WEIGHTS["task"], float(unit["intent"]["task_id"] == query.task_id)))
+        confidence = (unit.get("confidence") or {}).get("score")
+        factors.append((WEIGHTS["confidence"], 0.5 if confidence is None else confidence))
+        content = sum(w * v for w, v in factors) / sum(w for w, _ in factors)
+        recency = 2.0 ** (-(n - 1 - row) / RECENCY_HALF_LIFE)
+        rw = query.recency_weight
+        scores[unit["id"]] = min(1.0, max(0.0, rw * recency + (1 - rw) * content))
+    return scores
+
+
+def reference_diversify(
+    units: dict[str, dict[str, Any]], scores: dict[str, float]
+) -> dict[str, float]:
+    """Each agent's k-th best unit keeps DIVERSITY_DECAY**k of its score."""
+    seen: dict[str, int] = {}
+    result = {}
+    for unit_id in sorted(scores, key=lambda u: -scores[u]):
+        source = units[unit_id]["source"]["agent_id"]
+        k = seen.get(source, 0)
+        seen[source] = k + 1
+        result[unit_id] = scores[unit_id] * DIVERSITY_DECAY**k
+    return result

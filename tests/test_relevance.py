@@ -1,0 +1,155 @@
+"""The vectorized relevance scorer agrees with the plain reference scorer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from field.core import relevance
+from field.model import MEMORY_TYPES
+
+from .reference_relevance import reference_diversify, reference_scores
+
+WORDS = ["market", "size", "pricing", "growth", "competitor", "churn", "hr", "saas", "risk"]
+ROLES = ["strategist", "market_researcher", "analyst", "risk officer"]
+AGENTS = ["a1", "a2", "a3", "a4"]
+TASKS = [None, "t1", "t2"]
+
+unit_strategy = st.fixed_dictionaries(
+    {
+        "agent": st.sampled_from(AGENTS),
+        "role": st.sampled_from(ROLES),
+        "type": st.sampled_from(sorted(MEMORY_TYPES)),
+        "content": st.lists(st.sampled_from(WORDS), min_size=1, max_size=6).map(" ".join),
+        "purpose": st.lists(st.sampled_from(WORDS), max_size=3).map(lambda w: " ".join(w) or "p"),
+        "task": st.sampled_from(TASKS),
+        "score": st.one_of(st.none(), st.floats(min_value=0, max_value=1)),
+        "status": st.sampled_from(["active", "draft", "contested", "superseded"]),
+    }
+)
+
+query_strategy = st.fixed_dictionaries(
+    {
+        "agent_id": st.sampled_from(AGENTS),
+        "role": st.sampled_from(ROLES),
+        "interests": st.lists(
+            st.lists(st.sampled_from(WORDS), min_size=1, max_size=2).map(" ".join), max_size=3
+        ),
+        "context_hint": st.one_of(st.none(), st.sampled_from(WORDS)),
+        "task_id": st.sampled_from(TASKS),
+        "recency_weight": st.floats(min_value=0, max_value=1),
+        "include_own": st.booleans(),
+        "since_epoch": st.one_of(st.none(), st.integers(min_value=0, max_value=40)),
+    }
+)
+
+
+def _unit(i: int, spec: dict[str, Any]) -> dict[str, Any]:
+    unit: dict[str, Any] = {
+        "id": f"mem-{i}",
+        "mode": "committed",
+        "type": spec["type"],
+        "content": spec["content"],
+        "intent": {"purpose": spec["purpose"], "task_id": spec["task"], "question": None},
+        "relations": [],
+        "source": {"agent_id": spec["agent"], "agent_role": spec["role"]},
+        "status": spec["status"],
+        "epoch": 2 * i + 1,
+    }
+    if spec["score"] is not None:
+        unit["confidence"] = {"score": spec["score"], "reasoning": "r"}
+    return unit
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(unit_strategy, max_size=40), query_strategy)
+def test_vectorized_scores_match_the_reference(
+    specs: list[dict[str, Any]], query_spec: dict[str, Any]
+) -> None:
+    units = [_unit(i, spec) for i, spec in enumerate(specs)]
+    index = relevance.UnitIndex()
+    for unit in units:
+        index.add(unit)
+    query = relevance.Query(**query_spec)
+
+    rows = relevance.candidates(index, query)
+    scores = relevance.score(index, query, rows)
+    got = {index.ids[r]: float(s) for r, s in zip(rows, scores, strict=True)}
+    expected = reference_scores(units, query)
+    assert got.keys() == expected.keys()
+    for unit_id, value in expected.items():
+        assert abs(got[unit_id] - value) < 1e-5, unit_id
+        assert 0.0 <= got[unit_id] <= 1.0
+
+    diversified = relevance.diversify(index, rows, scores)
+    got_div = {index.ids[r]: float(s) for r, s in zip(rows, diversified, strict=True)}
+    by_id = {u["id"]: u for u in units}
+    expected_div = reference_diversify(by_id, got)
+    for unit_id, value in expected_div.items():
+        assert abs(got_div[unit_id] - value) < 1e-9, unit_id
+
+
+def test_keywords() -> None:
+    assert relevance.keywords("The Competitors' pricing, and growth!") == [
+        "competitor",
+        "pricing",
+        "growth",
+    ]
+    assert relevance.keywords(None) == []
+
+
+def test_interest_match_outranks_the_rest_at_scale() -> None:
+    """Thousands of units score in one call, one array in row order."""
+    index = relevance.UnitIndex()
+    for i in range(5000):
+        index.add(_unit(i, {
+            "agent": AGENTS[i % 4], "role": ROLES[i % 4], "type": "finding",
+            "content": WORDS[i % len(WORDS)], "purpose": "p", "task": None,
+            "score": 0.5, "status": "active",
+        }))
+    query = relevance.Query(
+        agent_id="zz", role="strategist", interests=["pricing"], context_hint=None,
+        task_id=None, recency_weight=0.0, include_own=False, since_epoch=None,
+    )
+    rows = relevance.candidates(index, query)
+    scores = relevance.score(index, query, rows)
+    assert scores.shape == (5000,)
+    pricing = np.array([WORDS[r % len(WORDS)] == "pricing" for r in rows])
+    assert scores[pricing].min() > scores[~pricing].max()
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(AGENTS), st.one_of(st.sampled_from([0.1, 0.5, 0.9]),
+                                                     st.floats(min_value=0, max_value=1))),
+        max_size=400,
+    ),
+    st.integers(min_value=1, max_value=20),
+    st.sampled_from([0.0, 0.0, 0.3, 0.6, 0.95]),
+)
+def test_best_diversified_matches_diversifying_everything(
+    units: list[tuple[str, float]], count: int, threshold: float
+) -> None:
+    index = relevance.UnitIndex()
+    for i, (agent, _) in enumerate(units):
+        index.add(_unit(i, {"agent": agent, "role": "r", "type": "finding", "content": "c",
+                            "purpose": "p", "task": None, "score": 0.5, "status": "active"}))
+    rows = np.arange(len(units))
+    scores = np.array([s for _, s in units], dtype=np.float64)
+
+    positions, got, available = relevance.best_diversified(
+        index, rows, scores, count=count, threshold=threshold
+    )
+
+    everything = relevance.diversify(index, rows, scores)
+    ranked = sorted(
+        (i for i in range(len(units)) if everything[i] >= threshold),
+        key=lambda i: (-everything[i], i),
+    )
+    assert available == len(ranked)
+    assert positions.tolist() == ranked[:count]
+    assert np.allclose(got, everything[ranked[:count]])
