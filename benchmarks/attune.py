@@ -67,8 +67,10 @@ def build(units: int, rng: random.Random) -> tuple[Field, dict[str, str]]:
         payload = {
             "type": rng.choice(TYPES),
             "content": " ".join(rng.choices(VOCABULARY, k=12)),
-            "intent": {"purpose": " ".join(rng.choices(VOCABULARY, k=4)),
-                       "task_id": f"task-{rng.randrange(200)}"},
+            "intent": {
+                "purpose": " ".join(rng.choices(VOCABULARY, k=4)),
+                "task_id": f"task-{rng.randrange(200)}",
+            },
             "confidence": {"score": rng.random(), "reasoning": "generated"},
         }
         field.handle(envelope("RECORD", agent, payload), token=tokens[agent])
@@ -111,8 +113,12 @@ def main() -> None:
     rng = random.Random(args.seed)
     field, tokens = build(args.units, rng)
     reader = "agent-0"
-    scope = {"role": "strategist", "max_units": 10, "interests": ["pricing", "churn"],
-             "active_task_id": "task-7"}
+    scope = {
+        "role": "strategist",
+        "max_units": 10,
+        "interests": ["pricing", "churn"],
+        "active_task_id": "task-7",
+    }
 
     def full() -> None:
         payload = {"scope": scope, "context_hint": "pricing for smb enterprise"}
@@ -123,8 +129,12 @@ def main() -> None:
 
     def write_three() -> None:  # a few new units since the last poll (not timed)
         for _ in range(3):
-            payload = {"type": "finding", "content": "new pricing data", "intent": {"purpose": "p"},
-                       "confidence": {"score": 0.5, "reasoning": "r"}}
+            payload = {
+                "type": "finding",
+                "content": "new pricing data",
+                "intent": {"purpose": "p"},
+                "confidence": {"score": 0.5, "reasoning": "r"},
+            }
             field.handle(envelope("RECORD", writer, payload), token=tokens[writer])
 
     def poll() -> None:
@@ -138,9 +148,14 @@ def main() -> None:
     units = list(field.state.units.values())
     base_units = units[: min(len(units), 5000)]
     query = relevance.Query(
-        agent_id=reader, role="strategist", interests=["pricing", "churn"],
-        context_hint="pricing for smb enterprise", task_id="task-7", recency_weight=0.25,
-        include_own=False, since_epoch=None,
+        agent_id=reader,
+        role="strategist",
+        interests=["pricing", "churn"],
+        context_hint="pricing for smb enterprise",
+        task_id="task-7",
+        recency_weight=0.25,
+        include_own=False,
+        since_epoch=None,
     )
     start = time.perf_counter()
     reference_scores(base_units, query)
@@ -148,10 +163,13 @@ def main() -> None:
 
     print(f"\nATTUNE over {len(units):,} active units ({args.runs} runs each)")
     print(f"{'case':<34}{'p50 ms':>10}{'p99 ms':>10}")
-    print(f"{'full scope, top 10':<34}{pct(full_ms, .5):>10.2f}{pct(full_ms, .99):>10.2f}")
-    print(f"{'since_epoch poll, 3 new units':<34}{pct(poll_ms, .5):>10.2f}{pct(poll_ms, .99):>10.2f}")
-    print(f"{'baseline: per-unit Python loop':<34}{loop_ms:>10.1f}{'':>10}"
-          f"  (scaled from {len(base_units):,} units)")
+    print(f"{'full scope, top 10':<34}{pct(full_ms, 0.5):>10.2f}{pct(full_ms, 0.99):>10.2f}")
+    poll_row = f"{'since_epoch poll, 3 new units':<34}"
+    print(f"{poll_row}{pct(poll_ms, 0.5):>10.2f}{pct(poll_ms, 0.99):>10.2f}")
+    print(
+        f"{'baseline: per-unit Python loop':<34}{loop_ms:>10.1f}{'':>10}"
+        f"  (scaled from {len(base_units):,} units)"
+    )
     print(f"vectorized full ATTUNE is {loop_ms / statistics.median(full_ms):,.0f}x the loop")
 
 

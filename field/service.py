@@ -20,6 +20,7 @@ refused at once with ``OVERLOADED`` rather than waiting without limit.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -77,10 +78,8 @@ class FieldService:
         if self._writer is not None:
             await self._queue.join()
             self._writer.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
-            except asyncio.CancelledError:
-                pass
             self._writer = None
         self.log.close()
 
@@ -92,9 +91,7 @@ class FieldService:
         try:
             self._queue.put_nowait(_Pending(job, future, operation))
         except asyncio.QueueFull:
-            raise Overloaded(
-                "the Field's request queue is full", operation=operation
-            ) from None
+            raise Overloaded("the Field's request queue is full", operation=operation) from None
         return await future
 
     # -- the writer ------------------------------------------------------------

@@ -105,9 +105,7 @@ def field_server(server_factory: Callable[..., ThreadedServer]) -> ThreadedServe
 
 
 @pytest.fixture
-def sqlite_server(
-    server_factory: Callable[..., ThreadedServer], tmp_path: Path
-) -> ThreadedServer:
+def sqlite_server(server_factory: Callable[..., ThreadedServer], tmp_path: Path) -> ThreadedServer:
     """A Field with a SQLite log in a temporary directory."""
     return server_factory(data_dir=tmp_path / "data", sync="normal")
 

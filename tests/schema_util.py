@@ -56,9 +56,7 @@ def _stem(name: str) -> str:
 @functools.cache
 def registry() -> Registry:
     """A registry holding every schema under its ``$id``."""
-    resources = [
-        (schema["$id"], Resource.from_contents(schema)) for schema in _load().values()
-    ]
+    resources = [(schema["$id"], Resource.from_contents(schema)) for schema in _load().values()]
     return Registry().with_resources(resources).crawl()
 
 

@@ -198,8 +198,10 @@ _DROP = object()
         (_record_payload(confidance={}), Code.INVALID_PAYLOAD),
         (_record_payload(relations=[{"type": "likes", "target_id": "x"}]), Code.INVALID_PAYLOAD),
         (_record_payload(relations=[{"type": "supports"}]), Code.INVALID_PAYLOAD),
-        (_record_payload(relations=[{"type": "supports", "target_id": "mem-0"}]),
-         Code.UNIT_NOT_FOUND),
+        (
+            _record_payload(relations=[{"type": "supports", "target_id": "mem-0"}]),
+            Code.UNIT_NOT_FOUND,
+        ),
     ],
 )
 def test_invalid_records_get_the_spec_code_and_change_nothing(

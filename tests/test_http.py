@@ -39,8 +39,16 @@ RESPONSE_SCHEMAS = {
     "/v1/conflicts": "conflicts.response",
 }
 OPERATIONS = ["REGISTER", "DEREGISTER", "RECORD", "ATTUNE", "DETECT"]
-ENVELOPE_KEYS = ["protocol", "version", "id", "operation", "agent_id", "session_id", "epoch",
-                 "payload"]
+ENVELOPE_KEYS = [
+    "protocol",
+    "version",
+    "id",
+    "operation",
+    "agent_id",
+    "session_id",
+    "epoch",
+    "payload",
+]
 _NOTHING = object()  # "no JSON body" for exchange()
 _DELETE = object()  # "remove this key" for envelope and payload changes
 
@@ -230,8 +238,9 @@ async def bob(field: CheckedClient, alice: AgentClient) -> AgentClient:
 
 
 async def test_quickstart_flow(field: CheckedClient) -> None:
-    researcher = await field.register("researcher-01", "market_researcher",
-                                      interests=["market size"])
+    researcher = await field.register(
+        "researcher-01", "market_researcher", interests=["market size"]
+    )
     strategist = await field.register("strategist-01", "strategist", interests=["market"])
     researcher.session_id = "session-42"
     recorded = await researcher.record(
@@ -283,8 +292,11 @@ async def test_quickstart_flow(field: CheckedClient) -> None:
 async def test_register_exchanges_capabilities(field: CheckedClient) -> None:
     status = await field.status()
     agent = await field.register(
-        "alice", "market_researcher", interests=["market size", "pricing"],
-        current_task_id="task-7", required_operations=["RECORD", "ATTUNE"],
+        "alice",
+        "market_researcher",
+        interests=["market size", "pricing"],
+        current_task_id="task-7",
+        required_operations=["RECORD", "ATTUNE"],
     )
     response = agent.registration
     assert response["status"] == "registered"
@@ -342,9 +354,13 @@ async def test_register_errors(field: CheckedClient, alice: AgentClient) -> None
     body = expect(reply, 403, "FORBIDDEN")
     assert body["operation"] == "REGISTER"
 
-    for payload in ({"id": "carol"}, {"role": "x"}, {"id": "carol", "role": "   "},
-                    {"id": "carol", "role": "x", "extra": 1},
-                    {"id": "carol", "role": "x", "interests": "pricing"}):
+    for payload in (
+        {"id": "carol"},
+        {"role": "x"},
+        {"id": "carol", "role": "   "},
+        {"id": "carol", "role": "x", "extra": 1},
+        {"id": "carol", "role": "x", "interests": "pricing"},
+    ):
         reply = await field.post("/v1/register", "REGISTER", "carol", payload)
         expect(reply, 422, "INVALID_PAYLOAD")
 
@@ -383,8 +399,13 @@ async def test_reregister_after_deregister(
 
 async def test_authentication(field: CheckedClient, alice: AgentClient, bob: AgentClient) -> None:
     before = await snapshot(field)
-    record = {"mode": "committed", "type": "finding", "content": "x",
-              "intent": {"purpose": "p"}, "confidence": {"score": 0.5, "reasoning": "r"}}
+    record = {
+        "mode": "committed",
+        "type": "finding",
+        "content": "x",
+        "intent": {"purpose": "p"},
+        "confidence": {"score": 0.5, "reasoning": "r"},
+    }
     for token in (None, "", "garbage-token-that-was-never-issued"):
         reply = await field.post("/v1/record", "RECORD", "alice", record, token=token)
         body = expect(reply, 401, "UNAUTHENTICATED")
@@ -392,7 +413,8 @@ async def test_authentication(field: CheckedClient, alice: AgentClient, bob: Age
         assert body["operation"] == "RECORD"
     for header in ("Basic YWxpY2U6cHc=", "Bearer", "Bearer   ", alice.token):
         reply = await field.raw(
-            "POST", "/v1/record",
+            "POST",
+            "/v1/record",
             body=field.envelope("RECORD", "alice", record),
             headers={"Authorization": header},
         )
@@ -401,11 +423,13 @@ async def test_authentication(field: CheckedClient, alice: AgentClient, bob: Age
     reply = await field.post("/v1/record", "RECORD", "alice", record, token=bob.token)
     body = expect(reply, 403, "FORBIDDEN")
     assert body["operation"] == "RECORD"
-    reply = await field.post("/v1/deregister", "DEREGISTER", "alice", {"agent_id": "alice"},
-                             token=bob.token)
+    reply = await field.post(
+        "/v1/deregister", "DEREGISTER", "alice", {"agent_id": "alice"}, token=bob.token
+    )
     expect(reply, 403, "FORBIDDEN")
-    reply = await field.post("/v1/deregister", "DEREGISTER", "bob", {"agent_id": "alice"},
-                             token=bob.token)
+    reply = await field.post(
+        "/v1/deregister", "DEREGISTER", "bob", {"agent_id": "alice"}, token=bob.token
+    )
     expect(reply, 403, "FORBIDDEN")
     assert await snapshot(field) == before
 
@@ -417,11 +441,15 @@ async def test_authentication(field: CheckedClient, alice: AgentClient, bob: Age
     assert status.status == 200
 
     await bob.deregister()
-    for operation, payload in (("ATTUNE", {"scope": {"role": "r", "max_units": 1}}),
-                               ("RECORD", record), ("DETECT", {"mode": "list"}),
-                               ("DEREGISTER", {"agent_id": "bob"})):
-        reply = await field.post(f"/v1/{operation.lower()}", operation, "bob", payload,
-                                 token=bob.token)
+    for operation, payload in (
+        ("ATTUNE", {"scope": {"role": "r", "max_units": 1}}),
+        ("RECORD", record),
+        ("DETECT", {"mode": "list"}),
+        ("DEREGISTER", {"agent_id": "bob"}),
+    ):
+        reply = await field.post(
+            f"/v1/{operation.lower()}", operation, "bob", payload, token=bob.token
+        )
         body = expect(reply, 401, "AGENT_NOT_REGISTERED")
         assert body["recoverable"] is True
     for path in ("/v1/agents", "/v1/conflicts"):
@@ -457,28 +485,68 @@ RECORD_ERRORS: list[tuple[str, dict[str, Any], int, str]] = [
     ("blank purpose", _record_payload(intent={"purpose": " \t\n "}), 422, "MISSING_INTENT"),
     ("draft, no purpose", _record_payload(mode="draft", intent=_DELETE), 422, "MISSING_INTENT"),
     ("committed, no confidence", _record_payload(confidence=_DELETE), 422, "MISSING_CONFIDENCE"),
-    ("mode absent (committed), no confidence", _record_payload(mode=_DELETE, confidence=_DELETE),
-     422, "MISSING_CONFIDENCE"),
+    (
+        "mode absent (committed), no confidence",
+        _record_payload(mode=_DELETE, confidence=_DELETE),
+        422,
+        "MISSING_CONFIDENCE",
+    ),
     # null is not an object: a structural problem, not a missing confidence
     ("committed, null confidence", _record_payload(confidence=None), 422, "INVALID_PAYLOAD"),
-    ("draft, null confidence", _record_payload(mode="draft", confidence=None), 422,
-     "INVALID_PAYLOAD"),
-    ("committed, no reasoning", _record_payload(confidence={"score": 0.5}), 422,
-     "MISSING_CONFIDENCE"),
-    ("committed, blank reasoning", _record_payload(confidence={"score": 0.5, "reasoning": "  "}),
-     422, "MISSING_CONFIDENCE"),
-    ("committed, no score", _record_payload(confidence={"reasoning": "r"}), 422,
-     "MISSING_CONFIDENCE"),
-    ("score 1.5", _record_payload(confidence={"score": 1.5, "reasoning": "r"}), 422,
-     "INVALID_CONFIDENCE"),
-    ("score -0.1", _record_payload(confidence={"score": -0.1, "reasoning": "r"}), 422,
-     "INVALID_CONFIDENCE"),
-    ("score 'high'", _record_payload(confidence={"score": "high", "reasoning": "r"}), 422,
-     "INVALID_CONFIDENCE"),
-    ("score true", _record_payload(confidence={"score": True, "reasoning": "r"}), 422,
-     "INVALID_CONFIDENCE"),
-    ("draft score 2", _record_payload(mode="draft", confidence={"score": 2}), 422,
-     "INVALID_CONFIDENCE"),
+    (
+        "draft, null confidence",
+        _record_payload(mode="draft", confidence=None),
+        422,
+        "INVALID_PAYLOAD",
+    ),
+    (
+        "committed, no reasoning",
+        _record_payload(confidence={"score": 0.5}),
+        422,
+        "MISSING_CONFIDENCE",
+    ),
+    (
+        "committed, blank reasoning",
+        _record_payload(confidence={"score": 0.5, "reasoning": "  "}),
+        422,
+        "MISSING_CONFIDENCE",
+    ),
+    (
+        "committed, no score",
+        _record_payload(confidence={"reasoning": "r"}),
+        422,
+        "MISSING_CONFIDENCE",
+    ),
+    (
+        "score 1.5",
+        _record_payload(confidence={"score": 1.5, "reasoning": "r"}),
+        422,
+        "INVALID_CONFIDENCE",
+    ),
+    (
+        "score -0.1",
+        _record_payload(confidence={"score": -0.1, "reasoning": "r"}),
+        422,
+        "INVALID_CONFIDENCE",
+    ),
+    (
+        "score 'high'",
+        _record_payload(confidence={"score": "high", "reasoning": "r"}),
+        422,
+        "INVALID_CONFIDENCE",
+    ),
+    (
+        "score true",
+        _record_payload(confidence={"score": True, "reasoning": "r"}),
+        422,
+        "INVALID_CONFIDENCE",
+    ),
+    (
+        "draft score 2",
+        _record_payload(mode="draft", confidence={"score": 2}),
+        422,
+        "INVALID_CONFIDENCE",
+    ),
     ("unknown type", _record_payload(type="opinion"), 422, "INVALID_TYPE"),
     ("missing type", _record_payload(type=_DELETE), 422, "INVALID_TYPE"),
     ("agent-set id", _record_payload(id="mem-mine"), 422, "INVALID_PAYLOAD"),
@@ -489,15 +557,24 @@ RECORD_ERRORS: list[tuple[str, dict[str, Any], int, str]] = [
     ("bad mode", _record_payload(mode="final"), 422, "INVALID_PAYLOAD"),
     ("no content", _record_payload(content=_DELETE), 422, "INVALID_PAYLOAD"),
     ("blank content", _record_payload(content="   "), 422, "INVALID_PAYLOAD"),
-    ("bad relation type",
-     _record_payload(relations=[{"type": "likes", "target_id": "mem-x"}]), 422,
-     "INVALID_PAYLOAD"),
-    ("relation to unknown unit",
-     _record_payload(relations=[{"type": "supports", "target_id": "mem-nope"}]), 404,
-     "UNIT_NOT_FOUND"),
-    ("contradicts unknown unit",
-     _record_payload(relations=[{"type": "contradicts", "target_id": "mem-nope"}]), 404,
-     "UNIT_NOT_FOUND"),
+    (
+        "bad relation type",
+        _record_payload(relations=[{"type": "likes", "target_id": "mem-x"}]),
+        422,
+        "INVALID_PAYLOAD",
+    ),
+    (
+        "relation to unknown unit",
+        _record_payload(relations=[{"type": "supports", "target_id": "mem-nope"}]),
+        404,
+        "UNIT_NOT_FOUND",
+    ),
+    (
+        "contradicts unknown unit",
+        _record_payload(relations=[{"type": "contradicts", "target_id": "mem-nope"}]),
+        404,
+        "UNIT_NOT_FOUND",
+    ),
 ]
 
 
@@ -518,8 +595,9 @@ async def test_record_errors(field: CheckedClient, alice: AgentClient, bob: Agen
 async def test_record_draft_without_confidence(
     field: CheckedClient, alice: AgentClient, bob: AgentClient
 ) -> None:
-    recorded = await alice.record("assumption", "Prices might rise.", purpose="Plan pricing",
-                                  mode="draft")
+    recorded = await alice.record(
+        "assumption", "Prices might rise.", purpose="Plan pricing", mode="draft"
+    )
     assert recorded["status"] == "accepted"
     context = await bob.attune(max_units=10)
     assert ids(context) == [recorded["memory_unit_id"]]
@@ -532,9 +610,11 @@ async def test_record_draft_without_confidence(
 
     committed = await note(alice, "Prices rose 5%.")
     # a draft's confidence is optional, and so are its score and reasoning one by one
-    only_reasoning = await alice.send("RECORD", _record_payload(
-        mode="draft", confidence={"reasoning": "a hunch"}))
-    only_score = await alice.send("RECORD", _record_payload(mode="draft", confidence={"score": 0.3}))
+    only_reasoning = await alice.send(
+        "RECORD", _record_payload(mode="draft", confidence={"reasoning": "a hunch"})
+    )
+    draft = _record_payload(mode="draft", confidence={"score": 0.3})
+    only_score = await alice.send("RECORD", draft)
     context = await bob.attune(max_units=10)
     units = {item["memory_unit"]["id"]: item["memory_unit"] for item in context["record"]}
     assert {k: u["status"] for k, u in units.items()} == {
@@ -553,9 +633,15 @@ async def test_record_contradicts_creates_conflict(
 ) -> None:
     first = await note(alice, "The EU market grows 23% a year.")
     second = await note(
-        bob, "The EU market grows 9% a year.",
-        relations=[{"type": "contradicts", "target_id": first["memory_unit_id"],
-                    "description": "growth rates disagree"}],
+        bob,
+        "The EU market grows 9% a year.",
+        relations=[
+            {
+                "type": "contradicts",
+                "target_id": first["memory_unit_id"],
+                "description": "growth rates disagree",
+            }
+        ],
     )
     assert len(second["conflicts_detected"]) == 1
     conflict_id = second["conflicts_detected"][0]
@@ -564,7 +650,9 @@ async def test_record_contradicts_creates_conflict(
     assert [c["id"] for c in context["conflicts"]] == [conflict_id]
     conflict = context["conflicts"][0]
     assert {conflict["unit_a"], conflict["unit_b"]} == {
-        first["memory_unit_id"], second["memory_unit_id"]}
+        first["memory_unit_id"],
+        second["memory_unit_id"],
+    }
     assert conflict["status"] == "detected"
     assert conflict["detected_by"] == "explicit"
     assert conflict["description"] == "growth rates disagree"
@@ -574,9 +662,9 @@ async def test_record_contradicts_creates_conflict(
     assert context["record"][0]["memory_unit"]["status"] == "contested"
 
     mine = await bob.attune(max_units=10, include_own=True)
-    assert {item["memory_unit"]["id"]: item["memory_unit"]["status"]
-            for item in mine["record"]} == {first["memory_unit_id"]: "contested",
-                                            second["memory_unit_id"]: "contested"}
+    assert {
+        item["memory_unit"]["id"]: item["memory_unit"]["status"] for item in mine["record"]
+    } == {first["memory_unit_id"]: "contested", second["memory_unit_id"]: "contested"}
     assert [c["id"] for c in mine["conflicts"]] == [conflict_id]
 
     detected = await alice.detect("list")
@@ -590,8 +678,11 @@ async def test_record_contradicts_creates_conflict(
     assert status["counts"]["memory_units"] == {"contested": 2}
 
     # Without a description the Field writes one.
-    third = await note(alice, "Growth is flat.",
-                       relations=[{"type": "contradicts", "target_id": second["memory_unit_id"]}])
+    third = await note(
+        alice,
+        "Growth is flat.",
+        relations=[{"type": "contradicts", "target_id": second["memory_unit_id"]}],
+    )
     listed = await bob.get("/v1/conflicts")
     made = [c for c in listed["conflicts"] if c["id"] == third["conflicts_detected"][0]]
     assert made and made[0]["description"].strip()
@@ -602,8 +693,12 @@ async def test_record_supersedes_hides_target(
 ) -> None:
     old = await note(alice, "Launch in Q3.", "decision")
     other = await note(alice, "Hire two engineers.", "decision")
-    new = await note(alice, "Launch in Q4 instead.", "decision",
-                     relations=[{"type": "supersedes", "target_id": old["memory_unit_id"]}])
+    new = await note(
+        alice,
+        "Launch in Q4 instead.",
+        "decision",
+        relations=[{"type": "supersedes", "target_id": old["memory_unit_id"]}],
+    )
     context = await bob.attune(max_units=10)
     assert set(ids(context)) == {other["memory_unit_id"], new["memory_unit_id"]}
     assert context["context_budget"]["units_available"] == 2
@@ -613,10 +708,14 @@ async def test_record_supersedes_hides_target(
     assert old["memory_unit_id"] not in ids(polled)
     status = await field.status()
     assert status["counts"]["memory_units"] == {"active": 2, "superseded": 1}
-    relations = next(item["memory_unit"]["relations"] for item in context["record"]
-                     if item["memory_unit"]["id"] == new["memory_unit_id"])
-    assert relations == [{"type": "supersedes", "target_id": old["memory_unit_id"],
-                          "description": None}]
+    relations = next(
+        item["memory_unit"]["relations"]
+        for item in context["record"]
+        if item["memory_unit"]["id"] == new["memory_unit_id"]
+    )
+    assert relations == [
+        {"type": "supersedes", "target_id": old["memory_unit_id"], "description": None}
+    ]
 
 
 # -- failed requests change nothing ----------------------------------------------
@@ -633,9 +732,13 @@ async def test_failed_requests_leave_the_field_unchanged(
     bad_bodies = [b"{", b"", b"[]", b"null", b'"envelope"', b"\xff\xfe", b"[" * 5000]
     for data in bad_bodies:
         for path in ("/v1/register", "/v1/record", "/v1/attune"):
-            reply = await field.raw("POST", path, data=data,
-                                    headers={"Content-Type": "application/json"},
-                                    token=alice.token)
+            reply = await field.raw(
+                "POST",
+                path,
+                data=data,
+                headers={"Content-Type": "application/json"},
+                token=alice.token,
+            )
             assert reply.status == 400, (data[:10], reply.body)
     for name, payload, status, code in RECORD_ERRORS:
         reply = await field.post("/v1/record", "RECORD", "alice", payload, token=alice.token)
@@ -646,15 +749,32 @@ async def test_failed_requests_leave_the_field_unchanged(
         ("/v1/record", "RECORD", "alice", ok_record, bob.token, 0),
         ("/v1/record", "RECORD", "alice", ok_record, alice.token, cur + 2**32 + 1),
         ("/v1/attune", "ATTUNE", "alice", {"scope": {"role": "r"}}, alice.token, 0),
-        ("/v1/attune", "ATTUNE", "alice",
-         {"scope": {"role": "r", "max_units": 1, "since_epoch": 1}, "since_epoch": 2},
-         alice.token, 0),
+        (
+            "/v1/attune",
+            "ATTUNE",
+            "alice",
+            {"scope": {"role": "r", "max_units": 1, "since_epoch": 1}, "since_epoch": 2},
+            alice.token,
+            0,
+        ),
         ("/v1/detect", "DETECT", "alice", {"mode": "scan"}, alice.token, 0),
-        ("/v1/detect", "DETECT", "alice", {"mode": "check", "target_id": target["memory_unit_id"]},
-         alice.token, 0),
+        (
+            "/v1/detect",
+            "DETECT",
+            "alice",
+            {"mode": "check", "target_id": target["memory_unit_id"]},
+            alice.token,
+            0,
+        ),
         ("/v1/register", "REGISTER", "alice", {"id": "alice", "role": "r"}, None, 0),
-        ("/v1/register", "REGISTER", "carol", {"id": "carol", "role": "r",
-                                               "required_operations": ["MERGE"]}, None, 0),
+        (
+            "/v1/register",
+            "REGISTER",
+            "carol",
+            {"id": "carol", "role": "r", "required_operations": ["MERGE"]},
+            None,
+            0,
+        ),
         ("/v1/register", "REGISTER", "carol", {"id": "dave", "role": "r"}, None, 0),
         ("/v1/deregister", "DEREGISTER", "alice", {"agent_id": "bob"}, alice.token, 0),
         ("/v1/attune", "RECORD", "alice", ok_record, alice.token, 0),
@@ -665,8 +785,9 @@ async def test_failed_requests_leave_the_field_unchanged(
     for path in ("/v1/agents", "/v1/conflicts?status=bogus", "/v1/nowhere"):
         assert (await field.raw("GET", path)).status >= 400
     assert (await field.raw("GET", "/v1/record")).status == 405
-    reply = await field.raw("POST", "/v1/record", data=b"{}", token=alice.token,
-                            headers={"Content-Type": "text/plain"})
+    reply = await field.raw(
+        "POST", "/v1/record", data=b"{}", token=alice.token, headers={"Content-Type": "text/plain"}
+    )
     assert reply.status == 415
 
     assert await snapshot(field) == before
@@ -680,12 +801,24 @@ async def test_failed_requests_leave_the_field_unchanged(
 
 async def _populate(alice: AgentClient, carol: AgentClient) -> list[dict[str, Any]]:
     made = []
-    for i, (author, kind, conf) in enumerate([
-        (alice, "observation", 0.2), (alice, "decision", 0.9), (carol, "finding", 0.5),
-        (carol, "constraint", 0.8), (alice, "question", 0.4), (carol, "observation", 0.99),
-    ]):
-        made.append(await note(author, f"Unit {i} about the roadmap. More detail follows here.",
-                               kind, confidence=conf))
+    for i, (author, kind, conf) in enumerate(
+        [
+            (alice, "observation", 0.2),
+            (alice, "decision", 0.9),
+            (carol, "finding", 0.5),
+            (carol, "constraint", 0.8),
+            (alice, "question", 0.4),
+            (carol, "observation", 0.99),
+        ]
+    ):
+        made.append(
+            await note(
+                author,
+                f"Unit {i} about the roadmap. More detail follows here.",
+                kind,
+                confidence=conf,
+            )
+        )
     return made
 
 
@@ -700,8 +833,12 @@ async def test_attune_ranking_truncation_and_threshold(
     assert ranked == sorted(ranked, reverse=True)
     assert all(0.0 <= s <= 1.0 for s in ranked)
     assert len(set(ranked)) > 1
-    assert context["context_budget"] == {"units_returned": 6, "units_available": 6,
-                                         "tokens_used": None, "tokens_budget": None}
+    assert context["context_budget"] == {
+        "units_returned": 6,
+        "units_available": 6,
+        "tokens_used": None,
+        "tokens_budget": None,
+    }
 
     top = await bob.attune(max_units=2)
     assert top["context_budget"]["units_returned"] == 2
@@ -717,9 +854,16 @@ async def test_attune_ranking_truncation_and_threshold(
     nothing = await bob.attune(max_units=100, relevance_threshold=1.0)
     assert nothing["record"] == [] or all(s >= 1.0 for s in scores(nothing))
 
-    for scope in ({"max_units": 0}, {"max_units": 1001}, {"max_units": "5"},
-                  {"relevance_threshold": 1.5}, {"include_own": "yes"}, {"max_tokens": 0},
-                  {"temporal_layers": ["someday"]}, {"colour": "red"}):
+    for scope in (
+        {"max_units": 0},
+        {"max_units": 1001},
+        {"max_units": "5"},
+        {"relevance_threshold": 1.5},
+        {"include_own": "yes"},
+        {"max_tokens": 0},
+        {"temporal_layers": ["someday"]},
+        {"colour": "red"},
+    ):
         await fails(bob.attune(**{"max_units": 5, **scope}), 422, "INVALID_PAYLOAD")
     await fails(bob.send("ATTUNE", {"scope": {"role": "strategist"}}), 422, "INVALID_PAYLOAD")
     await fails(bob.send("ATTUNE", {}), 422, "INVALID_PAYLOAD")
@@ -728,14 +872,21 @@ async def test_attune_ranking_truncation_and_threshold(
 
 async def test_attune_formats(field: CheckedClient, alice: AgentClient, bob: AgentClient) -> None:
     long_tail = " ".join(["More supporting detail."] * 40)
-    recorded = await alice.send("RECORD", {
-        "mode": "committed", "type": "finding",
-        "content": f"Competitor X cut prices by 10%. {long_tail}",
-        "intent": {"purpose": "Track competitors"},
-        "confidence": {"score": 0.9, "reasoning": "public price list",
-                       "evidence": ["price list 2026-01"],
-                       "assumptions": ["list prices are real prices"]},
-    })
+    recorded = await alice.send(
+        "RECORD",
+        {
+            "mode": "committed",
+            "type": "finding",
+            "content": f"Competitor X cut prices by 10%. {long_tail}",
+            "intent": {"purpose": "Track competitors"},
+            "confidence": {
+                "score": 0.9,
+                "reasoning": "public price list",
+                "evidence": ["price list 2026-01"],
+                "assumptions": ["list prices are real prices"],
+            },
+        },
+    )
     unit_id = recorded["memory_unit_id"]
 
     full = await bob.attune(max_units=5, format="full")
@@ -755,13 +906,15 @@ async def test_attune_formats(field: CheckedClient, alice: AgentClient, bob: Age
     assert item["relevance_score"] == full["record"][0]["relevance_score"]
 
     only = await bob.attune(max_units=5, format="ids_only")
-    assert only["record"] == [{
-        "memory_unit_id": unit_id,
-        "epoch": recorded["epoch"],
-        "relevance_score": full["record"][0]["relevance_score"],
-        "relevance_reason": only["record"][0]["relevance_reason"],
-        "format": "ids_only",
-    }]
+    assert only["record"] == [
+        {
+            "memory_unit_id": unit_id,
+            "epoch": recorded["epoch"],
+            "relevance_score": full["record"][0]["relevance_score"],
+            "relevance_reason": only["record"][0]["relevance_reason"],
+            "format": "ids_only",
+        }
+    ]
     assert only["record"][0]["relevance_reason"].strip()
 
     # A single long sentence is cut to 240 characters in a summary.
@@ -794,21 +947,28 @@ async def test_attune_since_epoch_polling(
     scope = {"role": "strategist", "max_units": 10}
     top = await bob.send("ATTUNE", {"scope": scope, "since_epoch": batch[0]["epoch"]})
     inner = await bob.send("ATTUNE", {"scope": {**scope, "since_epoch": batch[0]["epoch"]}})
-    both = await bob.send("ATTUNE", {"scope": {**scope, "since_epoch": batch[0]["epoch"]},
-                                     "since_epoch": batch[0]["epoch"]})
+    both = await bob.send(
+        "ATTUNE",
+        {"scope": {**scope, "since_epoch": batch[0]["epoch"]}, "since_epoch": batch[0]["epoch"]},
+    )
     assert ids(top) == ids(inner) == ids(both) == ids(after_first)
     body = await fails(
         bob.send("ATTUNE", {"scope": {**scope, "since_epoch": 1}, "since_epoch": 2}),
-        422, "INVALID_PAYLOAD")
+        422,
+        "INVALID_PAYLOAD",
+    )
     assert body["operation"] == "ATTUNE"
     for bad in (-1, "3", 1.5, MAX_EPOCH + 1):
-        await fails(bob.send("ATTUNE", {"scope": scope, "since_epoch": bad}), 422,
-                    "INVALID_PAYLOAD")
-        await fails(bob.send("ATTUNE", {"scope": {**scope, "since_epoch": bad}}), 422,
-                    "INVALID_PAYLOAD")
+        await fails(
+            bob.send("ATTUNE", {"scope": scope, "since_epoch": bad}), 422, "INVALID_PAYLOAD"
+        )
+        await fails(
+            bob.send("ATTUNE", {"scope": {**scope, "since_epoch": bad}}), 422, "INVALID_PAYLOAD"
+        )
     # null means "no filter"
-    unfiltered = await bob.send("ATTUNE", {"scope": {**scope, "since_epoch": None},
-                                           "since_epoch": None})
+    unfiltered = await bob.send(
+        "ATTUNE", {"scope": {**scope, "since_epoch": None}, "since_epoch": None}
+    )
     assert len(unfiltered["record"]) == 4
 
 
@@ -817,8 +977,15 @@ async def test_attune_since_epoch_paging(
 ) -> None:
     carol = await field.register("carol", "engineer")
     start = await bob.attune(max_units=10)
-    kinds = ["observation", "decision", "observation", "human_directive", "finding",
-             "question", "decision"]
+    kinds = [
+        "observation",
+        "decision",
+        "observation",
+        "human_directive",
+        "finding",
+        "question",
+        "decision",
+    ]
     made = []
     for i, kind in enumerate(kinds):
         author = alice if i % 2 else carol
@@ -841,7 +1008,7 @@ async def test_attune_since_epoch_paging(
         assert scores(page) == sorted(scores(page), reverse=True)
         got = ids(page)
         # each page holds the oldest units not yet seen, whatever their relevance
-        assert sorted(got) == sorted(all_ids[len(seen):len(seen) + len(got)])
+        assert sorted(got) == sorted(all_ids[len(seen) : len(seen) + len(got)])
         if remaining > 3:
             assert page["epoch"] == max(unit_epochs(page))
         else:
@@ -882,8 +1049,9 @@ async def test_attune_interests_and_task_raise_relevance(
     assert ids(context)[0] == task["memory_unit_id"]
 
     # the agent's registered task and interests count too
-    tasked = await field.register("tasked", "analyst", current_task_id="task-42",
-                                  interests=["coffee machine"])
+    tasked = await field.register(
+        "tasked", "analyst", current_task_id="task-42", interests=["coffee machine"]
+    )
     context = await tasked.attune(max_units=10)
     by_id = {i["memory_unit"]["id"]: i["relevance_score"] for i in context["record"]}
     assert by_id[task["memory_unit_id"]] > by_id[free["memory_unit_id"]]
@@ -910,9 +1078,10 @@ async def test_attune_max_tokens(
     assert roomy["context_budget"]["units_returned"] == 8
     assert all(i["format"] == "full" for i in roomy["record"])
     tight = await bob.attune(max_units=8, max_tokens=full_cost // 2)
-    assert 0 < tight["context_budget"]["units_returned"]
+    assert tight["context_budget"]["units_returned"] > 0
     assert any(i["format"] == "summary" for i in tight["record"]) or (
-        tight["context_budget"]["units_returned"] < 8)
+        tight["context_budget"]["units_returned"] < 8
+    )
 
 
 async def test_attune_max_tokens_polling(
@@ -963,11 +1132,17 @@ async def test_detect_list_filters(
     empty = await alice.detect("list")
     assert empty["conflicts"] == []
     a1 = await note(alice, "The API is stable.")
-    b1 = await note(bob, "The API is unstable.",
-                    relations=[{"type": "contradicts", "target_id": a1["memory_unit_id"]}])
+    b1 = await note(
+        bob,
+        "The API is unstable.",
+        relations=[{"type": "contradicts", "target_id": a1["memory_unit_id"]}],
+    )
     c1 = await note(carol, "Deploys take 5 minutes.")
-    c2 = await note(carol, "Deploys take an hour.",
-                    relations=[{"type": "contradicts", "target_id": c1["memory_unit_id"]}])
+    c2 = await note(
+        carol,
+        "Deploys take an hour.",
+        relations=[{"type": "contradicts", "target_id": c1["memory_unit_id"]}],
+    )
     ab, cc = b1["conflicts_detected"][0], c2["conflicts_detected"][0]
 
     async def listed(**flt: Any) -> list[str]:
@@ -1001,8 +1176,11 @@ async def test_detect_list_filters(
     assert await get("?status=detected&type=factual") == [ab, cc]
     assert await get("?type=interpretive") == []
     for query in ("?status=bogus", "?type=bogus"):
-        expect(await field.raw("GET", "/v1/conflicts" + query, token=carol.token), 422,
-               "INVALID_PAYLOAD")
+        expect(
+            await field.raw("GET", "/v1/conflicts" + query, token=carol.token),
+            422,
+            "INVALID_PAYLOAD",
+        )
 
     before = await snapshot(field)
     for mode in ("check", "scan"):
@@ -1011,11 +1189,17 @@ async def test_detect_list_filters(
         assert body["recoverable"] is False
     body = await fails(
         alice.send("DETECT", {"mode": "check", "target_id": a1["memory_unit_id"]}),
-        422, "UNSUPPORTED_OPERATION")
-    for payload in ({}, {"mode": "everything"}, {"mode": "list", "filter": {"status": ["x"]}},
-                    {"mode": "list", "filter": {"types": ["x"]}},
-                    {"mode": "list", "filter": {"colour": []}},
-                    {"mode": "list", "filter": []}):
+        422,
+        "UNSUPPORTED_OPERATION",
+    )
+    for payload in (
+        {},
+        {"mode": "everything"},
+        {"mode": "list", "filter": {"status": ["x"]}},
+        {"mode": "list", "filter": {"types": ["x"]}},
+        {"mode": "list", "filter": {"colour": []}},
+        {"mode": "list", "filter": []},
+    ):
         await fails(alice.send("DETECT", payload), 422, "INVALID_PAYLOAD")
     assert await snapshot(field) == before
 
@@ -1068,8 +1252,9 @@ async def test_lamport_clock(field: CheckedClient, alice: AgentClient, bob: Agen
         assert body["operation"] == "DETECT"
         assert body["recoverable"] is True
         body = await fails(note(alice, "Too far ahead."), 422, "INVALID_EPOCH")
-        reply = await field.post("/v1/register", "REGISTER", "dave", {"id": "dave", "role": "x"},
-                                 epoch=ahead)
+        reply = await field.post(
+            "/v1/register", "REGISTER", "dave", {"id": "dave", "role": "x"}, epoch=ahead
+        )
         expect(reply, 422, "INVALID_EPOCH")
     assert await snapshot(field) == before
     # exactly max_epoch_skew ahead is still accepted
@@ -1117,15 +1302,24 @@ async def test_epoch_overflow(server_factory: Any) -> None:
 async def test_bad_json_and_envelopes(field: CheckedClient, alice: AgentClient) -> None:
     before = await snapshot(field)
     json_headers = {"Content-Type": "application/json"}
-    for data in (b'{"protocol": ', b"", b"not json", b"{'a': 1}", b"\xff\xfe\x00",
-                 b'{"epoch": NaN}', b"[" * 2000):
-        reply = await field.raw("POST", "/v1/record", data=data, headers=json_headers,
-                                token=alice.token)
+    for data in (
+        b'{"protocol": ',
+        b"",
+        b"not json",
+        b"{'a': 1}",
+        b"\xff\xfe\x00",
+        b'{"epoch": NaN}',
+        b"[" * 2000,
+    ):
+        reply = await field.raw(
+            "POST", "/v1/record", data=data, headers=json_headers, token=alice.token
+        )
         body = expect(reply, 400, "INVALID_JSON")
         assert body["recoverable"] is True
     for data in (b"[]", b"[1, 2]", b"null", b"42", b'"text"', b"true"):
-        reply = await field.raw("POST", "/v1/record", data=data, headers=json_headers,
-                                token=alice.token)
+        reply = await field.raw(
+            "POST", "/v1/record", data=data, headers=json_headers, token=alice.token
+        )
         expect(reply, 400, "INVALID_ENVELOPE")
 
     payload = {"scope": {"role": "market_researcher", "max_units": 5}}
@@ -1154,41 +1348,59 @@ async def test_bad_json_and_envelopes(field: CheckedClient, alice: AgentClient) 
     ]
     bad += [(f"missing {key}", {key: _DELETE}) for key in ENVELOPE_KEYS]
     for name, changes in bad:
-        reply = await field.post("/v1/attune", "ATTUNE", "alice", payload, token=alice.token,
-                                 changes=changes)
+        reply = await field.post(
+            "/v1/attune", "ATTUNE", "alice", payload, token=alice.token, changes=changes
+        )
         body = expect(reply, 400, "INVALID_ENVELOPE")
         assert body["recoverable"] is True, name
     # an operation the endpoint does not take
     record = _record_payload()
-    for path, operation in (("/v1/attune", "RECORD"), ("/v1/record", "ATTUNE"),
-                            ("/v1/register", "DEREGISTER"), ("/v1/detect", "MERGE")):
+    for path, operation in (
+        ("/v1/attune", "RECORD"),
+        ("/v1/record", "ATTUNE"),
+        ("/v1/register", "DEREGISTER"),
+        ("/v1/detect", "MERGE"),
+    ):
         reply = await field.post(path, operation, "alice", record, token=alice.token)
         expect(reply, 400, "INVALID_ENVELOPE")
     assert await snapshot(field) == before
     # a valid envelope with a session id is fine
-    reply = await field.post("/v1/attune", "ATTUNE", "alice", payload, token=alice.token,
-                             changes={"session_id": "session-1"})
+    reply = await field.post(
+        "/v1/attune",
+        "ATTUNE",
+        "alice",
+        payload,
+        token=alice.token,
+        changes={"session_id": "session-1"},
+    )
     assert reply.status == 200
 
 
 async def test_content_type(field: CheckedClient, alice: AgentClient) -> None:
     before = await snapshot(field)
     envelope = orjson.dumps(field.envelope("DETECT", "alice", {"mode": "list"}))
-    reply = await field.raw("POST", "/v1/detect", data=envelope, token=alice.token,
-                            skip_auto_headers=("Content-Type",))
+    reply = await field.raw(
+        "POST", "/v1/detect", data=envelope, token=alice.token, skip_auto_headers=("Content-Type",)
+    )
     body = expect(reply, 415, "UNSUPPORTED_MEDIA_TYPE")
     assert body["recoverable"] is True
     for media in ("text/plain", "application/x-www-form-urlencoded", "application/octet-stream"):
-        reply = await field.raw("POST", "/v1/detect", data=envelope, token=alice.token,
-                                headers={"Content-Type": media})
+        reply = await field.raw(
+            "POST", "/v1/detect", data=envelope, token=alice.token, headers={"Content-Type": media}
+        )
         expect(reply, 415, "UNSUPPORTED_MEDIA_TYPE")
-    reply = await field.raw("POST", "/v1/register", data=b"id=x&role=y",
-                            headers={"Content-Type": "application/x-www-form-urlencoded"})
+    reply = await field.raw(
+        "POST",
+        "/v1/register",
+        data=b"id=x&role=y",
+        headers={"Content-Type": "application/x-www-form-urlencoded"},
+    )
     expect(reply, 415, "UNSUPPORTED_MEDIA_TYPE")
     assert await snapshot(field) == before
     for media in ("application/json; charset=utf-8", "Application/JSON"):
-        reply = await field.raw("POST", "/v1/detect", data=envelope, token=alice.token,
-                                headers={"Content-Type": media})
+        reply = await field.raw(
+            "POST", "/v1/detect", data=envelope, token=alice.token, headers={"Content-Type": media}
+        )
         assert reply.status == 200, (media, reply.body)
 
 
@@ -1211,7 +1423,7 @@ async def test_body_size_limit(server_factory: Any) -> None:
 
         async def chunked(data: bytes, size: int = 1000) -> AsyncIterator[bytes]:
             for start in range(0, len(data), size):
-                yield data[start:start + size]
+                yield data[start : start + size]
 
         # Async generators are sent with Transfer-Encoding: chunked (no Content-Length).
         # (On a "Connection: close" request uvicorn closes the socket with the body
@@ -1230,33 +1442,50 @@ async def test_body_size_limit(server_factory: Any) -> None:
         assert await snapshot(field) == before
 
         # at the limit, plain or chunked, the request is served
-        reply = await field.raw("POST", "/v1/record", data=sized(4096), headers=headers,
-                                token=agent.token)
+        reply = await field.raw(
+            "POST", "/v1/record", data=sized(4096), headers=headers, token=agent.token
+        )
         assert reply.status == 200, reply.body
-        reply = await field.raw("POST", "/v1/record", data=chunked(sized(4096)),
-                                headers=headers, token=agent.token)
+        reply = await field.raw(
+            "POST", "/v1/record", data=chunked(sized(4096)), headers=headers, token=agent.token
+        )
         assert reply.status == 200, reply.body
         assert (await field.status())["counts"]["memory_units"] == {"active": 2}
 
 
 async def test_unknown_routes_and_methods(field: CheckedClient, alice: AgentClient) -> None:
-    for method, path in (("GET", "/"), ("GET", "/v1"), ("GET", "/v1/nope"),
-                         ("POST", "/v1/merge"), ("POST", "/v2/record"),
-                         ("GET", "/v1/field/status/extra"), ("DELETE", "/v1/agents/alice")):
+    for method, path in (
+        ("GET", "/"),
+        ("GET", "/v1"),
+        ("GET", "/v1/nope"),
+        ("POST", "/v1/merge"),
+        ("POST", "/v2/record"),
+        ("GET", "/v1/field/status/extra"),
+        ("DELETE", "/v1/agents/alice"),
+    ):
         reply = await field.raw(method, path, token=alice.token)
         body = expect(reply, 404, "NOT_FOUND")
         assert body["operation"] is None
-    for method, path in (("GET", "/v1/record"), ("PUT", "/v1/attune"), ("DELETE", "/v1/detect"),
-                         ("POST", "/v1/field/status"), ("POST", "/v1/agents"),
-                         ("PATCH", "/v1/conflicts"), ("OPTIONS", "/v1/register")):
+    for method, path in (
+        ("GET", "/v1/record"),
+        ("PUT", "/v1/attune"),
+        ("DELETE", "/v1/detect"),
+        ("POST", "/v1/field/status"),
+        ("POST", "/v1/agents"),
+        ("PATCH", "/v1/conflicts"),
+        ("OPTIONS", "/v1/register"),
+    ):
         reply = await field.raw(method, path, token=alice.token)
         expect(reply, 405, "METHOD_NOT_ALLOWED")
 
 
 async def test_method_not_allowed_has_allow_header(field: CheckedClient) -> None:
-    for method, path, allowed in (("GET", "/v1/record", "POST"), ("PUT", "/v1/attune", "POST"),
-                                  ("POST", "/v1/field/status", "GET"),
-                                  ("DELETE", "/v1/conflicts", "GET")):
+    for method, path, allowed in (
+        ("GET", "/v1/record", "POST"),
+        ("PUT", "/v1/attune", "POST"),
+        ("POST", "/v1/field/status", "GET"),
+        ("DELETE", "/v1/conflicts", "GET"),
+    ):
         reply = await field.raw(method, path)
         expect(reply, 405, "METHOD_NOT_ALLOWED")
         methods = {m.strip() for m in reply.headers.get("Allow", "").split(",")}
@@ -1267,8 +1496,13 @@ async def test_method_not_allowed_has_allow_header(field: CheckedClient) -> None
 async def test_unparseable_request_names_the_endpoint_operation(
     field: CheckedClient, alice: AgentClient
 ) -> None:
-    reply = await field.raw("POST", "/v1/record", data=b'{"protocol": ',
-                            headers={"Content-Type": "application/json"}, token=alice.token)
+    reply = await field.raw(
+        "POST",
+        "/v1/record",
+        data=b'{"protocol": ',
+        headers={"Content-Type": "application/json"},
+        token=alice.token,
+    )
     body = expect(reply, 400, "INVALID_JSON")
     assert body["operation"] == "RECORD"
 
@@ -1277,9 +1511,14 @@ async def test_trailing_slash_is_not_found_json(field: CheckedClient, alice: Age
     async with aiohttp.ClientSession() as session:
         for method, path in (("POST", "/v1/record/"), ("GET", "/v1/field/status/")):
             async with session.request(
-                method, field.base_url + path, data=b"{}", allow_redirects=False,
-                headers={"Content-Type": "application/json",
-                         "Authorization": f"Bearer {alice.token}"},
+                method,
+                field.base_url + path,
+                data=b"{}",
+                allow_redirects=False,
+                headers={
+                    "Content-Type": "application/json",
+                    "Authorization": f"Bearer {alice.token}",
+                },
             ) as response:
                 raw = await response.read()
                 body = check_reply(path, response.status, response.headers, raw)
@@ -1320,9 +1559,11 @@ async def test_sqlite_basic_flow(sqlite_server: Any) -> None:
         assert alice.registration["field_capabilities"]["persistence"] is True
         await fails(field.register("alice", "x"), 409, "AGENT_ID_TAKEN")
         first = await note(alice, "EU market grows 23%.")
-        second = await note(bob, "EU market grows 9%.",
-                            relations=[{"type": "contradicts",
-                                        "target_id": first["memory_unit_id"]}])
+        second = await note(
+            bob,
+            "EU market grows 9%.",
+            relations=[{"type": "contradicts", "target_id": first["memory_unit_id"]}],
+        )
         context = await bob.attune(max_units=10)
         assert ids(context) == [first["memory_unit_id"]]
         assert context["record"][0]["memory_unit"]["status"] == "contested"

@@ -105,14 +105,30 @@ def test_interest_match_outranks_the_rest_at_scale() -> None:
     """Thousands of units score in one call, one array in row order."""
     index = relevance.UnitIndex()
     for i in range(5000):
-        index.add(_unit(i, {
-            "agent": AGENTS[i % 4], "role": ROLES[i % 4], "type": "finding",
-            "content": WORDS[i % len(WORDS)], "purpose": "p", "task": None,
-            "score": 0.5, "status": "active",
-        }))
+        index.add(
+            _unit(
+                i,
+                {
+                    "agent": AGENTS[i % 4],
+                    "role": ROLES[i % 4],
+                    "type": "finding",
+                    "content": WORDS[i % len(WORDS)],
+                    "purpose": "p",
+                    "task": None,
+                    "score": 0.5,
+                    "status": "active",
+                },
+            )
+        )
     query = relevance.Query(
-        agent_id="zz", role="strategist", interests=["pricing"], context_hint=None,
-        task_id=None, recency_weight=0.0, include_own=False, since_epoch=None,
+        agent_id="zz",
+        role="strategist",
+        interests=["pricing"],
+        context_hint=None,
+        task_id=None,
+        recency_weight=0.0,
+        include_own=False,
+        since_epoch=None,
     )
     rows = relevance.candidates(index, query)
     scores = relevance.score(index, query, rows)
@@ -124,8 +140,10 @@ def test_interest_match_outranks_the_rest_at_scale() -> None:
 @settings(max_examples=300, deadline=None)
 @given(
     st.lists(
-        st.tuples(st.sampled_from(AGENTS), st.one_of(st.sampled_from([0.1, 0.5, 0.9]),
-                                                     st.floats(min_value=0, max_value=1))),
+        st.tuples(
+            st.sampled_from(AGENTS),
+            st.one_of(st.sampled_from([0.1, 0.5, 0.9]), st.floats(min_value=0, max_value=1)),
+        ),
         max_size=400,
     ),
     st.integers(min_value=1, max_value=20),
@@ -136,8 +154,21 @@ def test_best_diversified_matches_diversifying_everything(
 ) -> None:
     index = relevance.UnitIndex()
     for i, (agent, _) in enumerate(units):
-        index.add(_unit(i, {"agent": agent, "role": "r", "type": "finding", "content": "c",
-                            "purpose": "p", "task": None, "score": 0.5, "status": "active"}))
+        index.add(
+            _unit(
+                i,
+                {
+                    "agent": agent,
+                    "role": "r",
+                    "type": "finding",
+                    "content": "c",
+                    "purpose": "p",
+                    "task": None,
+                    "score": 0.5,
+                    "status": "active",
+                },
+            )
+        )
     rows = np.arange(len(units))
     scores = np.array([s for _, s in units], dtype=np.float64)
 

@@ -26,13 +26,34 @@ from .schema_util import (
 
 README = SCHEMA_DIR.parent / "README.md"
 
-TYPES = ["envelope", "error", "memory-unit", "relation", "agent", "scope", "conflict",
-         "field-capabilities", "scoped-memory-unit"]
-REQUESTS = ["register.request", "deregister.request", "record.request", "attune.request",
-            "detect.request"]
-RESPONSES = ["register.response", "deregister.response", "record.response", "attune.response",
-             "detect.response", "field-status.response", "agents.response",
-             "conflicts.response"]
+TYPES = [
+    "envelope",
+    "error",
+    "memory-unit",
+    "relation",
+    "agent",
+    "scope",
+    "conflict",
+    "field-capabilities",
+    "scoped-memory-unit",
+]
+REQUESTS = [
+    "register.request",
+    "deregister.request",
+    "record.request",
+    "attune.request",
+    "detect.request",
+]
+RESPONSES = [
+    "register.response",
+    "deregister.response",
+    "record.response",
+    "attune.response",
+    "detect.response",
+    "field-status.response",
+    "agents.response",
+    "conflicts.response",
+]
 ALL = TYPES + REQUESTS + RESPONSES
 
 MAX_EPOCH = 2**53 - 1
@@ -40,6 +61,7 @@ AGENT_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 
 
 # --------------------------------------------------------------------------- helpers
+
 
 def put(obj: Any, path: str, value: Any) -> Any:
     """A deep copy of obj with the value at a dotted path set ("a.b.0.c")."""
@@ -90,110 +112,174 @@ def missing_only(name: str, instance: Any) -> set[str]:
 # Appendix A of the spec, verbatim.
 
 A1_REGISTER = {
-    "protocol": "akashik", "version": "0.1.0", "id": "msg-001", "operation": "REGISTER",
-    "agent_id": "researcher-01", "session_id": None, "epoch": 0,
+    "protocol": "akashik",
+    "version": "0.1.0",
+    "id": "msg-001",
+    "operation": "REGISTER",
+    "agent_id": "researcher-01",
+    "session_id": None,
+    "epoch": 0,
     "payload": {
-        "id": "researcher-01", "role": "market_researcher",
+        "id": "researcher-01",
+        "role": "market_researcher",
         "interests": ["market size", "competitors", "growth trends"],
     },
 }
 A1_REGISTER_RESPONSE = {
     "status": "registered",
     "agent": {
-        "id": "researcher-01", "role": "market_researcher", "status": "idle",
+        "id": "researcher-01",
+        "role": "market_researcher",
+        "status": "idle",
         "interests": ["market size", "competitors", "growth trends"],
     },
     "field_capabilities": {
         "conformance_level": 1,
-        "supported_operations": ["REGISTER", "DEREGISTER", "RECORD", "ATTUNE", "DETECT",
-                                 "SUBSCRIBE"],
-        "protocol_version": "0.1.0", "persistence": True, "conflict_strategies": [],
+        "supported_operations": [
+            "REGISTER",
+            "DEREGISTER",
+            "RECORD",
+            "ATTUNE",
+            "DETECT",
+            "SUBSCRIBE",
+        ],
+        "protocol_version": "0.1.0",
+        "persistence": True,
+        "conflict_strategies": [],
     },
 }
 A1_RECORD = {
-    "protocol": "akashik", "version": "0.1.0", "id": "msg-002", "operation": "RECORD",
-    "agent_id": "researcher-01", "session_id": None, "epoch": 1,
+    "protocol": "akashik",
+    "version": "0.1.0",
+    "id": "msg-002",
+    "operation": "RECORD",
+    "agent_id": "researcher-01",
+    "session_id": None,
+    "epoch": 1,
     "payload": {
-        "mode": "committed", "type": "finding",
+        "mode": "committed",
+        "type": "finding",
         "content": "European SaaS market for SMB HR tools is growing at 23% CAGR, expected to "
-                   "reach $4.2B by 2027. Primary growth driver is regulatory compliance "
-                   "automation post-EU AI Act.",
+        "reach $4.2B by 2027. Primary growth driver is regulatory compliance "
+        "automation post-EU AI Act.",
         "intent": {
             "purpose": "Validate market size assumption for go-to-market strategy",
             "task_id": "task-market-sizing",
             "question": "Is the European HR SaaS market large enough to justify a dedicated "
-                        "go-to-market?",
+            "go-to-market?",
         },
         "confidence": {
             "score": 0.82,
             "reasoning": "Based on three independent analyst reports with consistent "
-                         "estimates. Slight uncertainty on AI Act impact timeline.",
+            "estimates. Slight uncertainty on AI Act impact timeline.",
             "evidence": ["https://example.com/report-a", "https://example.com/report-b"],
-            "assumptions": ["EU AI Act enforcement begins Q3 2026",
-                            "No major EU recession in 2026-2027"],
+            "assumptions": [
+                "EU AI Act enforcement begins Q3 2026",
+                "No major EU recession in 2026-2027",
+            ],
         },
         "relations": [{"type": "answers", "target_id": "mem-question-001"}],
     },
 }
 A1_RECORD_RESPONSE = {
-    "status": "accepted", "memory_unit_id": "mem-002", "epoch": 2, "conflicts_detected": [],
+    "status": "accepted",
+    "memory_unit_id": "mem-002",
+    "epoch": 2,
+    "conflicts_detected": [],
 }
 A1_ATTUNE = {
-    "protocol": "akashik", "version": "0.1.0", "id": "msg-003", "operation": "ATTUNE",
-    "agent_id": "strategist-01", "session_id": None, "epoch": 3,
+    "protocol": "akashik",
+    "version": "0.1.0",
+    "id": "msg-003",
+    "operation": "ATTUNE",
+    "agent_id": "strategist-01",
+    "session_id": None,
+    "epoch": 3,
     "payload": {
         "scope": {"role": "strategist", "max_units": 10},
         "context_hint": "About to draft competitive positioning section",
     },
 }
 A1_UNIT = {
-    "id": "mem-002", "mode": "committed", "type": "finding",
+    "id": "mem-002",
+    "mode": "committed",
+    "type": "finding",
     "content": A1_RECORD["payload"]["content"],
     "intent": A1_RECORD["payload"]["intent"],
     "confidence": A1_RECORD["payload"]["confidence"],
-    "source": {"agent_id": "researcher-01", "agent_role": "market_researcher",
-               "session_id": None, "timestamp": "2026-03-01T10:30:00Z"},
+    "source": {
+        "agent_id": "researcher-01",
+        "agent_role": "market_researcher",
+        "session_id": None,
+        "timestamp": "2026-03-01T10:30:00Z",
+    },
     "relations": [{"type": "answers", "target_id": "mem-question-001"}],
-    "status": "active", "epoch": 2,
+    "status": "active",
+    "epoch": 2,
 }
 A1_ATTUNE_RESPONSE = {
     "status": "ok",
-    "record": [{
-        "memory_unit": A1_UNIT, "relevance_score": 0.85,
-        "relevance_reason": "Recent finding from market_researcher. Market sizing is relevant "
-                            "to strategy.",
-        "format": "full",
-    }],
+    "record": [
+        {
+            "memory_unit": A1_UNIT,
+            "relevance_score": 0.85,
+            "relevance_reason": "Recent finding from market_researcher. Market sizing is relevant "
+            "to strategy.",
+            "format": "full",
+        }
+    ],
     "conflicts": [],
-    "context_budget": {"units_returned": 1, "units_available": 1, "tokens_used": None,
-                       "tokens_budget": None},
+    "context_budget": {
+        "units_returned": 1,
+        "units_available": 1,
+        "tokens_used": None,
+        "tokens_budget": None,
+    },
     "epoch": 3,
 }
 A2_RECORD = {
-    "protocol": "akashik", "version": "0.1.0", "id": "msg-010", "operation": "RECORD",
-    "agent_id": "researcher-02", "session_id": None, "epoch": 10,
+    "protocol": "akashik",
+    "version": "0.1.0",
+    "id": "msg-010",
+    "operation": "RECORD",
+    "agent_id": "researcher-02",
+    "session_id": None,
+    "epoch": 10,
     "payload": {
-        "mode": "committed", "type": "finding",
+        "mode": "committed",
+        "type": "finding",
         "content": "European SaaS market growth is decelerating to 14% CAGR due to enterprise "
-                   "budget cuts in Q4 2026.",
-        "intent": {"purpose": "Update market growth projection with latest data",
-                   "question": "Has the market growth trajectory changed?"},
+        "budget cuts in Q4 2026.",
+        "intent": {
+            "purpose": "Update market growth projection with latest data",
+            "question": "Has the market growth trajectory changed?",
+        },
         "confidence": {
             "score": 0.75,
             "reasoning": "Based on a single Q4 earnings report from a major player. May not "
-                         "represent the full market.",
+            "represent the full market.",
             "assumptions": ["Q4 trends are indicative of 2027 trajectory"],
         },
-        "relations": [{"type": "contradicts", "target_id": "mem-002",
-                       "description": "Original estimate was 23% CAGR; new data suggests 14%"}],
+        "relations": [
+            {
+                "type": "contradicts",
+                "target_id": "mem-002",
+                "description": "Original estimate was 23% CAGR; new data suggests 14%",
+            }
+        ],
     },
 }
 A2_RECORD_RESPONSE = {
-    "status": "accepted", "memory_unit_id": "mem-010", "epoch": 11,
+    "status": "accepted",
+    "memory_unit_id": "mem-010",
+    "epoch": 11,
     "conflicts_detected": ["conflict-001"],
 }
 A2_CONFLICT = {
-    "id": "conflict-001", "type": "factual", "status": "detected", "unit_a": "mem-002",
+    "id": "conflict-001",
+    "type": "factual",
+    "status": "detected",
+    "unit_a": "mem-002",
     "unit_b": "mem-010",
     "description": "Conflicting market growth estimates: 23% CAGR vs 14% CAGR",
     "detected_by": "explicit",
@@ -204,72 +290,145 @@ A2_CONFLICT = {
 CAPABILITIES = {
     "conformance_level": 1,
     "supported_operations": ["REGISTER", "DEREGISTER", "RECORD", "ATTUNE", "DETECT"],
-    "protocol_version": "0.1.0", "persistence": True, "conflict_strategies": [],
-    "field_id": "field-7f3a", "detect_modes": ["list"],
+    "protocol_version": "0.1.0",
+    "persistence": True,
+    "conflict_strategies": [],
+    "field_id": "field-7f3a",
+    "detect_modes": ["list"],
     "limits": {"max_body_bytes": 1048576, "max_units": 1000, "max_epoch_skew": 2**32},
 }
-AGENT = {"id": "researcher-01", "role": "market_researcher", "status": "idle",
-         "interests": ["market size"], "current_task_id": None, "registered_epoch": 1}
+AGENT = {
+    "id": "researcher-01",
+    "role": "market_researcher",
+    "status": "idle",
+    "interests": ["market size"],
+    "current_task_id": None,
+    "registered_epoch": 1,
+}
 UNIT = {
-    "id": "mem-0123456789abcdef0123", "mode": "committed", "type": "finding",
+    "id": "mem-0123456789abcdef0123",
+    "mode": "committed",
+    "type": "finding",
     "content": "Churn fell to 2%.",
     "intent": {"purpose": "Track churn", "task_id": "task-1", "question": None},
-    "confidence": {"score": 0.9, "reasoning": "From the billing export.", "evidence": [],
-                   "assumptions": []},
-    "source": {"agent_id": "analyst-1", "agent_role": "analyst", "session_id": None,
-               "timestamp": "2026-03-01T10:30:00.123Z"},
-    "relations": [], "status": "active", "epoch": 5,
+    "confidence": {
+        "score": 0.9,
+        "reasoning": "From the billing export.",
+        "evidence": [],
+        "assumptions": [],
+    },
+    "source": {
+        "agent_id": "analyst-1",
+        "agent_role": "analyst",
+        "session_id": None,
+        "timestamp": "2026-03-01T10:30:00.123Z",
+    },
+    "relations": [],
+    "status": "active",
+    "epoch": 5,
 }
 DRAFT_UNIT = {**drop(UNIT, "confidence"), "mode": "draft", "status": "draft"}
 CONFLICT = {
-    "id": "conflict-0123456789abcdef0123", "type": "factual", "status": "detected",
-    "unit_a": "mem-0123456789abcdef0123", "unit_b": "mem-89abcdef0123456789ab",
+    "id": "conflict-0123456789abcdef0123",
+    "type": "factual",
+    "status": "detected",
+    "unit_a": "mem-0123456789abcdef0123",
+    "unit_b": "mem-89abcdef0123456789ab",
     "description": "mem-89abcdef0123456789ab contradicts mem-0123456789abcdef0123",
-    "detected_by": "explicit", "epoch": 9,
+    "detected_by": "explicit",
+    "epoch": 9,
 }
 RESOLVED_CONFLICT = {
-    **CONFLICT, "status": "resolved",
-    "resolution": {"strategy": "last_write_wins", "winner_id": "mem-89abcdef0123456789ab",
-                   "rationale": "newer", "resolved_by": "lead-1", "epoch_resolved": 12},
+    **CONFLICT,
+    "status": "resolved",
+    "resolution": {
+        "strategy": "last_write_wins",
+        "winner_id": "mem-89abcdef0123456789ab",
+        "rationale": "newer",
+        "resolved_by": "lead-1",
+        "epoch_resolved": 12,
+    },
 }
 RECORD = {
-    "mode": "committed", "type": "decision", "content": "Ship on Monday.",
+    "mode": "committed",
+    "type": "decision",
+    "content": "Ship on Monday.",
     "intent": {"purpose": "Fix the release date", "task_id": None, "question": None},
     "confidence": {"score": 0.7, "reasoning": "Tests are green."},
 }
-DRAFT = {"mode": "draft", "type": "observation", "content": "Looks slow.",
-         "intent": {"purpose": "Note a hunch"}}
-SCOPED_FULL = {"memory_unit": UNIT, "relevance_score": 0.5, "relevance_reason": "recent",
-               "format": "full"}
-SCOPED_IDS = {"memory_unit_id": UNIT["id"], "epoch": 5, "relevance_score": 0.5,
-              "relevance_reason": "recent", "format": "ids_only"}
-ERROR = {"code": "MISSING_INTENT", "message": "intent.purpose is required",
-         "operation": "RECORD", "recoverable": True, "suggested_action": "Add intent.purpose."}
+DRAFT = {
+    "mode": "draft",
+    "type": "observation",
+    "content": "Looks slow.",
+    "intent": {"purpose": "Note a hunch"},
+}
+SCOPED_FULL = {
+    "memory_unit": UNIT,
+    "relevance_score": 0.5,
+    "relevance_reason": "recent",
+    "format": "full",
+}
+SCOPED_IDS = {
+    "memory_unit_id": UNIT["id"],
+    "epoch": 5,
+    "relevance_score": 0.5,
+    "relevance_reason": "recent",
+    "format": "ids_only",
+}
+ERROR = {
+    "code": "MISSING_INTENT",
+    "message": "intent.purpose is required",
+    "operation": "RECORD",
+    "recoverable": True,
+    "suggested_action": "Add intent.purpose.",
+}
 REJECTION = {
-    "code": "UNSUPPORTED_OPERATION", "message": "missing operations: MERGE",
-    "operation": "REGISTER", "recoverable": False, "suggested_action": None,
-    "details": {"status": "rejected", "rejection_reason": "Unsupported: MERGE",
-                "missing_operations": ["MERGE"], "field_capabilities": CAPABILITIES},
+    "code": "UNSUPPORTED_OPERATION",
+    "message": "missing operations: MERGE",
+    "operation": "REGISTER",
+    "recoverable": False,
+    "suggested_action": None,
+    "details": {
+        "status": "rejected",
+        "rejection_reason": "Unsupported: MERGE",
+        "missing_operations": ["MERGE"],
+        "field_capabilities": CAPABILITIES,
+    },
 }
 ATTUNE_RESPONSE = {
-    "status": "ok", "record": [SCOPED_FULL, {**SCOPED_FULL, "format": "summary"}],
+    "status": "ok",
+    "record": [SCOPED_FULL, {**SCOPED_FULL, "format": "summary"}],
     "conflicts": [CONFLICT],
-    "context_budget": {"units_returned": 2, "units_available": 7, "tokens_used": 120,
-                       "tokens_budget": 500},
+    "context_budget": {
+        "units_returned": 2,
+        "units_available": 7,
+        "tokens_used": 120,
+        "tokens_budget": 500,
+    },
     "epoch": 14,
 }
 FIELD_STATUS = {
-    "status": "ok", "field_id": "field-7f3a", "protocol_version": "0.1.0",
-    "server_version": "0.1.0", "conformance_level": 1, "epoch": 42, "persistence": True,
+    "status": "ok",
+    "field_id": "field-7f3a",
+    "protocol_version": "0.1.0",
+    "server_version": "0.1.0",
+    "conformance_level": 1,
+    "epoch": 42,
+    "persistence": True,
     "log": {"backend": "sqlite", "last_position": 17},
-    "counts": {"agents": 2, "memory_units": {"active": 3, "contested": 2, "draft": 1},
-               "conflicts": {"total": 1, "unresolved": 1}},
-    "limits": {"max_body_bytes": 1048576}, "uptime_seconds": 12.5,
+    "counts": {
+        "agents": 2,
+        "memory_units": {"active": 3, "contested": 2, "draft": 1},
+        "conflicts": {"total": 1, "unresolved": 1},
+    },
+    "limits": {"max_body_bytes": 1048576},
+    "uptime_seconds": 12.5,
 }
 TOKEN = "Zk3x9Qm2-vB8_nT4rL6yW1cH5jD7sA0eGuPoIiKkMmN"
 
 
 # --------------------------------------------------------------------------- structure
+
 
 def test_every_listed_schema_exists_and_nothing_else() -> None:
     assert set(load_schemas()) == set(ALL)
@@ -320,11 +479,14 @@ def test_agent_id_pattern_is_defined_once() -> None:
 
 # --------------------------------------------------------------------------- Appendix A
 
+
 def test_spec_a1_envelopes_and_payloads() -> None:
-    for message, payload_schema in [(A1_REGISTER, "register.request"),
-                                    (A1_RECORD, "record.request"),
-                                    (A1_ATTUNE, "attune.request"),
-                                    (A2_RECORD, "record.request")]:
+    for message, payload_schema in [
+        (A1_REGISTER, "register.request"),
+        (A1_RECORD, "record.request"),
+        (A1_ATTUNE, "attune.request"),
+        (A2_RECORD, "record.request"),
+    ]:
         assert_valid("envelope", message)
         assert_valid(payload_schema, message["payload"])
 
@@ -340,14 +502,22 @@ def test_spec_a1_register_response_lacks_only_our_extensions() -> None:
     # Everything it does carry must validate; the only errors allowed are those omissions.
     assert missing_only("agent", A1_REGISTER_RESPONSE["agent"]) == {"current_task_id"}
     assert missing_only("field-capabilities", A1_REGISTER_RESPONSE["field_capabilities"]) == {
-        "field_id", "detect_modes", "limits"}
+        "field_id",
+        "detect_modes",
+        "limits",
+    }
     adapted = {
         "status": "registered",
         "agent": {**A1_REGISTER_RESPONSE["agent"], "current_task_id": None},
-        "field_capabilities": {**A1_REGISTER_RESPONSE["field_capabilities"],
-                               "field_id": "field-1", "detect_modes": ["list"],
-                               "limits": {"max_units": 1000}},
-        "rejection_reason": None, "token": TOKEN, "epoch": 1,
+        "field_capabilities": {
+            **A1_REGISTER_RESPONSE["field_capabilities"],
+            "field_id": "field-1",
+            "detect_modes": ["list"],
+            "limits": {"max_units": 1000},
+        },
+        "rejection_reason": None,
+        "token": TOKEN,
+        "epoch": 1,
     }
     assert_valid("register.response", adapted)
 
@@ -367,6 +537,7 @@ def test_spec_a2_conflict_lacks_only_epoch() -> None:
 
 # --------------------------------------------------------------------------- valid / invalid cases
 
+
 def case(name: str, instance: Any, label: str) -> Any:
     return pytest.param(name, instance, id=f"{name}:{label}")
 
@@ -380,16 +551,30 @@ VALID = [
     case("envelope", put(A1_REGISTER, "epoch", MAX_EPOCH), "epoch-max"),
     case("envelope", put(A1_REGISTER, "session_id", "s" * 256), "session-256"),
     case("envelope", put(A1_REGISTER, "payload", {}), "empty-payload"),
-    *[case("envelope", put(A1_REGISTER, "operation", op), op)
-      for op in ["DEREGISTER", "DETECT", "MERGE", "SUBSCRIBE", "REPLAY", "COMPACT",
-                 "COORDINATE", "HANDOFF", "SESSION"]],
+    *[
+        case("envelope", put(A1_REGISTER, "operation", op), op)
+        for op in [
+            "DEREGISTER",
+            "DETECT",
+            "MERGE",
+            "SUBSCRIBE",
+            "REPLAY",
+            "COMPACT",
+            "COORDINATE",
+            "HANDOFF",
+            "SESSION",
+        ]
+    ],
     # error
     case("error", ERROR, "basic"),
     case("error", {**ERROR, "operation": None, "suggested_action": None}, "nulls"),
     case("error", {**ERROR, "details": {"field": "intent.purpose", "n": [1]}}, "details-open"),
     case("error", REJECTION, "register-rejection"),
-    case("error", {**ERROR, "code": "UNSUPPORTED_OPERATION", "operation": "DETECT"},
-         "unsupported-detect-without-details"),
+    case(
+        "error",
+        {**ERROR, "code": "UNSUPPORTED_OPERATION", "operation": "DETECT"},
+        "unsupported-detect-without-details",
+    ),
     case("error", {**ERROR, "code": "SOME_FUTURE_CODE"}, "unknown-code"),
     # relation
     case("relation", {"type": "supports", "target_id": "mem-1"}, "minimal"),
@@ -403,8 +588,11 @@ VALID = [
     case("memory-unit", {**UNIT, "status": "contested"}, "contested"),
     case("memory-unit", {**UNIT, "confidence": {"score": 0.9, "reasoning": "r"}}, "summary-conf"),
     case("memory-unit", put(UNIT, "source.timestamp", "2026-03-01T10:30:00Z"), "ts-no-fraction"),
-    case("memory-unit", put(UNIT, "relations", [{"type": "supersedes", "target_id": "m"}]),
-         "relation"),
+    case(
+        "memory-unit",
+        put(UNIT, "relations", [{"type": "supersedes", "target_id": "m"}]),
+        "relation",
+    ),
     # agent
     case("agent", AGENT, "full"),
     case("agent", drop(AGENT, "registered_epoch"), "no-registered-epoch"),
@@ -412,10 +600,22 @@ VALID = [
     case("agent", {**AGENT, "interests": ["i" * 256] * 64}, "interests-max"),
     # scope
     case("scope", {"role": "strategist", "max_units": 10}, "minimal"),
-    case("scope", {"role": "r", "max_units": 1000, "max_tokens": 500, "interests": ["x"],
-                   "active_task_id": None, "temporal_layers": ["past", "present", "future"],
-                   "relevance_threshold": 0, "recency_weight": 1, "since_epoch": 0,
-                   "include_own": True}, "full"),
+    case(
+        "scope",
+        {
+            "role": "r",
+            "max_units": 1000,
+            "max_tokens": 500,
+            "interests": ["x"],
+            "active_task_id": None,
+            "temporal_layers": ["past", "present", "future"],
+            "relevance_threshold": 0,
+            "recency_weight": 1,
+            "since_epoch": 0,
+            "include_own": True,
+        },
+        "full",
+    ),
     case("scope", {"role": "r", "max_units": 1, "since_epoch": None}, "since-null"),
     # conflict
     case("conflict", CONFLICT, "detected"),
@@ -425,8 +625,11 @@ VALID = [
     # field-capabilities
     case("field-capabilities", CAPABILITIES, "level-1"),
     case("field-capabilities", {**CAPABILITIES, "limits": {}, "detect_modes": []}, "empty"),
-    case("field-capabilities", {**CAPABILITIES, "conformance_level": 3,
-                                "conflict_strategies": ["vote", "synthesis"]}, "strategies"),
+    case(
+        "field-capabilities",
+        {**CAPABILITIES, "conformance_level": 3, "conflict_strategies": ["vote", "synthesis"]},
+        "strategies",
+    ),
     # scoped-memory-unit
     case("scoped-memory-unit", SCOPED_FULL, "full"),
     case("scoped-memory-unit", {**SCOPED_FULL, "format": "summary"}, "summary"),
@@ -435,12 +638,23 @@ VALID = [
     # register.request
     case("register.request", A1_REGISTER["payload"], "spec"),
     case("register.request", {"id": "a", "role": "r"}, "minimal"),
-    case("register.request", {"id": "a", "role": "r", "interests": [],
-                              "required_operations": ["RECORD", "TELEPORT"],
-                              "current_task_id": "task-1"}, "unknown-op-name-is-schema-valid"),
+    case(
+        "register.request",
+        {
+            "id": "a",
+            "role": "r",
+            "interests": [],
+            "required_operations": ["RECORD", "TELEPORT"],
+            "current_task_id": "task-1",
+        },
+        "unknown-op-name-is-schema-valid",
+    ),
     case("register.request", {"id": "a", "role": "r", "current_task_id": None}, "task-null"),
-    case("register.request", {"id": "a", "role": "r",
-                              "required_operations": ["R" * 64] * 32}, "required-ops-max"),
+    case(
+        "register.request",
+        {"id": "a", "role": "r", "required_operations": ["R" * 64] * 32},
+        "required-ops-max",
+    ),
     # deregister.request
     case("deregister.request", {"agent_id": "researcher-01"}, "basic"),
     # record.request
@@ -459,51 +673,142 @@ VALID = [
     case("record.request", put(RECORD, "content", " x "), "content-padded"),
     case("record.request", put(RECORD, "intent.purpose", "p" * 4096), "purpose-4096"),
     case("record.request", put(RECORD, "confidence.evidence", ["e" * 4096] * 64), "evidence-max"),
-    case("record.request", {**RECORD, "relations": [
-        {"type": t, "target_id": "mem-x"} for t in
-        ["supports", "contradicts", "depends_on", "supersedes", "caused_by", "elaborates",
-         "answers", "blocks", "informs"]]}, "all-relation-types"),
-    case("record.request", {**RECORD, "relations": [{"type": "informs", "target_id": "m"}] * 64},
-         "relations-64"),
-    *[case("record.request", put(RECORD, "type", t), f"type-{t}") for t in
-      ["finding", "observation", "intention", "assumption", "constraint", "question",
-       "contradiction", "synthesis", "correction", "human_directive"]],
+    case(
+        "record.request",
+        {
+            **RECORD,
+            "relations": [
+                {"type": t, "target_id": "mem-x"}
+                for t in [
+                    "supports",
+                    "contradicts",
+                    "depends_on",
+                    "supersedes",
+                    "caused_by",
+                    "elaborates",
+                    "answers",
+                    "blocks",
+                    "informs",
+                ]
+            ],
+        },
+        "all-relation-types",
+    ),
+    case(
+        "record.request",
+        {**RECORD, "relations": [{"type": "informs", "target_id": "m"}] * 64},
+        "relations-64",
+    ),
+    *[
+        case("record.request", put(RECORD, "type", t), f"type-{t}")
+        for t in [
+            "finding",
+            "observation",
+            "intention",
+            "assumption",
+            "constraint",
+            "question",
+            "contradiction",
+            "synthesis",
+            "correction",
+            "human_directive",
+        ]
+    ],
     # attune.request
     case("attune.request", A1_ATTUNE["payload"], "spec"),
-    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "context_hint": None,
-                            "format": "ids_only", "since_epoch": 12}, "ids-only-since"),
-    case("attune.request", {"scope": {"role": "r", "max_units": 5, "since_epoch": 12},
-                            "since_epoch": 12}, "since-both-equal"),
-    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "format": "summary",
-                            "since_epoch": None}, "summary"),
+    case(
+        "attune.request",
+        {
+            "scope": {"role": "r", "max_units": 5},
+            "context_hint": None,
+            "format": "ids_only",
+            "since_epoch": 12,
+        },
+        "ids-only-since",
+    ),
+    case(
+        "attune.request",
+        {"scope": {"role": "r", "max_units": 5, "since_epoch": 12}, "since_epoch": 12},
+        "since-both-equal",
+    ),
+    case(
+        "attune.request",
+        {"scope": {"role": "r", "max_units": 5}, "format": "summary", "since_epoch": None},
+        "summary",
+    ),
     # detect.request
     case("detect.request", {"mode": "list"}, "minimal"),
     case("detect.request", {"mode": "list", "target_id": None, "filter": {}}, "empty-filter"),
-    case("detect.request", {"mode": "list", "filter": {
-        "status": ["detected", "resolved"], "types": ["factual", "priority"],
-        "involving_agents": ["a", "b"]}}, "full-filter"),
+    case(
+        "detect.request",
+        {
+            "mode": "list",
+            "filter": {
+                "status": ["detected", "resolved"],
+                "types": ["factual", "priority"],
+                "involving_agents": ["a", "b"],
+            },
+        },
+        "full-filter",
+    ),
     case("detect.request", {"mode": "check", "target_id": "mem-1"}, "check-schema-valid"),
     case("detect.request", {"mode": "list", "filter": None}, "filter-null"),
     # responses
-    case("register.response", {"status": "registered", "agent": AGENT,
-                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
-                               "token": TOKEN, "epoch": 1}, "basic"),
-    case("register.response", {"status": "registered", "agent": AGENT,
-                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
-                               "token": "0123456789abcdef" * 4, "epoch": 1}, "hex-token"),
-    case("deregister.response", {"status": "ok", "cleanup": {"units_orphaned": 3,
-                                                             "tasks_reassigned": 0},
-                                 "epoch": 20}, "basic"),
-    case("record.response", {"status": "accepted", "memory_unit_id": UNIT["id"], "epoch": 5,
-                             "conflicts_detected": [CONFLICT["id"]], "rejection_reason": None},
-         "basic"),
+    case(
+        "register.response",
+        {
+            "status": "registered",
+            "agent": AGENT,
+            "field_capabilities": CAPABILITIES,
+            "rejection_reason": None,
+            "token": TOKEN,
+            "epoch": 1,
+        },
+        "basic",
+    ),
+    case(
+        "register.response",
+        {
+            "status": "registered",
+            "agent": AGENT,
+            "field_capabilities": CAPABILITIES,
+            "rejection_reason": None,
+            "token": "0123456789abcdef" * 4,
+            "epoch": 1,
+        },
+        "hex-token",
+    ),
+    case(
+        "deregister.response",
+        {"status": "ok", "cleanup": {"units_orphaned": 3, "tasks_reassigned": 0}, "epoch": 20},
+        "basic",
+    ),
+    case(
+        "record.response",
+        {
+            "status": "accepted",
+            "memory_unit_id": UNIT["id"],
+            "epoch": 5,
+            "conflicts_detected": [CONFLICT["id"]],
+            "rejection_reason": None,
+        },
+        "basic",
+    ),
     case("attune.response", ATTUNE_RESPONSE, "basic"),
-    case("attune.response", {**ATTUNE_RESPONSE, "record": [SCOPED_IDS], "conflicts": []},
-         "ids-only"),
+    case(
+        "attune.response", {**ATTUNE_RESPONSE, "record": [SCOPED_IDS], "conflicts": []}, "ids-only"
+    ),
     case("attune.response", {**ATTUNE_RESPONSE, "conflicts": [CONFLICT] * 100}, "conflicts-100"),
-    case("detect.response", {"status": "ok", "conflicts": [CONFLICT, RESOLVED_CONFLICT],
-                             "scan_coverage": {"units_scanned": 0, "new_conflicts_found": 0},
-                             "epoch": 3}, "basic"),
+    case(
+        "detect.response",
+        {
+            "status": "ok",
+            "conflicts": [CONFLICT, RESOLVED_CONFLICT],
+            "scan_coverage": {"units_scanned": 0, "new_conflicts_found": 0},
+            "epoch": 3,
+        },
+        "basic",
+    ),
     case("field-status.response", FIELD_STATUS, "basic"),
     case("field-status.response", put(FIELD_STATUS, "counts.memory_units", {}), "no-units"),
     case("agents.response", {"status": "ok", "agents": [AGENT], "epoch": 4}, "basic"),
@@ -553,8 +858,9 @@ INVALID = [
     case("relation", {"type": "supports"}, "missing-target"),
     case("relation", {"type": "supports", "target_id": ""}, "target-empty"),
     case("relation", {"type": "supports", "target_id": "x", "weight": 1}, "extra-property"),
-    case("relation", {"type": "supports", "target_id": "x", "description": "d" * 4097},
-         "desc-4097"),
+    case(
+        "relation", {"type": "supports", "target_id": "x", "description": "d" * 4097}, "desc-4097"
+    ),
     # memory-unit
     case("memory-unit", put(UNIT, "status", "deleted"), "unknown-status"),
     case("memory-unit", put(UNIT, "type", "rumor"), "unknown-type"),
@@ -615,12 +921,14 @@ INVALID = [
     case("field-capabilities", {**CAPABILITIES, "conformance_level": 4}, "level-4"),
     case("field-capabilities", {**CAPABILITIES, "conformance_level": "1"}, "level-string"),
     case("field-capabilities", {**CAPABILITIES, "supported_operations": ["FLY"]}, "op"),
-    case("field-capabilities", {**CAPABILITIES, "supported_operations": ["RECORD", "RECORD"]},
-         "op-duplicate"),
+    case(
+        "field-capabilities",
+        {**CAPABILITIES, "supported_operations": ["RECORD", "RECORD"]},
+        "op-duplicate",
+    ),
     case("field-capabilities", {**CAPABILITIES, "protocol_version": "0.2.0"}, "version"),
     case("field-capabilities", {**CAPABILITIES, "persistence": "yes"}, "persistence-string"),
-    case("field-capabilities", {**CAPABILITIES, "conflict_strategies": ["coin_flip"]},
-         "strategy"),
+    case("field-capabilities", {**CAPABILITIES, "conflict_strategies": ["coin_flip"]}, "strategy"),
     case("field-capabilities", {**CAPABILITIES, "detect_modes": ["grep"]}, "detect-mode"),
     case("field-capabilities", {**CAPABILITIES, "limits": {"max_units": 1.5}}, "limit-float"),
     case("field-capabilities", {**CAPABILITIES, "limits": {"max_units": "1"}}, "limit-string"),
@@ -644,12 +952,21 @@ INVALID = [
     case("register.request", {"id": "a b", "role": "r"}, "bad-id"),
     case("register.request", {"id": "a", "role": " \t"}, "role-blank"),
     case("register.request", {"id": "a", "role": "r", "interests": "x"}, "interests-string"),
-    case("register.request", {"id": "a", "role": "r", "required_operations": ["R"] * 33},
-         "required-ops-33"),
-    case("register.request", {"id": "a", "role": "r", "required_operations": [""]},
-         "required-op-empty"),
-    case("register.request", {"id": "a", "role": "r", "required_operations": ["R" * 65]},
-         "required-op-65"),
+    case(
+        "register.request",
+        {"id": "a", "role": "r", "required_operations": ["R"] * 33},
+        "required-ops-33",
+    ),
+    case(
+        "register.request",
+        {"id": "a", "role": "r", "required_operations": [""]},
+        "required-op-empty",
+    ),
+    case(
+        "register.request",
+        {"id": "a", "role": "r", "required_operations": ["R" * 65]},
+        "required-op-65",
+    ),
     case("register.request", {"id": "a", "role": "r", "status": "working"}, "extra-property"),
     case("register.request", {"id": "a", "role": "r", "current_task_id": ""}, "task-empty"),
     # deregister.request
@@ -692,12 +1009,21 @@ INVALID = [
     case("record.request", {**RECORD, "source": {"agent_id": "a"}}, "agent-set-source"),
     case("record.request", {**RECORD, "status": "active"}, "agent-set-status"),
     case("record.request", {**RECORD, "tags": ["x"]}, "extra-property"),
-    case("record.request", {**RECORD, "relations": [{"type": "informs", "target_id": "m"}] * 65},
-         "relations-65"),
-    case("record.request", {**RECORD, "relations": [{"type": "refutes", "target_id": "m"}]},
-         "relation-type"),
-    case("record.request", {**RECORD, "relations": {"type": "informs", "target_id": "m"}},
-         "relations-object"),
+    case(
+        "record.request",
+        {**RECORD, "relations": [{"type": "informs", "target_id": "m"}] * 65},
+        "relations-65",
+    ),
+    case(
+        "record.request",
+        {**RECORD, "relations": [{"type": "refutes", "target_id": "m"}]},
+        "relation-type",
+    ),
+    case(
+        "record.request",
+        {**RECORD, "relations": {"type": "informs", "target_id": "m"}},
+        "relations-object",
+    ),
     case("record.request", put(RECORD, "confidence.evidence", ["e"] * 65), "evidence-65"),
     case("record.request", put(RECORD, "confidence.assumptions", ["a" * 4097]), "assumption-4097"),
     case("record.request", put(RECORD, "confidence.evidence", [1]), "evidence-number"),
@@ -705,101 +1031,221 @@ INVALID = [
     case("attune.request", {}, "missing-scope"),
     case("attune.request", {"scope": {"role": "r"}}, "scope-missing-max-units"),
     case("attune.request", {"scope": {"role": "r", "max_units": 1001}}, "max-units-1001"),
-    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "since_epoch": -1},
-         "since--1"),
-    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "since_epoch": 1.5},
-         "since-fraction"),
-    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "format": "brief"},
-         "format"),
-    case("attune.request", {"scope": {"role": "r", "max_units": 5},
-                            "context_hint": "h" * 4097}, "hint-4097"),
-    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "query": "x"},
-         "extra-property"),
+    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "since_epoch": -1}, "since--1"),
+    case(
+        "attune.request",
+        {"scope": {"role": "r", "max_units": 5}, "since_epoch": 1.5},
+        "since-fraction",
+    ),
+    case("attune.request", {"scope": {"role": "r", "max_units": 5}, "format": "brief"}, "format"),
+    case(
+        "attune.request",
+        {"scope": {"role": "r", "max_units": 5}, "context_hint": "h" * 4097},
+        "hint-4097",
+    ),
+    case(
+        "attune.request", {"scope": {"role": "r", "max_units": 5}, "query": "x"}, "extra-property"
+    ),
     # detect.request
     case("detect.request", {}, "missing-mode"),
     case("detect.request", {"mode": "watch"}, "unknown-mode"),
     case("detect.request", {"mode": "list", "target_id": ""}, "target-empty"),
     case("detect.request", {"mode": "list", "filter": {"status": ["open"]}}, "filter-status"),
     case("detect.request", {"mode": "list", "filter": {"types": ["moral"]}}, "filter-type"),
-    case("detect.request", {"mode": "list", "filter": {"involving_agents": ["a b"]}},
-         "filter-agent"),
+    case(
+        "detect.request", {"mode": "list", "filter": {"involving_agents": ["a b"]}}, "filter-agent"
+    ),
     case("detect.request", {"mode": "list", "filter": {"units": ["m"]}}, "filter-extra"),
     case("detect.request", {"mode": "list", "filter": {"status": "detected"}}, "filter-string"),
     case("detect.request", {"mode": "list", "limit": 5}, "extra-property"),
-    case("detect.request", {"mode": "list", "filter": {"status": ["detected"] * 65}},
-         "filter-65-items"),
+    case(
+        "detect.request",
+        {"mode": "list", "filter": {"status": ["detected"] * 65}},
+        "filter-65-items",
+    ),
     # register.response
-    case("register.response", {"status": "rejected", "agent": AGENT,
-                               "field_capabilities": CAPABILITIES, "rejection_reason": "no",
-                               "token": TOKEN, "epoch": 1}, "rejected-as-200"),
-    case("register.response", {"status": "registered", "agent": AGENT,
-                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
-                               "epoch": 1}, "missing-token"),
-    case("register.response", {"status": "registered", "agent": AGENT,
-                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
-                               "token": "short", "epoch": 1}, "short-token"),
-    case("register.response", {"status": "registered", "agent": AGENT,
-                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
-                               "token": TOKEN[:-2] + " x", "epoch": 1}, "token-space"),
-    case("register.response", {"status": "registered", "agent": AGENT,
-                               "field_capabilities": CAPABILITIES, "rejection_reason": None,
-                               "token": TOKEN}, "missing-epoch"),
+    case(
+        "register.response",
+        {
+            "status": "rejected",
+            "agent": AGENT,
+            "field_capabilities": CAPABILITIES,
+            "rejection_reason": "no",
+            "token": TOKEN,
+            "epoch": 1,
+        },
+        "rejected-as-200",
+    ),
+    case(
+        "register.response",
+        {
+            "status": "registered",
+            "agent": AGENT,
+            "field_capabilities": CAPABILITIES,
+            "rejection_reason": None,
+            "epoch": 1,
+        },
+        "missing-token",
+    ),
+    case(
+        "register.response",
+        {
+            "status": "registered",
+            "agent": AGENT,
+            "field_capabilities": CAPABILITIES,
+            "rejection_reason": None,
+            "token": "short",
+            "epoch": 1,
+        },
+        "short-token",
+    ),
+    case(
+        "register.response",
+        {
+            "status": "registered",
+            "agent": AGENT,
+            "field_capabilities": CAPABILITIES,
+            "rejection_reason": None,
+            "token": TOKEN[:-2] + " x",
+            "epoch": 1,
+        },
+        "token-space",
+    ),
+    case(
+        "register.response",
+        {
+            "status": "registered",
+            "agent": AGENT,
+            "field_capabilities": CAPABILITIES,
+            "rejection_reason": None,
+            "token": TOKEN,
+        },
+        "missing-epoch",
+    ),
     # deregister.response
-    case("deregister.response", {"status": "not_found", "cleanup": {"units_orphaned": 0,
-                                                                    "tasks_reassigned": 0},
-                                 "epoch": 2}, "not-found-is-an-error"),
-    case("deregister.response", {"status": "ok", "cleanup": {"units_orphaned": -1,
-                                                             "tasks_reassigned": 0},
-                                 "epoch": 2}, "negative-count"),
-    case("deregister.response", {"status": "ok", "cleanup": {"units_orphaned": 0},
-                                 "epoch": 2}, "missing-tasks"),
+    case(
+        "deregister.response",
+        {
+            "status": "not_found",
+            "cleanup": {"units_orphaned": 0, "tasks_reassigned": 0},
+            "epoch": 2,
+        },
+        "not-found-is-an-error",
+    ),
+    case(
+        "deregister.response",
+        {"status": "ok", "cleanup": {"units_orphaned": -1, "tasks_reassigned": 0}, "epoch": 2},
+        "negative-count",
+    ),
+    case(
+        "deregister.response",
+        {"status": "ok", "cleanup": {"units_orphaned": 0}, "epoch": 2},
+        "missing-tasks",
+    ),
     case("deregister.response", {"status": "ok", "epoch": 2}, "missing-cleanup"),
     # record.response
-    case("record.response", {"status": "rejected", "memory_unit_id": "m", "epoch": 5,
-                             "conflicts_detected": [], "rejection_reason": "x"}, "rejected"),
-    case("record.response", {"status": "accepted", "epoch": 5, "conflicts_detected": [],
-                             "rejection_reason": None}, "missing-id"),
-    case("record.response", {"status": "accepted", "memory_unit_id": "m", "epoch": -1,
-                             "conflicts_detected": [], "rejection_reason": None}, "epoch--1"),
-    case("record.response", {"status": "accepted", "memory_unit_id": "m", "epoch": 5,
-                             "conflicts_detected": [], "rejection_reason": None,
-                             "warning": "x"}, "extra-property"),
+    case(
+        "record.response",
+        {
+            "status": "rejected",
+            "memory_unit_id": "m",
+            "epoch": 5,
+            "conflicts_detected": [],
+            "rejection_reason": "x",
+        },
+        "rejected",
+    ),
+    case(
+        "record.response",
+        {"status": "accepted", "epoch": 5, "conflicts_detected": [], "rejection_reason": None},
+        "missing-id",
+    ),
+    case(
+        "record.response",
+        {
+            "status": "accepted",
+            "memory_unit_id": "m",
+            "epoch": -1,
+            "conflicts_detected": [],
+            "rejection_reason": None,
+        },
+        "epoch--1",
+    ),
+    case(
+        "record.response",
+        {
+            "status": "accepted",
+            "memory_unit_id": "m",
+            "epoch": 5,
+            "conflicts_detected": [],
+            "rejection_reason": None,
+            "warning": "x",
+        },
+        "extra-property",
+    ),
     # attune.response
     case("attune.response", {**ATTUNE_RESPONSE, "status": "error"}, "status"),
     case("attune.response", {**ATTUNE_RESPONSE, "conflicts": [CONFLICT] * 101}, "conflicts-101"),
-    case("attune.response", {**ATTUNE_RESPONSE, "conflicts": [drop(CONFLICT, "id")]},
-         "bad-conflict"),
-    case("attune.response", drop(ATTUNE_RESPONSE, "context_budget.tokens_used"),
-         "budget-missing-tokens-used"),
-    case("attune.response", put(ATTUNE_RESPONSE, "context_budget.units_returned", -1),
-         "negative-count"),
+    case(
+        "attune.response", {**ATTUNE_RESPONSE, "conflicts": [drop(CONFLICT, "id")]}, "bad-conflict"
+    ),
+    case(
+        "attune.response",
+        drop(ATTUNE_RESPONSE, "context_budget.tokens_used"),
+        "budget-missing-tokens-used",
+    ),
+    case(
+        "attune.response",
+        put(ATTUNE_RESPONSE, "context_budget.units_returned", -1),
+        "negative-count",
+    ),
     case("attune.response", put(ATTUNE_RESPONSE, "record.0.relevance_score", 2), "bad-item"),
     case("attune.response", drop(ATTUNE_RESPONSE, "epoch"), "missing-epoch"),
     # detect.response
     case("detect.response", {"status": "ok", "conflicts": [], "epoch": 3}, "missing-coverage"),
-    case("detect.response", {"status": "ok", "conflicts": [],
-                             "scan_coverage": {"units_scanned": 0}, "epoch": 3},
-         "coverage-incomplete"),
+    case(
+        "detect.response",
+        {"status": "ok", "conflicts": [], "scan_coverage": {"units_scanned": 0}, "epoch": 3},
+        "coverage-incomplete",
+    ),
     # field-status.response
-    case("field-status.response", put(FIELD_STATUS, "counts.memory_units", {"deleted": 1}),
-         "unknown-unit-status"),
-    case("field-status.response", put(FIELD_STATUS, "counts.memory_units", {"active": -1}),
-         "negative-unit-count"),
-    case("field-status.response", drop(FIELD_STATUS, "counts.conflicts.unresolved"),
-         "conflicts-incomplete"),
+    case(
+        "field-status.response",
+        put(FIELD_STATUS, "counts.memory_units", {"deleted": 1}),
+        "unknown-unit-status",
+    ),
+    case(
+        "field-status.response",
+        put(FIELD_STATUS, "counts.memory_units", {"active": -1}),
+        "negative-unit-count",
+    ),
+    case(
+        "field-status.response",
+        drop(FIELD_STATUS, "counts.conflicts.unresolved"),
+        "conflicts-incomplete",
+    ),
     case("field-status.response", put(FIELD_STATUS, "uptime_seconds", -1), "uptime--1"),
     case("field-status.response", put(FIELD_STATUS, "log.path", "/data"), "log-extra"),
     case("field-status.response", put(FIELD_STATUS, "limits", {"x": 0.5}), "limit-float"),
     case("field-status.response", put(FIELD_STATUS, "protocol_version", "0.2.0"), "version"),
     case("field-status.response", drop(FIELD_STATUS, "field_id"), "missing-field-id"),
     # agents.response / conflicts.response
-    case("agents.response", {"status": "ok", "agents": [drop(AGENT, "role")], "epoch": 4},
-         "bad-agent"),
+    case(
+        "agents.response",
+        {"status": "ok", "agents": [drop(AGENT, "role")], "epoch": 4},
+        "bad-agent",
+    ),
     case("agents.response", {"status": "ok", "agents": [AGENT]}, "missing-epoch"),
-    case("conflicts.response", {"status": "ok", "conflicts": [{**CONFLICT, "type": "x"}],
-                                "epoch": 4}, "bad-conflict"),
-    case("conflicts.response", {"status": "ok", "conflicts": [], "epoch": 4, "next": None},
-         "extra-property"),
+    case(
+        "conflicts.response",
+        {"status": "ok", "conflicts": [{**CONFLICT, "type": "x"}], "epoch": 4},
+        "bad-conflict",
+    ),
+    case(
+        "conflicts.response",
+        {"status": "ok", "conflicts": [], "epoch": 4, "next": None},
+        "extra-property",
+    ),
 ]
 
 
@@ -833,10 +1279,12 @@ def test_errors_helper_reports_paths() -> None:
 
 # --------------------------------------------------------------------------- properties
 
+
 @given(st.floats(allow_nan=False))
 def test_confidence_score_valid_iff_in_unit_interval(score: float) -> None:
     assert is_valid("record.request", put(RECORD, "confidence.score", score)) == (
-        0.0 <= score <= 1.0)
+        0.0 <= score <= 1.0
+    )
 
 
 @given(st.integers())
@@ -852,7 +1300,8 @@ def test_generated_agent_ids_are_valid(agent_id: str) -> None:
 @given(st.text(alphabet=st.sampled_from("aZ09._:@-/ \n\t\u00e9"), max_size=140))
 def test_agent_id_valid_iff_fullmatch(agent_id: str) -> None:
     assert is_valid("deregister.request", {"agent_id": agent_id}) == bool(
-        AGENT_ID_RE.fullmatch(agent_id))
+        AGENT_ID_RE.fullmatch(agent_id)
+    )
 
 
 @given(st.text(max_size=140))
@@ -865,17 +1314,30 @@ def test_role_valid_iff_length_and_not_blank(role: str) -> None:
 
 # The error table of the contract: code -> (HTTP status, recoverable).
 ERROR_TABLE = {
-    "INVALID_JSON": (400, "Yes"), "INVALID_ENVELOPE": (400, "Yes"),
-    "INVALID_PAYLOAD": (422, "Yes"), "MISSING_INTENT": (422, "Yes"),
-    "MISSING_CONFIDENCE": (422, "Yes"), "INVALID_CONFIDENCE": (422, "Yes"),
-    "INVALID_TYPE": (422, "Yes"), "INVALID_EPOCH": (422, "Yes"),
-    "UNSUPPORTED_OPERATION": (422, "No"), "UNAUTHENTICATED": (401, "Yes"),
-    "AGENT_NOT_REGISTERED": (401, "Yes"), "FORBIDDEN": (403, "Yes"),
-    "NOT_FOUND": (404, "No"), "UNIT_NOT_FOUND": (404, "No"), "CONFLICT_NOT_FOUND": (404, "No"),
-    "METHOD_NOT_ALLOWED": (405, "No"), "AGENT_ID_TAKEN": (409, "Yes"),
-    "INVALID_TRANSITION": (409, "Yes"), "PAYLOAD_TOO_LARGE": (413, "Yes"),
-    "UNSUPPORTED_MEDIA_TYPE": (415, "Yes"), "STORAGE_FULL": (507, "No"),
-    "EPOCH_OVERFLOW": (503, "No"), "OVERLOADED": (503, "Yes"), "INTERNAL_ERROR": (500, "No"),
+    "INVALID_JSON": (400, "Yes"),
+    "INVALID_ENVELOPE": (400, "Yes"),
+    "INVALID_PAYLOAD": (422, "Yes"),
+    "MISSING_INTENT": (422, "Yes"),
+    "MISSING_CONFIDENCE": (422, "Yes"),
+    "INVALID_CONFIDENCE": (422, "Yes"),
+    "INVALID_TYPE": (422, "Yes"),
+    "INVALID_EPOCH": (422, "Yes"),
+    "UNSUPPORTED_OPERATION": (422, "No"),
+    "UNAUTHENTICATED": (401, "Yes"),
+    "AGENT_NOT_REGISTERED": (401, "Yes"),
+    "FORBIDDEN": (403, "Yes"),
+    "NOT_FOUND": (404, "No"),
+    "UNIT_NOT_FOUND": (404, "No"),
+    "CONFLICT_NOT_FOUND": (404, "No"),
+    "METHOD_NOT_ALLOWED": (405, "No"),
+    "AGENT_ID_TAKEN": (409, "Yes"),
+    "INVALID_TRANSITION": (409, "Yes"),
+    "PAYLOAD_TOO_LARGE": (413, "Yes"),
+    "UNSUPPORTED_MEDIA_TYPE": (415, "Yes"),
+    "STORAGE_FULL": (507, "No"),
+    "EPOCH_OVERFLOW": (503, "No"),
+    "OVERLOADED": (503, "Yes"),
+    "INTERNAL_ERROR": (500, "No"),
 }
 
 

@@ -112,7 +112,7 @@ class EventLogContract:
 
     def test_entries_round_trip_exactly(self, log: EventLog) -> None:
         data = {
-            "text": "ñ 日本語 🎉 \u0000 \"quoted\"",
+            "text": 'ñ 日本語 🎉 \u0000 "quoted"',
             "nested": {"list": [1, -2, 2.5, None, True, False, {"deep": ["x"]}], "empty": {}},
             "big": 2**62,
             "float": 1e-300,
@@ -282,7 +282,9 @@ class TestSQLiteEventLog(EventLogContract):
         assert not (tmp_path / "field.db").exists()
 
     @pytest.mark.parametrize("value", ["full", "normal"])
-    def test_synchronous_is_applied(self, opener: Callable[..., SQLiteEventLog], value: str) -> None:
+    def test_synchronous_is_applied(
+        self, opener: Callable[..., SQLiteEventLog], value: str
+    ) -> None:
         log = opener(synchronous=value)
         level = log._writer.execute("PRAGMA synchronous").fetchone()[0]  # type: ignore[union-attr]
         assert level == {"full": 2, "normal": 1}[value]
@@ -336,9 +338,7 @@ class TestSQLiteEventLog(EventLogContract):
         with contextlib.closing(sqlite3.connect(log.path)) as conn:
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
-    def test_full_database_raises_storage_full(
-        self, opener: Callable[..., SQLiteEventLog]
-    ) -> None:
+    def test_full_database_raises_storage_full(self, opener: Callable[..., SQLiteEventLog]) -> None:
         log = opener()
         log.append(batch(1, 1))
         writer = log._writer

@@ -331,9 +331,8 @@ class Field:
                     "epoch": ctx.epoch,
                 }
                 conflicts.append(conflict_id)
-                entries.append(
-                    LogEntry(ctx.epoch, "conflict.detected", {"conflict": conflict}, agent_id, ctx.now)
-                )
+                data = {"conflict": conflict}
+                entries.append(LogEntry(ctx.epoch, "conflict.detected", data, agent_id, ctx.now))
                 contested.update((target, unit["id"]))
         for unit_id in sorted(contested - superseded):
             if self._status_after(unit_id, unit) in ("active", "draft"):
@@ -418,13 +417,14 @@ class Field:
             if budget is None:
                 chosen.append((row, row_score, *forms[0]))
                 continue
-            for name, shown in forms:
-                cost = _tokens(shown)
-                if used + cost <= budget:
-                    break
+            costed = [(name, shown, _tokens(shown)) for name, shown in forms]
+            fitting = [form for form in costed if used + form[2] <= budget]
+            if fitting:
+                name, shown, cost = fitting[0]
+            elif chosen or not make_progress:
+                break
             else:
-                if chosen or not make_progress:
-                    break
+                name, shown, cost = costed[-1]
             used += cost
             chosen.append((row, row_score, name, shown))
         return chosen, (used if budget is not None else None)

@@ -70,9 +70,7 @@ def keywords(text: str | None) -> list[str]:
 def unit_keywords(unit: dict[str, Any]) -> frozenset[str]:
     intent = unit["intent"]
     text = " ".join(
-        part
-        for part in (unit["content"], intent.get("purpose"), intent.get("question"))
-        if part
+        part for part in (unit["content"], intent.get("purpose"), intent.get("question")) if part
     )
     return frozenset(keywords(text))
 
@@ -310,7 +308,12 @@ def _ranked(
     keep = discounted >= threshold
     positions, discounted = positions[keep], discounted[keep]
     if len(positions) > count:
-        top = np.argpartition(-discounted, count - 1)[:count]
+        # the count best; among equal scores at the cut, the earlier units
+        kth = np.partition(discounted, len(discounted) - count)[len(discounted) - count]
+        above = np.flatnonzero(discounted > kth)
+        tied = np.flatnonzero(discounted == kth)
+        tied = tied[np.argsort(positions[tied], kind="stable")][: count - len(above)]
+        top = np.concatenate([above, tied])
         positions, discounted = positions[top], discounted[top]
     order = np.lexsort((positions, -discounted))  # best first; ties to the earlier unit
     return positions[order], discounted[order]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from ..errors import Code, InvalidEnvelope, InvalidPayload, ValidationError
 from ..model import (
@@ -51,11 +51,11 @@ class Envelope:
 # -- primitive checks ---------------------------------------------------------
 
 
-def _is_int(value: Any) -> bool:
+def _is_int(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -356,9 +356,7 @@ def _relations(value: Any, limits: Limits) -> list[dict[str, Any]]:
         relation = _object(item, f"relations[{i}]")
         _closed(relation, _RELATION_KEYS, f"relations[{i}]")
         if not _member(relation.get("type"), RELATION_TYPES):
-            raise _fail(
-                f"relations[{i}].type must be one of {', '.join(sorted(RELATION_TYPES))}"
-            )
+            raise _fail(f"relations[{i}].type must be one of {', '.join(sorted(RELATION_TYPES))}")
         if "target_id" not in relation:
             raise _fail(f"relations[{i}].target_id is required")
         relations.append(
