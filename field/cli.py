@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import socket
 import sys
@@ -69,6 +70,19 @@ def _config(args: argparse.Namespace) -> Config:
     return config
 
 
+class _RedactTokens(logging.Filter):
+    """Keep bearer tokens sent as ``?token=`` (browser WebSockets) out of the log."""
+
+    _TOKEN = re.compile(r"(token=)[^&\s\"']+")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.args:
+            record.msg = record.getMessage()
+            record.args = None
+        record.msg = self._TOKEN.sub(r"\1<redacted>", str(record.msg))
+        return True
+
+
 class _Server(uvicorn.Server):
     """uvicorn's server, but a SIGINT or SIGTERM is a normal stop: exit status 0.
 
@@ -108,6 +122,8 @@ def serve(config: Config) -> int:
         logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
         return 2
     config = replace(config, port=sock.getsockname()[1])
+    for name in ("uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).addFilter(_RedactTokens())
     try:
         log = open_log(config.data_dir, synchronous=config.sync)
     except FieldError as exc:
@@ -121,6 +137,9 @@ def serve(config: Config) -> int:
             lifespan="on",
             access_log=False,
             timeout_graceful_shutdown=10,
+            ws_max_size=config.limits.max_body_bytes,
+            ws_ping_interval=20,
+            ws_ping_timeout=20,
         )
     )
     try:

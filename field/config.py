@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .model import Limits
+from .subscriptions.outbox import PushLimits
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,6 +33,7 @@ class Config:
     max_batch: int = 512
     log_level: str = "info"
     limits: Limits = field(default_factory=Limits)
+    push: PushLimits = field(default_factory=PushLimits)
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -45,16 +47,19 @@ class Config:
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
-        """Defaults, then ``FIELD_*`` variables, then ``overrides`` (None means unset)."""
+        """Defaults, then ``FIELD_*`` variables, then ``overrides`` (None means unset).
+
+        ``max_body_bytes`` (``FIELD_MAX_BODY_BYTES``) sets ``limits.max_body_bytes``.
+        """
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = environ.get(f"FIELD_{f.name.upper()}")
-            if raw is not None and f.name != "limits":
-                values[f.name] = _parse(f.name, raw)
-        values.update({k: v for k, v in overrides.items() if v is not None and k != "limits"})
-        body = overrides.get("max_body_bytes") or environ.get("FIELD_MAX_BODY_BYTES")
-        values.pop("max_body_bytes", None)
+        names = [f.name for f in fields(cls) if f.name not in ("limits", "push")]
+        for name in [*names, "max_body_bytes"]:
+            raw = environ.get(f"FIELD_{name.upper()}")
+            if raw is not None:
+                values[name] = _parse(name, raw)
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        body = values.pop("max_body_bytes", None)
         config = cls(**values)
         if body is not None:
             config = replace(config, limits=replace(config.limits, max_body_bytes=int(body)))
@@ -64,6 +69,6 @@ class Config:
 def _parse(name: str, raw: str) -> Any:
     if name == "data_dir":
         return None if raw in ("", ":memory:") else Path(raw)
-    if name in ("port", "max_queue", "max_batch"):
+    if name in ("port", "max_queue", "max_batch", "max_body_bytes"):
         return int(raw)
     return raw

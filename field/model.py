@@ -119,6 +119,8 @@ class Limits:
     max_attune_units: int = 1000
     max_attune_conflicts: int = 100
     max_epoch_skew: int = 2**32
+    max_subscriptions_per_agent: int = 100
+    max_debounce_ms: int = 3_600_000
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

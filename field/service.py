@@ -24,11 +24,10 @@ import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from .core.field import Field, Outcome
 from .errors import FieldError, Overloaded, internal_error
-from .store.base import EventLog, LogEntry
+from .store.base import EventLog, LogEntry, StoredEntry
 
 logger = logging.getLogger("field.service")
 
@@ -60,6 +59,10 @@ class FieldService:
         self._max_batch = max_batch
         self._writer: asyncio.Task[None] | None = None
         self._blocking_log = log.persistent
+        #: called with every batch of newly durable entries, in log order
+        self.listener: Callable[[list[StoredEntry]], None] | None = None
+        #: True while a batch is applied but not yet durable and published
+        self.busy = False
 
     def _load(self) -> Field:
         """A Field rebuilt from the whole log."""
@@ -101,9 +104,11 @@ class FieldService:
             batch = [await self._queue.get()]
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            self.busy = True
             try:
                 await self._process(batch)
             finally:
+                self.busy = False
                 for _ in batch:
                     self._queue.task_done()
 
@@ -145,16 +150,23 @@ class FieldService:
         entries: list[LogEntry],
         first_write: int | None,
     ) -> None:
-        """Make ``entries`` durable, then resolve each job of ``batch``."""
+        """Make ``entries`` durable, resolve each job of ``batch``, then publish."""
+        stored: list[StoredEntry] = []
         if entries:
             try:
-                await self._append(entries)
+                positions = await self._append(entries)
             except FieldError as error:
                 logger.error("log append failed: %s; rebuilding state from the log", error)
                 self.field = self._load()
                 assert first_write is not None  # entries imply a write
                 for i in range(first_write, len(batch)):
                     results[i] = error
+            else:
+                stored = [
+                    StoredEntry(p, e.epoch, e.kind, e.data, e.agent_id, e.ts)
+                    for p, e in zip(positions, entries, strict=True)
+                ]
+                self._tell_positions(results, positions)
         for pending, result in zip(batch, results, strict=False):
             if pending.future.done():  # the client went away
                 continue
@@ -162,6 +174,22 @@ class FieldService:
                 pending.future.set_exception(result)
             else:
                 pending.future.set_result(result)
+        if stored and self.listener is not None:
+            try:
+                self.listener(stored)
+            except Exception:  # a push failure must never undo or block a commit
+                logger.exception("publishing %d entries failed", len(stored))
+
+    @staticmethod
+    def _tell_positions(results: list[Outcome | FieldError], positions: list[int]) -> None:
+        """Hand each outcome the positions its entries were stored at."""
+        offset = 0
+        for result in results:
+            if isinstance(result, Outcome) and result.entries:
+                mine = positions[offset : offset + len(result.entries)]
+                offset += len(result.entries)
+                if result.on_durable is not None:
+                    result.on_durable(mine)
 
     async def _append(self, entries: list[LogEntry]) -> list[int]:
         if self._blocking_log:
@@ -177,8 +205,3 @@ class _Broken:
     """A job failed outside the protocol's error handling; state may be inconsistent."""
 
     error: FieldError
-
-
-def read_only(fn: Callable[[Field], dict[str, Any]]) -> Job:
-    """A job that only reads the Field (GET endpoints)."""
-    return lambda field: Outcome(fn(field))

@@ -62,7 +62,13 @@ class ThreadedServer:
         self._ready = threading.Event()
         app = _ready_signal(create_app(self.config), self._ready)
         self.server = uvicorn.Server(
-            uvicorn.Config(app, lifespan="on", log_level="warning", access_log=False)
+            uvicorn.Config(
+                app,
+                lifespan="on",
+                log_level="warning",
+                access_log=False,
+                ws_max_size=self.config.limits.max_body_bytes,
+            )
         )
         self.thread = threading.Thread(target=self._run, name="field-server", daemon=True)
 

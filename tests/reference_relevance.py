@@ -30,17 +30,9 @@ def reference_scores(units: list[dict[str, Any]], query: Query) -> dict[str, flo
     """Score of every candidate unit (``units`` in recording order), by unit id."""
     all_words = [words_of(u) for u in units]
     n = len(units)
-    query_words = query.interest_words | query.hint_words | query.role_words
-    df = {word: sum(word in w for w in all_words) for word in query_words}
 
-    def coverage(unit_words: frozenset[str], query_words: frozenset[str], idf: bool) -> float:
-        total = hits = 0.0
-        for word in sorted(query_words):
-            weight = math.log1p(n / (1 + df[word])) + 1.0 if idf else 1.0
-            total += weight
-            if word in unit_words:
-                hits += weight
-        return hits / total
+    def coverage(unit_words: frozenset[str], query_words: frozenset[str]) -> float:
+        return len(unit_words & query_words) / len(query_words)
 
     scores = {}
     for row, unit in enumerate(units):
@@ -53,11 +45,11 @@ def reference_scores(units: list[dict[str, Any]], query: Query) -> dict[str, flo
         factors = []
         role = 1.0 if unit["source"]["agent_role"] == query.role else 0.0
         if query.role_words:
-            role = max(role, coverage(all_words[row], query.role_words, idf=False))
+            role = max(role, coverage(all_words[row], query.role_words))
         factors.append((WEIGHTS["role"], role))
         interest_words = query.interest_words | query.hint_words
         if interest_words:
-            value = coverage(all_words[row], interest_words, idf=True)
+            value = coverage(all_words[row], interest_words)
             factors.append((WEIGHTS["interest"], math.sqrt(value)))
         factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))
         if query.task_id is not None:

@@ -338,7 +338,7 @@ async def test_register_errors(field: CheckedClient, alice: AgentClient) -> None
     assert body["recoverable"] is True
 
     body = await fails(
-        field.register("carol", "planner", required_operations=["RECORD", "MERGE", "SUBSCRIBE"]),
+        field.register("carol", "planner", required_operations=["RECORD", "MERGE", "REPLAY"]),
         422,
         "UNSUPPORTED_OPERATION",
     )
@@ -346,7 +346,7 @@ async def test_register_errors(field: CheckedClient, alice: AgentClient) -> None
     assert body["recoverable"] is False
     details = body["details"]
     assert details["status"] == "rejected"
-    assert details["missing_operations"] == ["MERGE", "SUBSCRIBE"]
+    assert details["missing_operations"] == ["MERGE", "REPLAY"]
     assert details["rejection_reason"]
     assert details["field_capabilities"] == alice.registration["field_capabilities"]
 

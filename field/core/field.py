@@ -29,14 +29,23 @@ import numpy as np
 import orjson
 
 from .. import PROTOCOL_VERSION
-from ..errors import AuthError, Code, FieldError, InvalidPayload, NotFound, StateError
+from ..errors import AuthError, Code, FieldError, NotFound, StateError
 from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits
 from ..store.base import LogEntry, StoredEntry
+from ..subscriptions.events import SUBSCRIPTION_EVENTS
+from ..subscriptions.stream import format_cursor
 from . import relevance, validation
 from .state import AgentRecord, FieldState
 
 #: Operations implemented by this Field, in spec order.
-SUPPORTED_OPERATIONS: tuple[str, ...] = ("REGISTER", "DEREGISTER", "RECORD", "ATTUNE", "DETECT")
+SUPPORTED_OPERATIONS: tuple[str, ...] = (
+    "REGISTER",
+    "DEREGISTER",
+    "RECORD",
+    "ATTUNE",
+    "DETECT",
+    "SUBSCRIBE",
+)
 CONFORMANCE_LEVEL = 1
 SUMMARY_CHARS = 240
 
@@ -47,6 +56,8 @@ class Outcome:
 
     response: dict[str, Any]
     entries: list[LogEntry] = field(default_factory=list)
+    #: called with the log positions of ``entries`` once they are durable
+    on_durable: Callable[[list[int]], None] | None = None
 
 
 @dataclass(slots=True)
@@ -95,6 +106,7 @@ class Field:
             "RECORD": self._record,
             "ATTUNE": self._attune,
             "DETECT": self._detect,
+            "SUBSCRIBE": self._subscribe,
         }
 
     # -- life cycle ------------------------------------------------------------
@@ -116,6 +128,12 @@ class Field:
     @property
     def epoch(self) -> int:
         return self.state.clock.value
+
+    @property
+    def field_tag(self) -> str:
+        """The prefix of this Field's cursors, so a cursor names its Field."""
+        field_id = self.state.field_id or "field-0"
+        return field_id.removeprefix("field-")[:12]
 
     # -- the one entry point ---------------------------------------------------
 
@@ -141,7 +159,8 @@ class Field:
                     suggested_action="Send each agent's requests with its own token.",
                 )
             epoch = self.state.clock.next(envelope.epoch)
-            outcome = handler(_Context(envelope, agent, epoch, self._now()))
+            now = max(self.state.last_ts, self._now())  # entry timestamps never decrease
+            outcome = handler(_Context(envelope, agent, epoch, now))
             self._commit(epoch, outcome.entries)
             return outcome
         except FieldError as error:
@@ -459,6 +478,96 @@ class Field:
         unresolved.sort(key=lambda c: (not involves_agent(c), -c["epoch"]))
         return unresolved[: self.limits.max_attune_conflicts]
 
+    # -- SUBSCRIBE -------------------------------------------------------------
+
+    def _subscribe(self, ctx: _Context) -> Outcome:
+        request = validation.subscribe_payload(
+            ctx.envelope.payload, self.limits, SUBSCRIPTION_EVENTS
+        )
+        assert ctx.agent is not None  # guaranteed by handle(): SUBSCRIBE is authenticated
+        agent_id = ctx.agent.id
+        if request["action"] == "list":
+            mine = sorted(self.state.active_subscriptions.get(agent_id, ()))
+            subscriptions = [self._subscription_wire(s) for s in mine]
+            return Outcome({"status": "ok", "subscriptions": subscriptions, "epoch": ctx.epoch})
+        if request["action"] == "unsubscribe":
+            subscription = self.owned_subscription(request["id"], agent_id)
+            if subscription["status"] != "active":
+                raise StateError(
+                    f"subscription {subscription['id']} is already cancelled",
+                    code=Code.INVALID_TRANSITION,
+                    recoverable=False,
+                    suggested_action="Nothing to do: it no longer notifies.",
+                )
+            data = {"subscription_id": subscription["id"], "reason": "unsubscribed"}
+            entry = LogEntry(ctx.epoch, "subscription.cancelled", data, agent_id, ctx.now)
+            cancelled = {**self._subscription_wire(subscription["id"]), "status": "cancelled"}
+            body = {
+                "status": "ok",
+                "subscription_id": subscription["id"],
+                "subscription": cancelled,
+                "epoch": ctx.epoch,
+            }
+            return Outcome(body, [entry])
+        active = self.state.active_subscriptions.get(agent_id, set())
+        cap = self.limits.max_subscriptions_per_agent
+        if len(active) >= cap:
+            raise StateError(
+                f"agent {agent_id!r} already has {cap} active subscriptions",
+                code=Code.SUBSCRIPTION_LIMIT,
+                suggested_action="Unsubscribe from one first, or widen an existing one.",
+            )
+        subscription_id = f"sub-{self._ids.suffix()}"
+        subscription = {
+            "id": subscription_id,
+            "agent_id": agent_id,
+            "events": request["events"],
+            "min_relevance": request["min_relevance"],
+            "debounce_ms": request["debounce_ms"],
+            "include_own": request["include_own"],
+            "status": "active",
+            "created_epoch": ctx.epoch,
+        }
+        entry = LogEntry(
+            ctx.epoch, "subscription.created", {"subscription": subscription}, agent_id, ctx.now
+        )
+        response: dict[str, Any] = {
+            "status": "ok",
+            "subscription_id": subscription_id,
+            "subscription": subscription,
+            "epoch": ctx.epoch,
+            "cursor": None,
+            "ws_url": "/v1/ws",
+            "sse_url": f"/v1/subscriptions/{subscription_id}/events",
+        }
+
+        def with_cursor(positions: list[int]) -> None:
+            response["cursor"] = format_cursor(self.field_tag, positions[0])
+
+        return Outcome(response, [entry], on_durable=with_cursor)
+
+    def owned_subscription(self, subscription_id: str, agent_id: str) -> dict[str, Any]:
+        """The caller's subscription ``subscription_id``; refuses other agents'."""
+        subscription = self.state.subscriptions.get(subscription_id)
+        if subscription is None:
+            raise NotFound(
+                f"no subscription {subscription_id!r} in this Field",
+                code=Code.SUBSCRIPTION_NOT_FOUND,
+                suggested_action='List your subscriptions with action "list".',
+            )
+        if subscription["agent_id"] != agent_id:
+            raise AuthError(
+                f"subscription {subscription_id!r} belongs to another agent",
+                code=Code.FORBIDDEN,
+                recoverable=False,
+                suggested_action="Only the agent that subscribed can read or cancel it.",
+            )
+        return subscription
+
+    def _subscription_wire(self, subscription_id: str) -> dict[str, Any]:
+        subscription = self.state.subscriptions[subscription_id]
+        return {k: v for k, v in subscription.items() if k != "cancel_reason"}
+
     # -- DETECT ----------------------------------------------------------------
 
     def _detect(self, ctx: _Context) -> Outcome:
@@ -566,7 +675,3 @@ def _forms(unit: dict[str, Any], fmt: str) -> list[tuple[str, dict[str, Any]]]:
 def _tokens(unit: dict[str, Any]) -> int:
     """Estimated tokens of a serialized unit: four bytes of JSON per token."""
     return math.ceil(len(orjson.dumps(unit)) / 4)
-
-
-def invalid(message: str) -> FieldError:
-    return InvalidPayload(message)

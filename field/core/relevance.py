@@ -14,8 +14,8 @@ factor     weight  value                                            applies
 =========  ======  ===============================================  ==========
 role       0.20    1 for a unit by an agent of the same role, else  always
                    the share of role words found in the unit
-interest   0.30    sqrt of the idf-weighted share of interest and   interests
-                   context-hint words found in the unit             or hint
+interest   0.30    sqrt of the share of interest (and context-hint  interests
+                   words) found in the unit                         or hint
 type       0.20    :data:`~field.model.TYPE_IMPORTANCE`             always
 task       0.20    1 when the unit serves the agent's task          a task
 confidence 0.10    confidence.score (0.5 for a draft without one)   always
@@ -23,12 +23,16 @@ confidence 0.10    confidence.score (0.5 for a draft without one)   always
 
 Recency halves every ``RECENCY_HALF_LIFE`` units recorded after the unit.
 Every factor lies in [0, 1] and the weights are normalized, so the score
-does too.
+does too. :func:`combine` is the formula; ATTUNE applies it to many units
+for one agent (:func:`score`), subscription matching to one unit for many
+subscribers (``field.subscriptions.matcher``). A unit's score depends
+only on the unit, the agent and how many units were recorded after it,
+never on the rest of the log, so a notification replayed from the log
+scores exactly as it did live.
 """
 
 from __future__ import annotations
 
-import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -75,7 +79,7 @@ def unit_keywords(unit: dict[str, Any]) -> frozenset[str]:
     return frozenset(keywords(text))
 
 
-class _Interner:
+class Interner:
     """Maps strings to small integer codes (for columns)."""
 
     def __init__(self) -> None:
@@ -93,7 +97,7 @@ class _Interner:
         return self._codes.get(value, -2)
 
 
-class _Column:
+class Column:
     """A growable numpy column (amortized O(1) append)."""
 
     def __init__(self, dtype: npt.DTypeLike) -> None:
@@ -121,17 +125,17 @@ class UnitIndex:
         self.ids: list[str] = []
         self.rows: dict[str, int] = {}
         self.row_keywords: list[frozenset[str]] = []
-        self.epoch = _Column(np.int64)
-        self.status = _Column(np.int8)
-        self.type_weight = _Column(np.float32)
-        self.confidence = _Column(np.float32)
-        self.agent = _Column(np.int32)
-        self.role = _Column(np.int32)
-        self.task = _Column(np.int32)
-        self.agents = _Interner()
-        self.roles = _Interner()
-        self.tasks = _Interner()
-        self._postings: dict[str, _Column] = {}
+        self.epoch = Column(np.int64)
+        self.status = Column(np.int8)
+        self.type_weight = Column(np.float32)
+        self.confidence = Column(np.float32)
+        self.agent = Column(np.int32)
+        self.role = Column(np.int32)
+        self.task = Column(np.int32)
+        self.agents = Interner()
+        self.roles = Interner()
+        self.tasks = Interner()
+        self._postings: dict[str, Column] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -154,7 +158,7 @@ class UnitIndex:
         for word in words:
             postings = self._postings.get(word)
             if postings is None:
-                postings = self._postings[word] = _Column(np.int32)
+                postings = self._postings[word] = Column(np.int32)
             postings.append(row)
 
     def set_status(self, unit_id: str, status: str) -> None:
@@ -164,21 +168,19 @@ class UnitIndex:
         column = self._postings.get(word)
         return column.view if column is not None else np.empty(0, dtype=np.int32)
 
-    def coverage(self, words: Iterable[str], *, idf: bool) -> npt.NDArray[np.float32] | None:
-        """Per row, the (idf-weighted) share of ``words`` the unit contains."""
-        unique = sorted(set(words))
+    def coverage(self, words: Iterable[str]) -> npt.NDArray[np.float32] | None:
+        """Per row, the share of ``words`` the unit contains (None for no words)."""
+        unique = set(words)
         if not unique:
             return None
-        n = len(self.ids)
-        hits = np.zeros(n, dtype=np.float32)
-        total = 0.0
+        hits = np.zeros(len(self.ids), dtype=np.float32)
         for word in unique:  # a loop over query words, never over units
-            rows = self.postings(word)
-            weight = math.log1p(n / (1 + len(rows))) + 1.0 if idf else 1.0
-            total += weight
-            if len(rows):
-                hits[rows] += weight
-        return hits / np.float32(total)
+            hits[self.postings(word)] += 1.0
+        return hits / np.float32(len(unique))
+
+    def count_at(self, epoch: int) -> int:
+        """How many units had been recorded at ``epoch``."""
+        return int(np.searchsorted(self.epoch.view, epoch, side="right"))
 
 
 @dataclass(slots=True, kw_only=True)
@@ -216,31 +218,69 @@ def candidates(index: UnitIndex, query: Query) -> npt.NDArray[np.intp]:
     return np.flatnonzero(mask) if n else np.empty(0, dtype=np.intp)
 
 
+def combine(
+    *,
+    role: Any,
+    interest: Any,
+    type_weight: Any,
+    task: Any,
+    confidence: Any,
+    recency: Any,
+    recency_weight: float,
+) -> npt.NDArray[np.float64]:
+    """The relevance formula (module docstring) over broadcastable factor arrays.
+
+    ``interest`` and ``task`` may be None (applies nowhere) or hold NaN
+    where the factor does not apply; such factors drop out of the mean.
+    """
+    numerator: Any = 0.0
+    denominator: Any = 0.0
+    for weight, values in (
+        (WEIGHTS["role"], role),
+        (WEIGHTS["interest"], interest),
+        (WEIGHTS["type"], type_weight),
+        (WEIGHTS["task"], task),
+        (WEIGHTS["confidence"], confidence),
+    ):
+        if values is None:
+            continue
+        values = np.asarray(values, dtype=np.float64)
+        applies = ~np.isnan(values)
+        numerator = numerator + weight * np.where(applies, values, 0.0)
+        denominator = denominator + weight * applies
+    content = numerator / denominator
+    result: npt.NDArray[np.float64] = np.clip(
+        recency_weight * np.asarray(recency, dtype=np.float64) + (1.0 - recency_weight) * content,
+        0.0,
+        1.0,
+    )
+    return result
+
+
+def recency(age: Any) -> Any:
+    """Recency of a unit with ``age`` units recorded after it."""
+    return np.exp2(-np.asarray(age, dtype=np.float64) / RECENCY_HALF_LIFE)
+
+
 def score(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
     """Relevance in [0, 1] of each row in ``rows`` to ``query``."""
     if len(rows) == 0:
         return np.empty(0, dtype=np.float64)
-    n = len(index)
-    factors: list[tuple[float, npt.NDArray[Any]]] = []
     same_role = (index.role.view[rows] == index.roles.find(query.role)).astype(np.float32)
-    role_words = index.coverage(query.role_words, idf=False)
-    role = same_role if role_words is None else np.maximum(same_role, role_words[rows])
-    factors.append((WEIGHTS["role"], role))
-    interest = index.coverage(query.interest_words | query.hint_words, idf=True)
-    if interest is not None:
-        factors.append((WEIGHTS["interest"], np.sqrt(interest[rows])))
-    factors.append((WEIGHTS["type"], index.type_weight.view[rows]))
+    role_words = index.coverage(query.role_words)
+    interest = index.coverage(query.interest_words | query.hint_words)
+    task = None
     if query.task_id is not None:
         task = index.task.view[rows] == index.tasks.find(query.task_id)
-        factors.append((WEIGHTS["task"], task.astype(np.float32)))
-    factors.append((WEIGHTS["confidence"], index.confidence.view[rows]))
-    total_weight = sum(weight for weight, _ in factors)
-    content = sum(weight * values.astype(np.float64) for weight, values in factors) / total_weight
-    age = (n - 1 - rows).astype(np.float64)
-    recency = np.exp2(-age / RECENCY_HALF_LIFE)
-    rw = query.recency_weight
-    result: npt.NDArray[np.float64] = np.clip(rw * recency + (1.0 - rw) * content, 0.0, 1.0)
-    return result
+    return combine(
+        role=same_role if role_words is None else np.maximum(same_role, role_words[rows]),
+        interest=None if interest is None else np.sqrt(interest[rows]),
+        type_weight=index.type_weight.view[rows],
+        task=task,
+        confidence=index.confidence.view[rows],
+        recency=recency(len(index) - 1 - rows),
+        recency_weight=query.recency_weight,
+    )
 
 
 def diversify(

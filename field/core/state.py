@@ -17,7 +17,11 @@ Entry kinds and their ``data``:
 ``memory.superseded`` ``{memory_unit_id, by}``
 ``memory.contested``  ``{memory_unit_id, conflict_id}``
 ``conflict.detected`` ``{conflict}``: the full Conflict
+``subscription.created``   ``{subscription}``
+``subscription.cancelled`` ``{subscription_id, reason}``
 ===================== ===============================================
+
+Deregistering an agent cancels its subscriptions too.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from typing import Any
 
 from ..model import Limits
 from ..store.base import LogEntry, StoredEntry
+from ..subscriptions.registry import SubscriptionRegistry
 from .clock import LamportClock
 from .relevance import UnitIndex
 
@@ -71,7 +76,12 @@ class FieldState:
     unit_statuses: Counter[str] = field(default_factory=Counter)
     index: UnitIndex = field(default_factory=UnitIndex)
     conflicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    active_subscriptions: dict[str, set[str]] = field(default_factory=dict)
+    registry: SubscriptionRegistry = field(default_factory=SubscriptionRegistry)
     last_position: int = 0
+    #: timestamp of the newest entry: entry timestamps never decrease
+    last_ts: float = 0.0
 
     def __post_init__(self) -> None:
         self.clock = LamportClock(max_skew=self.limits.max_epoch_skew)
@@ -84,6 +94,7 @@ class FieldState:
         if handler is not None:
             handler(self, entry.data)
         self.clock.value = max(self.clock.value, entry.epoch)
+        self.last_ts = max(self.last_ts, entry.ts)
         if isinstance(entry, StoredEntry):
             self.last_position = entry.position
 
@@ -116,6 +127,8 @@ class FieldState:
         record = self.agents.pop(data["agent_id"])
         del self.tokens[record.token_hash]
         self.revoked_tokens[record.token_hash] = record.id
+        for subscription_id in sorted(self.active_subscriptions.pop(record.id, ())):
+            self._cancel(subscription_id, "agent deregistered")
 
     def _memory_recorded(self, data: dict[str, Any]) -> None:
         unit = data["unit"]
@@ -141,6 +154,24 @@ class FieldState:
         conflict = data["conflict"]
         self.conflicts[conflict["id"]] = conflict
 
+    def _subscription_created(self, data: dict[str, Any]) -> None:
+        subscription = dict(data["subscription"])
+        self.subscriptions[subscription["id"]] = subscription
+        owner = subscription["agent_id"]
+        self.active_subscriptions.setdefault(owner, set()).add(subscription["id"])
+        self.registry.add(subscription, self.agents[owner].to_wire())
+
+    def _subscription_cancelled(self, data: dict[str, Any]) -> None:
+        subscription = self.subscriptions[data["subscription_id"]]
+        self.active_subscriptions.get(subscription["agent_id"], set()).discard(subscription["id"])
+        self._cancel(subscription["id"], data.get("reason", "unsubscribed"))
+
+    def _cancel(self, subscription_id: str, reason: str) -> None:
+        subscription = self.subscriptions[subscription_id]
+        subscription["status"] = "cancelled"
+        subscription["cancel_reason"] = reason
+        self.registry.cancel(subscription_id)
+
 
 _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "field.created": FieldState._field_created,
@@ -151,4 +182,6 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "memory.superseded": FieldState._memory_superseded,
     "memory.contested": FieldState._memory_contested,
     "conflict.detected": FieldState._conflict_detected,
+    "subscription.created": FieldState._subscription_created,
+    "subscription.cancelled": FieldState._subscription_cancelled,
 }

@@ -499,3 +499,70 @@ def detect_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
             )
         ],
     }
+
+
+# -- SUBSCRIBE ----------------------------------------------------------------
+
+_SUBSCRIBE_KEYS = frozenset({"action", "subscription"})
+_SUBSCRIPTION_KEYS = frozenset({"id", "events", "min_relevance", "debounce_ms", "include_own"})
+
+
+def subscribe_payload(
+    payload: dict[str, Any], limits: Limits, event_names: tuple[str, ...]
+) -> dict[str, Any]:
+    """Validate a SUBSCRIBE payload (spec 6.7); returns action and normalized fields."""
+    _closed(payload, _SUBSCRIBE_KEYS, "SUBSCRIBE payload")
+    action = payload.get("action")
+    if not _member(action, ("subscribe", "unsubscribe", "list")):
+        raise _fail('action must be "subscribe", "unsubscribe" or "list"')
+    raw = payload.get("subscription")
+    if raw is None:
+        if action != "list":
+            raise _fail(f"{action} needs a subscription object")
+        return {"action": action}
+    sub = _object(raw, "subscription")
+    _closed(sub, _SUBSCRIPTION_KEYS, "subscription")
+    if action == "unsubscribe":
+        return {
+            "action": action,
+            "id": _string(sub.get("id"), "subscription.id", max_chars=limits.max_id_chars),
+        }
+    if action == "list":
+        return {"action": action}
+    if sub.get("id") is not None:
+        raise _fail("subscription.id is assigned by the Field; leave it out or null")
+    if "events" not in sub:
+        raise _fail("subscription.events is required: the event types to be notified of")
+    events = _string_list(sub["events"], "subscription.events", max_items=64, max_chars=64)
+    if not events:
+        raise _fail("subscription.events must name at least one event type")
+    unknown = sorted({e for e in events if e not in event_names})
+    if unknown:
+        raise InvalidPayload(
+            f"unknown event type(s): {', '.join(unknown)}",
+            details={"unknown_events": unknown, "valid_events": list(event_names)},
+            suggested_action=f"Use event types from: {', '.join(event_names)}.",
+        )
+    min_relevance = sub.get("min_relevance")
+    if min_relevance is not None and (
+        not _is_number(min_relevance) or not 0.0 <= min_relevance <= 1.0
+    ):
+        raise _fail("subscription.min_relevance must be a number between 0.0 and 1.0, or null")
+    debounce = sub.get("debounce_ms")
+    if debounce is not None and (
+        not _is_int(debounce) or not 0 <= debounce <= limits.max_debounce_ms
+    ):
+        raise _fail(
+            f"subscription.debounce_ms must be an integer from 0 to {limits.max_debounce_ms}, "
+            "or null"
+        )
+    include_own = sub.get("include_own", False)
+    if not isinstance(include_own, bool):
+        raise _fail("subscription.include_own must be a boolean")
+    return {
+        "action": action,
+        "events": sorted(set(events), key=event_names.index),
+        "min_relevance": float(min_relevance or 0.0),
+        "debounce_ms": int(debounce or 0),
+        "include_own": include_own,
+    }

@@ -20,7 +20,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Route, WebSocketRoute
+from starlette.websockets import WebSocket
 
 from .. import __version__
 from ..config import Config
@@ -37,6 +38,8 @@ from ..errors import (
 from ..model import CONFLICT_STATUSES, CONFLICT_TYPES, UNRESOLVED_CONFLICT_STATUSES
 from ..service import FieldService
 from ..store import EventLog, open_log
+from .push import PushHub
+from .streaming import absolute_urls, sse_endpoint, ws_endpoint
 
 logger = logging.getLogger("field.http")
 
@@ -47,6 +50,7 @@ OPERATION_ROUTES = {
     "record": "RECORD",
     "attune": "ATTUNE",
     "detect": "DETECT",
+    "subscribe": "SUBSCRIBE",
 }
 
 
@@ -102,6 +106,7 @@ class HTTPBinding:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.service: FieldService | None = None
+        self.hub: PushHub | None = None
         self.started = time.monotonic()
 
     def _service(self) -> FieldService:
@@ -125,7 +130,7 @@ class HTTPBinding:
             )
         except FieldError as error:
             return error_response(error, operation)
-        return json_response(outcome.response)
+        return json_response(absolute_urls(outcome.response, str(request.base_url).rstrip("/")))
 
     async def _read(self, request: Request, job: Callable[[Field], dict[str, Any]]) -> Response:
         token = bearer_token(request)
@@ -158,6 +163,17 @@ class HTTPBinding:
         except FieldError as error:
             return error_response(error)
         return json_response(outcome.response)
+
+    async def subscription_events(self, request: Request) -> Response:
+        if self.hub is None:
+            return error_response(FieldError("the Field is starting", code=Code.OVERLOADED))
+        return await sse_endpoint(request, self.hub, error_response)
+
+    async def websocket(self, websocket: WebSocket) -> None:
+        if self.hub is None:
+            await websocket.close(code=1013)
+            return
+        await ws_endpoint(websocket, self.hub)
 
     async def agents(self, request: Request) -> Response:
         return await self._read(
@@ -241,6 +257,7 @@ def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
         )
         await service.start()
         binding.service = service
+        binding.hub = PushHub(service, config.push)
         app.state.service = service
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
@@ -257,6 +274,7 @@ def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
         try:
             yield
         finally:
+            binding.hub.shutdown()
             binding.service = None
             await service.stop()
             logger.info("Field %s stopped; log closed", state.field_id)
@@ -265,6 +283,12 @@ def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
         Route("/v1/field/status", binding.field_status, methods=["GET"]),
         Route("/v1/agents", binding.agents, methods=["GET"]),
         Route("/v1/conflicts", binding.conflicts, methods=["GET"]),
+        Route(
+            "/v1/subscriptions/{subscription_id}/events",
+            binding.subscription_events,
+            methods=["GET"],
+        ),
+        WebSocketRoute("/v1/ws", binding.websocket),
         *(
             Route(f"/v1/{name}", binding.operation_endpoint(operation), methods=["POST"])
             for name, operation in OPERATION_ROUTES.items()

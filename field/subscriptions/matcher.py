@@ -1,0 +1,236 @@
+"""Vectorized matching of Field events against every subscription.
+
+:meth:`Matcher.match` takes a batch of events and returns, per event,
+the subscriptions it notifies, with relevance, ``requires_action`` and
+the reason. The work is done on (events x subscriptions) matrices: the
+only Python loops run over events and over an event's keywords.
+
+A subscription is notified of an event when all of these hold:
+
+* it is active, was created before the event (a lower epoch), and lists
+  the event's name;
+* the event's actor is not the subscriber, unless ``include_own``;
+* the event's relevance to the subscriber is at least ``min_relevance``.
+
+Relevance (documented in ``protocol/README.md``, "Relevance of events"):
+
+* memory events: the ATTUNE score of the unit for the subscriber, as of
+  the event (:func:`field.core.relevance.combine`); 1.0 for
+  ``memory.contested`` when the subscriber wrote the unit;
+* ``conflict.detected``: 1.0 when the subscriber wrote either unit,
+  otherwise the better of the two units' scores;
+* ``agent.joined``: role, interest and task alignment between the
+  subscriber and the joining agent.
+
+``requires_action`` is true when the subscriber's own unit is contested
+or in a new conflict.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..core.relevance import UnitIndex, combine, keywords, recency
+from ..model import TYPE_IMPORTANCE
+from .events import EVENT_BIT, FieldEvent
+from .registry import SubscriptionRegistry
+
+#: Largest (events x subscriptions) matrix built at once; bigger batches are chunked.
+MATRIX_CELLS = 1 << 21
+RECENCY_WEIGHT = 0.25
+
+# reason flags
+_SAME_ROLE, _INTERESTS, _TASK, _OWN_UNIT = 1, 2, 4, 8
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """The subscriptions one event notifies (row numbers in the registry)."""
+
+    event: FieldEvent
+    rows: npt.NDArray[np.intp]
+    relevance: npt.NDArray[np.float64]
+    requires_action: npt.NDArray[np.bool_]
+    flags: npt.NDArray[np.int64]
+
+    def reason(self, i: int) -> str:
+        return reason_text(self.event.name, int(self.flags[i]))
+
+
+_REASONS: dict[tuple[str, int], str] = {}
+
+
+def reason_text(event: str, flags: int) -> str:
+    """A human-readable reason for a notification (cached per event and flags)."""
+    key = (event, flags)
+    text = _REASONS.get(key)
+    if text is None:
+        parts = []
+        if flags & _OWN_UNIT:
+            parts.append("it involves your unit")
+        if flags & _SAME_ROLE:
+            parts.append("same role as you")
+        if flags & _INTERESTS:
+            parts.append("matches your interests")
+        if flags & _TASK:
+            parts.append("serves your task")
+        detail = "; ".join(parts) if parts else "general relevance (type, confidence, recency)"
+        text = _REASONS[key] = f"{event}: {detail}"
+    return text
+
+
+class Matcher:
+    """Scores events against a registry; reads units from a UnitIndex."""
+
+    def __init__(
+        self,
+        registry: SubscriptionRegistry,
+        index: UnitIndex,
+        units: dict[str, dict[str, Any]],
+    ) -> None:
+        self.registry = registry
+        self.index = index
+        self.units = units
+
+    def match(
+        self, events: list[FieldEvent], *, only: npt.NDArray[np.intp] | None = None
+    ) -> list[Match]:
+        """Matches of each event (events with no subscriber are left out).
+
+        ``only`` restricts matching to those registry rows (used to replay
+        one subscription's stream from the log).
+        """
+        n = len(self.registry)
+        if n == 0 or not events:
+            return []
+        rows = np.arange(n) if only is None else np.asarray(only, dtype=np.intp)
+        step = max(1, MATRIX_CELLS // max(1, len(rows)))
+        matches: list[Match] = []
+        for start in range(0, len(events), step):
+            matches.extend(self._match_chunk(events[start : start + step], rows))
+        return matches
+
+    # -- one chunk of events against the chosen rows ---------------------------
+
+    def _match_chunk(self, events: list[FieldEvent], rows: npt.NDArray[np.intp]) -> list[Match]:
+        reg = self.registry
+        bits = np.array([EVENT_BIT[e.name] for e in events], dtype=np.int64)[:, None]
+        epochs = np.array([e.epoch for e in events], dtype=np.int64)[:, None]
+        eligible = (
+            reg.active.view[rows][None, :]
+            & ((reg.event_mask.view[rows][None, :] & bits) != 0)
+            & (reg.created_epoch.view[rows][None, :] < epochs)
+        )
+        actors = np.array([reg.agents.find(e.actor) for e in events], dtype=np.int32)[:, None]
+        own = reg.agent.view[rows][None, :] == actors
+        eligible &= ~own | reg.include_own.view[rows][None, :]
+
+        relevance = np.zeros(eligible.shape, dtype=np.float64)
+        flags = np.zeros(eligible.shape, dtype=np.int64)
+        authored = np.zeros(eligible.shape, dtype=bool)
+        for i, event in enumerate(events):
+            if not eligible[i].any():
+                continue
+            if event.agent is not None:
+                relevance[i], flags[i] = self._agent_relevance(event.agent, rows)
+                continue
+            best = np.full(len(rows), -1.0)
+            for unit_id in event.units:
+                score, unit_flags = self._unit_relevance(unit_id, event.epoch, rows)
+                better = score > best
+                best = np.where(better, score, best)
+                flags[i] = np.where(better, unit_flags, flags[i])
+                author = reg.agents.find(self.units[unit_id]["source"]["agent_id"])
+                authored[i] |= reg.agent.view[rows] == author
+            relevance[i] = best
+        involves_own = (
+            authored
+            & np.array([e.name in ("memory.contested", "conflict.detected") for e in events])[
+                :, None
+            ]
+        )
+        relevance = np.where(involves_own, 1.0, relevance)
+        flags |= np.where(involves_own, _OWN_UNIT, 0)
+        notify = eligible & (relevance >= reg.min_relevance.view[rows][None, :])
+
+        matches = []
+        for i, event in enumerate(events):
+            hit = np.flatnonzero(notify[i])
+            if len(hit):
+                matches.append(
+                    Match(event, rows[hit], relevance[i, hit], involves_own[i, hit], flags[i, hit])
+                )
+        return matches
+
+    def _unit_relevance(
+        self, unit_id: str, epoch: int, rows: npt.NDArray[np.intp]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """ATTUNE's score of one unit for each subscriber, as of ``epoch``."""
+        reg, index = self.registry, self.index
+        unit = self.units[unit_id]
+        row = index.rows[unit_id]
+        words = index.row_keywords[row]
+        same_role = reg.role.view[rows] == reg.roles.find(unit["source"]["agent_role"])
+        role_share = _share(reg.hits("role", words, rows), reg.role_word_count.view[rows])
+        interest_share = _share(
+            reg.hits("interest", words, rows), reg.interest_word_count.view[rows]
+        )
+        task_code = reg.tasks.find(unit["intent"].get("task_id"))
+        sub_task = reg.task.view[rows]
+        task = np.where(sub_task >= 0, (sub_task == task_code).astype(np.float64), np.nan)
+        score = combine(
+            role=np.maximum(same_role, np.nan_to_num(role_share)),
+            interest=np.sqrt(interest_share),
+            type_weight=TYPE_IMPORTANCE.get(unit["type"], 0.5),
+            task=task,
+            confidence=float(index.confidence.view[row]),
+            recency=recency(index.count_at(epoch) - 1 - row),
+            recency_weight=RECENCY_WEIGHT,
+        )
+        return score, _flags(same_role, interest_share, task)
+
+    def _agent_relevance(
+        self, agent: dict[str, Any], rows: npt.NDArray[np.intp]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """Role, interest and task alignment of each subscriber with a joining agent."""
+        reg = self.registry
+        words = frozenset(keywords(agent["role"])) | frozenset(
+            w for phrase in agent["interests"] for w in keywords(phrase)
+        )
+        same_role = reg.role.view[rows] == reg.roles.find(agent["role"])
+        role_share = _share(reg.hits("role", words, rows), reg.role_word_count.view[rows])
+        interest_share = _share(
+            reg.hits("interest", words, rows), reg.interest_word_count.view[rows]
+        )
+        task_code = reg.tasks.find(agent.get("current_task_id"))
+        sub_task = reg.task.view[rows]
+        task = np.where(sub_task >= 0, (sub_task == task_code).astype(np.float64), np.nan)
+        score = combine(
+            role=np.maximum(same_role, np.nan_to_num(role_share)),
+            interest=np.sqrt(interest_share),
+            type_weight=None,
+            task=task,
+            confidence=None,
+            recency=1.0,
+            recency_weight=0.0,
+        )
+        return score, _flags(same_role, interest_share, task)
+
+
+def _flags(same_role: Any, interest_share: Any, task: Any) -> npt.NDArray[np.int64]:
+    flags: npt.NDArray[np.int64] = (
+        np.where(same_role, _SAME_ROLE, 0)
+        | np.where(np.nan_to_num(interest_share) > 0, _INTERESTS, 0)
+        | np.where(task == 1.0, _TASK, 0)
+    ).astype(np.int64)
+    return flags
+
+
+def _share(hits: npt.NDArray[np.float64], totals: npt.NDArray[np.float64]) -> Any:
+    """hits / totals, NaN where a subscriber has no such words."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(totals > 0, hits / np.where(totals > 0, totals, 1.0), np.nan)

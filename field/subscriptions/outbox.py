@@ -1,0 +1,122 @@
+"""A connection's bounded outbox of encoded frames.
+
+Producers (the push hub) never wait: :meth:`Outbox.put` either queues a
+frame or, when the bound on frames or bytes would be passed, refuses it
+and marks the outbox *overflowed*. From then on nothing more is queued
+except one final control frame (:meth:`Outbox.close_with`), so memory
+stays bounded whatever the consumer does. The consumer (the connection's
+sender task) awaits :meth:`Outbox.get`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PushLimits:
+    """Bounds of every push connection (``field serve --help`` names the flags)."""
+
+    outbox_frames: int = 10_000
+    outbox_bytes: int = 8 << 20
+    #: live notifications held back while a stream replays before it overflows
+    replay_hold: int = 100_000
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One encoded message and what the transport needs to label it."""
+
+    body: bytes
+    #: the event name (SSE ``event:``), or the control frame's type
+    kind: str
+    #: the notification's cursor (SSE ``id:``), None for control frames
+    cursor: str | None = None
+    #: the subscription this frame belongs to, if any
+    subscription_id: str | None = None
+
+
+class Outbox:
+    """Bounded FIFO of frames with an overflow state (module docstring)."""
+
+    def __init__(self, *, max_frames: int, max_bytes: int) -> None:
+        self.max_frames = max_frames
+        self.max_bytes = max_bytes
+        self._frames: deque[Frame] = deque()
+        self._bytes = 0
+        self._ready = asyncio.Event()
+        self._roomy = asyncio.Event()
+        self._roomy.set()
+        self.overflowed = False
+        self.closed = False
+
+    def __len__(self) -> int:
+        return len(self._frames)
+
+    @property
+    def size_bytes(self) -> int:
+        return self._bytes
+
+    def put(self, frame: Frame) -> bool:
+        """Queue ``frame``; False (and overflowed) if that would pass a bound."""
+        if self.overflowed or self.closed:
+            return False
+        if len(self._frames) >= self.max_frames or self._bytes + len(frame.body) > self.max_bytes:
+            self.overflowed = True
+            return False
+        self._push(frame)
+        return True
+
+    def close_with(self, frame: Frame | None) -> None:
+        """Queue a last control frame (past the bounds) and accept nothing more."""
+        if self.closed:
+            return
+        if frame is not None:
+            self._push(frame)
+        self.closed = True
+        self._ready.set()
+        self._roomy.set()
+
+    def _push(self, frame: Frame) -> None:
+        self._frames.append(frame)
+        self._bytes += len(frame.body)
+        self._ready.set()
+        if not self._has_room():
+            self._roomy.clear()
+
+    def _has_room(self) -> bool:
+        """Under half of both bounds: a paced producer may add more."""
+        return len(self._frames) * 2 < self.max_frames and self._bytes * 2 < self.max_bytes
+
+    async def wait_for_room(self) -> None:
+        """Wait until the outbox is under half full (replay paces itself with this)."""
+        while not self._has_room() and not self.closed:
+            self._roomy.clear()
+            await self._roomy.wait()
+
+    def _popped(self, frame: Frame) -> None:
+        self._bytes -= len(frame.body)
+        if self._has_room():
+            self._roomy.set()
+
+    async def get(self) -> Frame | None:
+        """The next frame; None once the outbox is closed and drained."""
+        while not self._frames:
+            if self.closed:
+                return None
+            self._ready.clear()
+            await self._ready.wait()
+        frame = self._frames.popleft()
+        self._popped(frame)
+        return frame
+
+    def drain_now(self, limit: int) -> list[Frame]:
+        """Up to ``limit`` queued frames without waiting (to batch socket writes)."""
+        out: list[Frame] = []
+        while self._frames and len(out) < limit:
+            frame = self._frames.popleft()
+            self._popped(frame)
+            out.append(frame)
+        return out

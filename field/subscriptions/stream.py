@@ -1,0 +1,156 @@
+"""One consumer's stream of one subscription: cursor, debounce, encoding.
+
+The notifications of a subscription form a stream that is a pure function
+of the log: every notification carries the position of the log entry it
+is about (its *cursor*), and a stream delivers strictly increasing
+cursors. That is what makes resuming exact: a consumer that saw cursor
+``c`` is owed precisely the stream's notifications after ``c``, which
+the Field recomputes from the log.
+
+Debounce (``debounce_ms`` = W > 0) keeps that property by cutting time
+into consecutive windows of W milliseconds (counted from the Unix epoch,
+on the log's timestamps, which never decrease). All events about one
+entity in one window fold into a single notification: the latest of
+them, with ``folded`` saying how many earlier ones it replaces. A
+window's notifications are delivered when it ends, in cursor order. So
+an entity is notified at most once per window, its final state is always
+delivered, no notification waits longer than W, and since every event of
+a window precedes every event of the next, cursors still increase.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import orjson
+
+from .events import FieldEvent
+
+
+@dataclass(slots=True)
+class Notification:
+    """A matched event on its way to one subscription."""
+
+    subscription_id: str
+    event: FieldEvent
+    relevance: float
+    reason: str
+    requires_action: bool
+    folded: int = 0
+    #: the event's shared encoded part (:func:`encode_event`)
+    shared: bytes = b"{}"
+
+    @property
+    def position(self) -> int:
+        return self.event.position
+
+
+class Stream:
+    """Cursor and debounce state of one subscription for one consumer."""
+
+    __slots__ = ("subscription_id", "window_ms", "after", "_pending", "_window")
+
+    def __init__(self, subscription_id: str, *, window_ms: int, after: int) -> None:
+        self.subscription_id = subscription_id
+        self.window_ms = window_ms
+        #: cursor of the last notification delivered (or skipped as already seen)
+        self.after = after
+        self._pending: dict[str, Notification] = {}
+        self._window: int | None = None
+
+    def window_of(self, ts: float) -> int:
+        return math.floor(ts * 1000.0 / self.window_ms)
+
+    def window_start(self, ts: float) -> float:
+        """Start (seconds) of the window holding ``ts``: replay must begin there."""
+        if not self.window_ms:
+            return ts
+        return self.window_of(ts) * self.window_ms / 1000.0
+
+    @property
+    def deadline(self) -> float | None:
+        """When the pending window ends (seconds), if anything is pending."""
+        if self._window is None:
+            return None
+        return (self._window + 1) * self.window_ms / 1000.0
+
+    def offer(self, notification: Notification) -> list[Notification]:
+        """Add a matched notification; return what is due now, in cursor order.
+
+        Notifications must be offered in log order. Those at or before the
+        cursor still count towards ``folded`` but are not delivered again.
+        """
+        if not self.window_ms:
+            return self._deliver([notification])
+        due = self.advance(notification.event.ts)
+        key = notification.event.entity_key
+        earlier = self._pending.get(key)
+        if earlier is not None:
+            notification.folded = earlier.folded + 1
+        self._pending[key] = notification
+        self._window = self.window_of(notification.event.ts)
+        return due
+
+    def advance(self, now: float) -> list[Notification]:
+        """Deliver the pending window if it has ended by ``now`` (log time)."""
+        deadline = self.deadline
+        if deadline is None or now < deadline:
+            return []
+        due = sorted(self._pending.values(), key=lambda n: n.position)
+        self._pending.clear()
+        self._window = None
+        return self._deliver(due)
+
+    def _deliver(self, notifications: list[Notification]) -> list[Notification]:
+        fresh = [n for n in notifications if n.position > self.after]
+        if fresh:
+            self.after = fresh[-1].position
+        return fresh
+
+
+# -- the wire form -------------------------------------------------------------
+
+
+def format_cursor(field_tag: str, position: int) -> str:
+    return f"{field_tag}-{position}"
+
+
+def parse_cursor(cursor: str, field_tag: str) -> tuple[int | None, str | None]:
+    """(position, None) for a cursor of this Field, else (None, reason)."""
+    tag, sep, number = cursor.rpartition("-")
+    if not sep or not number.isdigit():
+        return None, f"{cursor!r} is not a cursor this Field issued"
+    if tag != field_tag:
+        return None, f"cursor {cursor!r} belongs to another Field"
+    return int(number), None
+
+
+def encode_event(event: FieldEvent, cursor: str) -> bytes:
+    """The part of a notification every subscriber shares, encoded once per event."""
+    return orjson.dumps(
+        {
+            "event": event.name,
+            "epoch": event.epoch,
+            "summary": event.summary,
+            "memory_unit_id": event.memory_unit_id,
+            "conflict_id": event.conflict_id,
+            "cursor": cursor,
+            "entity": {"type": event.entity_type, "id": event.entity_id},
+            "agent_id": event.actor,
+        }
+    )
+
+
+def encode_notification(notification: Notification) -> bytes:
+    """One subscriber's notification: its own fields spliced onto the shared part."""
+    own = orjson.dumps(
+        {
+            "subscription_id": notification.subscription_id,
+            "relevance_score": round(notification.relevance, 6),
+            "relevance_reason": notification.reason,
+            "requires_action": notification.requires_action,
+            "folded": notification.folded,
+        }
+    )
+    return own[:-1] + b"," + notification.shared[1:]

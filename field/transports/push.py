@@ -1,0 +1,418 @@
+"""The push hub: from durable log entries to frames in connection outboxes.
+
+The single writer calls :meth:`PushHub.publish` with every batch of
+entries right after they are durable. The hub turns them into events,
+matches each batch against every subscription at once, runs each
+attached stream's debounce, encodes each event once, and queues frames
+in the outboxes of the connections that consume those subscriptions.
+It never awaits on that path, so a slow consumer cannot slow the writer:
+its outbox fills, overflows, and the connection is closed with the
+cursors it can resume from.
+
+Attaching a stream with a cursor replays the subscription's stream from
+the log (in a worker thread) while live notifications for it are held
+back; the held ones follow the replay, so the seam has no gap and no
+duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from ..core.field import Field
+from ..service import FieldService
+from ..store.base import StoredEntry
+from ..subscriptions.events import FieldEvent, event_of
+from ..subscriptions.matcher import Match, Matcher
+from ..subscriptions.outbox import Frame, Outbox, PushLimits
+from ..subscriptions.stream import (
+    Notification,
+    Stream,
+    encode_event,
+    encode_notification,
+    format_cursor,
+    parse_cursor,
+)
+
+logger = logging.getLogger("field.push")
+
+REPLAY_PAGE = 2000
+
+
+@dataclass(eq=False)
+class Connection:
+    """One WebSocket or SSE consumer of one agent's subscriptions."""
+
+    agent_id: str
+    kind: str
+    outbox: Outbox
+    streams: dict[str, _Binding] = field(default_factory=dict)
+    #: close code and reason once the hub has ended this connection
+    ended: tuple[int, str] | None = None
+
+
+@dataclass(eq=False)
+class _Binding:
+    stream: Stream
+    connection: Connection
+    #: live notifications held while the stream replays; None once live
+    held: list[Notification] | None = None
+    #: cursor of the last notification queued in the outbox
+    queued: int = 0
+
+
+class PushHub:
+    """Routes committed entries to the streams attached to them."""
+
+    def __init__(self, service: FieldService, limits: PushLimits | None = None) -> None:
+        self.service = service
+        self.limits = limits or PushLimits()
+        self.connections: set[Connection] = set()
+        self._by_subscription: dict[str, list[_Binding]] = {}
+        self._timer: asyncio.TimerHandle | None = None
+        self._deadline: float | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+        service.listener = self.publish
+
+    @property
+    def field(self) -> Field:
+        return self.service.field
+
+    @property
+    def tag(self) -> str:
+        return self.field.field_tag
+
+    # -- connections -----------------------------------------------------------
+
+    def connect(self, agent_id: str, kind: str) -> Connection:
+        outbox = Outbox(max_frames=self.limits.outbox_frames, max_bytes=self.limits.outbox_bytes)
+        connection = Connection(agent_id, kind, outbox)
+        self.connections.add(connection)
+        return connection
+
+    def disconnect(self, connection: Connection) -> None:
+        self.connections.discard(connection)
+        for subscription_id, binding in list(connection.streams.items()):
+            bindings = self._by_subscription.get(subscription_id, [])
+            if binding in bindings:
+                bindings.remove(binding)
+            if not bindings:
+                self._by_subscription.pop(subscription_id, None)
+        connection.streams.clear()
+
+    def end(self, connection: Connection, code: int, reason: str, frame: Frame | None) -> None:
+        """Close a connection from the hub's side, after what is queued and ``frame``."""
+        if connection.ended is None:
+            connection.ended = (code, reason)
+            connection.outbox.close_with(frame)
+
+    def shutdown(self) -> None:
+        """End every connection (the server is stopping) and cancel replays."""
+        for connection in list(self.connections):
+            self.end(connection, 1001, "server shutting down", None)
+        for task in list(self._tasks):
+            task.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def attach(self, connection: Connection, subscription_id: str, since: str | None) -> None:
+        """Start streaming a subscription to a connection.
+
+        Without ``since`` the stream starts live at the end of the log. With
+        it, everything the subscription owes after that cursor is replayed
+        first (in a task, paced by the outbox). A cursor the Field cannot
+        honour starts the stream live and says why (``recovered: false``).
+        The connection gets a ``resume`` frame first and a ``live`` frame
+        where replay ends and live notifications begin.
+        """
+        subscription = self.field.state.subscriptions[subscription_id]
+        last = self.field.state.last_position
+        report: dict[str, Any] = {"subscription_id": subscription_id, "recovered": True}
+        after = last
+        if since is not None:
+            position, problem = parse_cursor(since, self.tag)
+            if position is not None and position > last:
+                problem = f"cursor {since!r} is ahead of this Field's log (at {last})"
+            if problem is None and position is not None:
+                after = position
+            else:
+                report.update(recovered=False, reason=problem)
+        stream = Stream(subscription_id, window_ms=subscription["debounce_ms"], after=after)
+        binding = _Binding(stream, connection, held=[] if after < last else None, queued=after)
+        connection.streams[subscription_id] = binding
+        self._by_subscription.setdefault(subscription_id, []).append(binding)
+        report["from"] = format_cursor(self.tag, after)
+        self._control(connection, "resume", report, subscription_id)
+        if binding.held is None:
+            self._went_live(binding, 0)
+        else:
+            task = asyncio.create_task(self._replay(binding, after, last))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    def _went_live(self, binding: _Binding, replayed: int) -> None:
+        report = {
+            "subscription_id": binding.stream.subscription_id,
+            "replayed": replayed,
+            "cursor": format_cursor(self.tag, binding.queued),
+        }
+        self._control(binding.connection, "live", report, binding.stream.subscription_id)
+
+    def _control(
+        self, connection: Connection, kind: str, data: dict[str, Any], subscription_id: str
+    ) -> None:
+        if not connection.outbox.put(Frame(orjson.dumps(data), kind, None, subscription_id)):
+            self.overflow(connection)
+
+    def detach(self, connection: Connection, subscription_id: str, reason: str) -> None:
+        binding = connection.streams.pop(subscription_id, None)
+        if binding is None:
+            return
+        bindings = self._by_subscription.get(subscription_id, [])
+        if binding in bindings:
+            bindings.remove(binding)
+        report = {
+            "subscription_id": subscription_id,
+            "reason": reason,
+            "cursor": format_cursor(self.tag, binding.queued),
+        }
+        self._control(connection, "end", report, subscription_id)
+
+    # -- replay ----------------------------------------------------------------
+
+    async def _replay(self, binding: _Binding, after: int, until: int) -> None:
+        """Offer the stream every event in (start, until], then release held ones."""
+        try:
+            stream = binding.stream
+            outbox = binding.connection.outbox
+            start = await asyncio.to_thread(self._replay_start, stream, after)
+            row = self.field.state.registry.rows[stream.subscription_id]
+            replayed = 0
+            position = start
+            while position < until and binding.connection.ended is None:
+                await outbox.wait_for_room()
+                entries = await asyncio.to_thread(
+                    self.service.log.read, position, min(REPLAY_PAGE, until - position)
+                )
+                if not entries:
+                    break
+                position = entries[-1].position
+                replayed += self._offer_entries(binding, entries, np.array([row]))
+            if binding.connection.ended is not None:
+                return
+            held, binding.held = binding.held or [], None
+            for notification in held:
+                self._deliver(binding, stream.offer(notification))
+            self._went_live(binding, replayed)
+            self._schedule(stream.deadline)
+        except Exception:
+            logger.exception("replaying %s failed", binding.stream.subscription_id)
+            self.end(binding.connection, 1011, "replay failed", None)
+
+    def _replay_start(self, stream: Stream, after: int) -> int:
+        """Where replay must begin: the start of the debounce window holding ``after``."""
+        if not stream.window_ms or after == 0:
+            return after
+        log = self.service.log
+        entry = log.read(after - 1, 1)
+        if not entry:
+            return after
+        window_start = stream.window_start(entry[0].ts)
+        low, high = 0, after  # find the first position whose ts >= window_start
+        while low < high:
+            mid = (low + high) // 2
+            probe = log.read(mid, 1)
+            if probe and probe[0].ts >= window_start:
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    def _offer_entries(
+        self, binding: _Binding, entries: list[StoredEntry], rows: np.ndarray
+    ) -> int:
+        events = self._events(entries)
+        matcher = Matcher(self.field.state.registry, self.field.state.index, self.field.state.units)
+        delivered = 0
+        for match in matcher.match(events, only=rows):
+            shared = encode_event(match.event, format_cursor(self.tag, match.event.position))
+            for notification in self._notifications(match, shared):
+                delivered += self._deliver(binding, binding.stream.offer(notification))
+        if entries:
+            delivered += self._deliver(binding, binding.stream.advance(entries[-1].ts))
+        return delivered
+
+    # -- live --------------------------------------------------------------------
+
+    def publish(self, entries: list[StoredEntry]) -> None:
+        """Route a batch of newly durable entries (called by the writer)."""
+        self._lifecycle(entries)
+        if not self._by_subscription:
+            return
+        events = self._events(entries)
+        if events:
+            state = self.field.state
+            matcher = Matcher(state.registry, state.index, state.units)
+            rows = np.array([state.registry.rows[s] for s in self._by_subscription], dtype=np.intp)
+            for match in matcher.match(events, only=np.sort(rows)):
+                self._route(match)
+        self.flush_due(entries[-1].ts)
+
+    def _route(self, match: Match) -> None:
+        shared: bytes | None = None
+        ids = self.field.state.registry.ids
+        for i, row in enumerate(match.rows.tolist()):
+            bindings = self._by_subscription.get(ids[row])
+            if not bindings:
+                continue
+            if shared is None:  # encoded once per event, for every subscriber
+                shared = encode_event(match.event, format_cursor(self.tag, match.event.position))
+            for binding in bindings:
+                notification = self._notification(match, i, ids[row], shared)
+                if binding.held is not None:
+                    self._hold(binding, notification)
+                else:
+                    self._deliver(binding, binding.stream.offer(notification))
+                    self._schedule(binding.stream.deadline)
+
+    def _hold(self, binding: _Binding, notification: Notification) -> None:
+        assert binding.held is not None
+        if len(binding.held) >= self.limits.replay_hold:
+            self.overflow(binding.connection)
+            return
+        binding.held.append(notification)
+
+    def flush_due(self, now: float | None = None) -> None:
+        """Deliver every debounce window that has ended by ``now`` (log time)."""
+        if now is None:
+            if self.service.busy:  # entries in flight may still belong to a window
+                self._schedule(time.time() + 0.005)
+                return
+            now = max(time.time(), self.field.state.last_ts)
+        soonest: float | None = None
+        for bindings in self._by_subscription.values():
+            for binding in bindings:
+                if binding.held is None:
+                    self._deliver(binding, binding.stream.advance(now))
+                deadline = binding.stream.deadline
+                if deadline is not None and (soonest is None or deadline < soonest):
+                    soonest = deadline
+        self._deadline = None
+        self._schedule(soonest)
+
+    def _schedule(self, deadline: float | None) -> None:
+        if deadline is None or (self._deadline is not None and self._deadline <= deadline):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        loop = asyncio.get_running_loop()
+        self._deadline = deadline
+        delay = max(0.0, deadline - time.time())
+        self._timer = loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        self._deadline = None
+        try:
+            self.flush_due()
+        except Exception:
+            logger.exception("flushing debounce windows failed")
+
+    # -- shared steps --------------------------------------------------------------
+
+    def _events(self, entries: list[StoredEntry]) -> list[FieldEvent]:
+        units = self.field.state.units
+        return [e for e in (event_of(entry, units) for entry in entries) if e is not None]
+
+    def _notifications(self, match: Match, shared: bytes) -> Iterator[Notification]:
+        ids = self.field.state.registry.ids
+        for i, row in enumerate(match.rows.tolist()):
+            yield self._notification(match, i, ids[row], shared)
+
+    @staticmethod
+    def _notification(match: Match, i: int, subscription_id: str, shared: bytes) -> Notification:
+        return Notification(
+            subscription_id,
+            match.event,
+            float(match.relevance[i]),
+            match.reason(i),
+            bool(match.requires_action[i]),
+            shared=shared,
+        )
+
+    def _deliver(self, binding: _Binding, notifications: list[Notification]) -> int:
+        connection = binding.connection
+        for notification in notifications:
+            frame = Frame(
+                encode_notification(notification),
+                notification.event.name,
+                format_cursor(self.tag, notification.position),
+                notification.subscription_id,
+            )
+            if not connection.outbox.put(frame):
+                self.overflow(connection)
+                return 0
+            binding.queued = notification.position
+        return len(notifications)
+
+    def overflow(self, connection: Connection) -> None:
+        """The consumer fell too far behind: close it with the cursors to resume from."""
+        if connection.ended is not None:
+            return
+        cursors = {
+            sid: format_cursor(self.tag, binding.queued)
+            for sid, binding in connection.streams.items()
+        }
+        body = orjson.dumps(
+            {
+                "reason": "outbox overflow: the consumer fell too far behind",
+                "cursors": cursors,
+            }
+        )
+        logger.warning(
+            "closing a slow %s consumer of agent %s", connection.kind, connection.agent_id
+        )
+        self.end(connection, 4008, "outbox overflow", Frame(body, "overflow"))
+        self.disconnect(connection)
+
+    def _lifecycle(self, entries: list[StoredEntry]) -> None:
+        """Attach new subscriptions to their agent's sockets; end cancelled ones."""
+        state = self.field.state
+        for entry in entries:
+            if entry.kind == "subscription.created":
+                subscription = entry.data["subscription"]
+                for connection in list(self.connections):
+                    if connection.kind == "ws" and connection.agent_id == subscription["agent_id"]:
+                        stream = Stream(
+                            subscription["id"],
+                            window_ms=subscription["debounce_ms"],
+                            after=entry.position,
+                        )
+                        binding = _Binding(stream, connection, queued=entry.position)
+                        connection.streams[subscription["id"]] = binding
+                        self._by_subscription.setdefault(subscription["id"], []).append(binding)
+            elif entry.kind in ("subscription.cancelled", "agent.deregistered"):
+                ended = (
+                    [entry.data["subscription_id"]]
+                    if entry.kind == "subscription.cancelled"
+                    else [
+                        sid
+                        for sid, sub in state.subscriptions.items()
+                        if sub["agent_id"] == entry.data["agent_id"]
+                    ]
+                )
+                for subscription_id in ended:
+                    for binding in list(self._by_subscription.get(subscription_id, [])):
+                        self.detach(binding.connection, subscription_id, "subscription cancelled")
+                if entry.kind == "agent.deregistered":
+                    for connection in list(self.connections):
+                        if connection.agent_id == entry.data["agent_id"]:
+                            self.end(connection, 4409, "agent deregistered", None)

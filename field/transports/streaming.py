@@ -1,0 +1,213 @@
+"""WebSocket (``/v1/ws``) and Server-Sent Events (``/v1/subscriptions/{id}/events``).
+
+Both are thin: authenticate, make a hub connection, attach subscriptions
+with the client's cursors, then copy frames from the connection's outbox
+to the socket until one side ends. The framing is in
+``protocol/README.md`` ("Push").
+
+WebSocket close codes: 4401 authentication failed, 4008 outbox overflow
+(the consumer was too slow; resume from the cursors of the ``overflow``
+frame), 4409 the agent deregistered, 1001 the server is stopping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import orjson
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from ..core.field import Field, Outcome
+from ..errors import Code, FieldError, InvalidJSON, StateError, internal_error
+from ..subscriptions.outbox import Frame
+from .push import Connection, PushHub
+
+logger = logging.getLogger("field.streaming")
+
+#: Seconds between SSE keep-alive comments.
+SSE_PING_SECONDS = 15
+#: Seconds a send may block before the consumer is considered dead.
+SEND_TIMEOUT_SECONDS = 30
+
+
+def token_of(headers: Any, query: Any) -> str | None:
+    """The bearer token from ``Authorization`` or, for browsers, the ``token`` query parameter."""
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and token.strip():
+        return str(token.strip())
+    value = query.get("token")
+    return str(value) if value else None
+
+
+def since_cursors(values: list[str]) -> tuple[str | None, dict[str, str]]:
+    """``since`` parameters: one bare cursor for all, or ``<subscription_id>@<cursor>`` each."""
+    default: str | None = None
+    each: dict[str, str] = {}
+    for value in values:
+        subscription_id, sep, cursor = value.partition("@")
+        if sep:
+            each[subscription_id] = cursor
+        else:
+            default = value
+    return default, each
+
+
+# -- Server-Sent Events -----------------------------------------------------------
+
+
+async def sse_endpoint(
+    request: Request, hub: PushHub, error_response: Callable[[FieldError], Response]
+) -> Response:
+    subscription_id = request.path_params["subscription_id"]
+    token = token_of(request.headers, request.query_params)
+
+    def check(field: Field) -> Outcome:
+        agent = field.authenticate(token)
+        subscription = field.owned_subscription(subscription_id, agent.id)
+        if subscription["status"] != "active":
+            raise StateError(
+                f"subscription {subscription_id} is cancelled",
+                code=Code.INVALID_TRANSITION,
+                recoverable=False,
+                suggested_action="Subscribe again.",
+            )
+        return Outcome({"agent_id": agent.id})
+
+    try:
+        outcome = await hub.service.execute(check)
+    except FieldError as error:
+        return error_response(error)
+    since = request.headers.get("last-event-id") or request.query_params.get("since")
+    connection = hub.connect(outcome.response["agent_id"], "sse")
+    hub.attach(connection, subscription_id, since)
+    return EventSourceResponse(
+        _sse_events(hub, connection),
+        ping=SSE_PING_SECONDS,
+        send_timeout=SEND_TIMEOUT_SECONDS,
+        headers={"Cache-Control": "no-store"},
+    )
+
+
+async def _sse_events(hub: PushHub, connection: Connection) -> AsyncIterator[ServerSentEvent]:
+    try:
+        while True:
+            frame = await connection.outbox.get()
+            if frame is None:
+                return
+            yield ServerSentEvent(data=frame.body.decode(), event=frame.kind, id=frame.cursor)
+            if frame.kind == "end":
+                return
+    finally:
+        hub.disconnect(connection)
+
+
+# -- WebSocket --------------------------------------------------------------------
+
+
+async def ws_endpoint(websocket: WebSocket, hub: PushHub) -> None:
+    token = token_of(websocket.headers, websocket.query_params)
+    await websocket.accept()
+    try:
+        outcome = await hub.service.execute(
+            lambda field: Outcome({"agent_id": field.authenticate(token).id})
+        )
+    except FieldError as error:
+        await websocket.send_text(_frame("error", error.to_response()).decode())
+        await websocket.close(code=4401, reason=error.code)
+        return
+    agent_id = outcome.response["agent_id"]
+    connection = hub.connect(agent_id, "ws")
+    default, each = since_cursors(websocket.query_params.getlist("since"))
+    for subscription_id in sorted(hub.field.state.active_subscriptions.get(agent_id, ())):
+        hub.attach(connection, subscription_id, each.get(subscription_id, default))
+    sender = asyncio.create_task(_ws_sender(websocket, connection))
+    try:
+        await _ws_reader(websocket, hub, connection, token)
+    finally:
+        hub.disconnect(connection)
+        if connection.ended is None:
+            connection.ended = (1000, "client closed")
+            connection.outbox.close_with(None)
+        await sender
+
+
+async def _ws_reader(
+    websocket: WebSocket, hub: PushHub, connection: Connection, token: str | None
+) -> None:
+    """Run each envelope the client sends; queue each response as a frame."""
+    base_http = str(websocket.base_url).replace("ws", "http", 1).rstrip("/")
+    while connection.ended is None:
+        try:
+            message = await websocket.receive_text()
+        except (WebSocketDisconnect, RuntimeError, KeyError):
+            return
+        msg_id, status, body = await _run_envelope(hub, message, token, base_http)
+        frame = orjson.dumps({"type": "response", "id": msg_id, "status": status, "body": body})
+        if not connection.outbox.put(Frame(frame, "response")):
+            hub.overflow(connection)
+            return
+
+
+async def _run_envelope(
+    hub: PushHub, message: str, token: str | None, base_http: str
+) -> tuple[Any, int, dict[str, Any]]:
+    msg_id = None
+    try:
+        try:
+            body = orjson.loads(message)
+        except orjson.JSONDecodeError as exc:
+            raise InvalidJSON(f"the frame is not valid JSON: {exc}") from None
+        if isinstance(body, dict):
+            msg_id = body.get("id")
+        outcome = await hub.service.execute(
+            lambda field: field.handle(body, token=token, operation=None),
+            operation=body.get("operation") if isinstance(body, dict) else None,
+        )
+    except FieldError as error:
+        return msg_id, error.http_status, error.to_response()
+    except Exception:
+        logger.exception("a WebSocket request failed")
+        return msg_id, 500, internal_error().to_response()
+    return msg_id, 200, absolute_urls(outcome.response, base_http)
+
+
+def absolute_urls(response: dict[str, Any], base_http: str) -> dict[str, Any]:
+    """SUBSCRIBE's ``ws_url`` and ``sse_url`` made absolute for the client's host."""
+    if "ws_url" in response:
+        base_ws = "ws" + base_http[len("http") :]
+        response["ws_url"] = base_ws + response["ws_url"]
+        response["sse_url"] = base_http + response["sse_url"]
+    return response
+
+
+async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
+    """Copy frames to the socket; close with the hub's code when it ends the connection."""
+    try:
+        while True:
+            frame = await connection.outbox.get()
+            if frame is None:
+                break
+            await asyncio.wait_for(
+                websocket.send_text(_ws_frame(frame).decode()), SEND_TIMEOUT_SECONDS
+            )
+        code, reason = connection.ended or (1000, "")
+        await websocket.close(code=code, reason=reason)
+    except (WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
+        pass  # the client is gone; its cursors let it resume
+
+
+def _ws_frame(frame: Frame) -> bytes:
+    if frame.kind == "response":
+        return frame.body
+    kind = "notification" if frame.cursor is not None else frame.kind
+    return b'{"type":"' + kind.encode() + b'","data":' + frame.body + b"}"
+
+
+def _frame(kind: str, data: dict[str, Any]) -> bytes:
+    return orjson.dumps({"type": kind, "data": data})
