@@ -18,36 +18,16 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import VOCABULARY, envelope, pct, progress
 
-from field.core import relevance  # noqa: E402
-from field.core.field import Field, Ids  # noqa: E402
-from tests.reference_relevance import reference_scores  # noqa: E402
+from field.core import relevance
+from field.core.field import Field, Ids
+from tests.reference_relevance import reference_scores
 
-VOCABULARY = (
-    "market size growth pricing competitor churn retention revenue forecast hiring risk "
-    "compliance regulation europe saas smb enterprise budget segment channel partner "
-    "product roadmap launch feature adoption onboarding support security privacy audit"
-).split()
 TYPES = ["finding", "decision", "observation", "question", "assumption", "constraint"]
-
-
-def envelope(operation: str, agent: str, payload: dict[str, Any], epoch: int = 0) -> Any:
-    return {
-        "protocol": "akashik",
-        "version": "0.1.0",
-        "id": "m",
-        "operation": operation,
-        "agent_id": agent,
-        "session_id": None,
-        "epoch": epoch,
-        "payload": payload,
-    }
 
 
 def build(units: int, rng: random.Random) -> tuple[Field, dict[str, str]]:
@@ -78,14 +58,6 @@ def build(units: int, rng: random.Random) -> tuple[Field, dict[str, str]]:
     return field, tokens
 
 
-def progress(done: int, total: int, label: str) -> None:
-    if done % max(1, total // 50) and done != total:
-        return
-    bar = "#" * (30 * done // max(1, total))
-    end = "\n" if done == total else ""
-    print(f"\r{label:>10} [{bar:<30}] {done}/{total}", end=end, file=sys.stderr, flush=True)
-
-
 def timed(fn: Any, runs: int, label: str, setup: Any = None) -> list[float]:
     samples = []
     for i in range(runs):
@@ -97,11 +69,6 @@ def timed(fn: Any, runs: int, label: str, setup: Any = None) -> list[float]:
         samples.append((time.perf_counter() - start) * 1000)
     progress(runs, runs, label)
     return samples
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def main() -> None:

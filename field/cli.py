@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, help="largest request body (1 MiB)")
     serve.add_argument("--max-queue", type=int, help="requests waiting for the writer (10000)")
     serve.add_argument(
+        "--outbox-frames", type=int, help="frames queued per push connection (10000)"
+    )
+    serve.add_argument(
+        "--outbox-bytes", type=int, help="bytes queued per push connection (8388608)"
+    )
+    serve.add_argument(
         "--log-level",
         choices=["critical", "error", "warning", "info", "debug"],
         help="log verbosity (default info)",
@@ -63,6 +69,8 @@ def _config(args: argparse.Namespace) -> Config:
         sync=args.sync,
         max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue,
+        outbox_frames=args.outbox_frames,
+        outbox_bytes=args.outbox_bytes,
         log_level=args.log_level,
     )
     if args.in_memory:

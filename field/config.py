@@ -49,26 +49,34 @@ class Config:
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         """Defaults, then ``FIELD_*`` variables, then ``overrides`` (None means unset).
 
-        ``max_body_bytes`` (``FIELD_MAX_BODY_BYTES``) sets ``limits.max_body_bytes``.
+        ``max_body_bytes`` sets ``limits.max_body_bytes``; ``outbox_frames``
+        and ``outbox_bytes`` set the push limits of every connection.
         """
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
         names = [f.name for f in fields(cls) if f.name not in ("limits", "push")]
-        for name in [*names, "max_body_bytes"]:
+        for name in [*names, *_NESTED]:
             raw = environ.get(f"FIELD_{name.upper()}")
             if raw is not None:
                 values[name] = _parse(name, raw)
         values.update({k: v for k, v in overrides.items() if v is not None})
-        body = values.pop("max_body_bytes", None)
+        nested = {name: int(values.pop(name)) for name in _NESTED if name in values}
         config = cls(**values)
-        if body is not None:
-            config = replace(config, limits=replace(config.limits, max_body_bytes=int(body)))
+        if "max_body_bytes" in nested:
+            limits = replace(config.limits, max_body_bytes=nested.pop("max_body_bytes"))
+            config = replace(config, limits=limits)
+        if nested:
+            config = replace(config, push=replace(config.push, **nested))
         return config
+
+
+#: Settings that live inside ``limits`` or ``push``.
+_NESTED = ("max_body_bytes", "outbox_frames", "outbox_bytes")
 
 
 def _parse(name: str, raw: str) -> Any:
     if name == "data_dir":
         return None if raw in ("", ":memory:") else Path(raw)
-    if name in ("port", "max_queue", "max_batch", "max_body_bytes"):
+    if name in ("port", "max_queue", "max_batch", *_NESTED):
         return int(raw)
     return raw

@@ -129,8 +129,7 @@ def relevance_of(
         return agent_score(agent, event.agent), False
     by_id = {u["id"]: u for u in units}
     if event.name in MUST_ACT_EVENTS and any(
-        by_id[unit_id]["source"]["agent_id"] == subscription["agent_id"]
-        for unit_id in event.units
+        by_id[unit_id]["source"]["agent_id"] == subscription["agent_id"] for unit_id in event.units
     ):
         return 1.0, True
     best = max(unit_score(units, unit_id, agent, event.epoch) for unit_id in event.units)

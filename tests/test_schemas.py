@@ -36,6 +36,9 @@ TYPES = [
     "conflict",
     "field-capabilities",
     "scoped-memory-unit",
+    "subscription",
+    "notification",
+    "ws-frame",
 ]
 REQUESTS = [
     "register.request",
@@ -43,6 +46,7 @@ REQUESTS = [
     "record.request",
     "attune.request",
     "detect.request",
+    "subscribe.request",
 ]
 RESPONSES = [
     "register.response",
@@ -50,6 +54,7 @@ RESPONSES = [
     "record.response",
     "attune.response",
     "detect.response",
+    "subscribe.response",
     "field-status.response",
     "agents.response",
     "conflicts.response",
@@ -284,12 +289,42 @@ A2_CONFLICT = {
     "description": "Conflicting market growth estimates: 23% CAGR vs 14% CAGR",
     "detected_by": "explicit",
 }
+# Section 6.7 of the spec, verbatim.
+S67_SUBSCRIBE = {
+    "protocol": "akashik",
+    "version": "0.1.0",
+    "id": "msg-030",
+    "operation": "SUBSCRIBE",
+    "agent_id": "strategist-01",
+    "session_id": None,
+    "epoch": 30,
+    "payload": {
+        "action": "subscribe",
+        "subscription": {
+            "events": ["conflict.detected", "memory.recorded"],
+            "min_relevance": 0.6,
+            "debounce_ms": 2000,
+        },
+    },
+}
+S67_SUBSCRIBE_RESPONSE = {"status": "ok", "subscription_id": "sub-xyz789"}
+# The spec's push notification format, filled in.
+S67_NOTIFICATION = {
+    "subscription_id": "sub-xyz789",
+    "event": "conflict.detected",
+    "epoch": 31,
+    "relevance_score": 0.9,
+    "summary": "Conflicting market growth estimates",
+    "memory_unit_id": None,
+    "conflict_id": "conflict-001",
+    "requires_action": True,
+}
 
 # --------------------------------------------------------------------------- server-shaped bases
 
 CAPABILITIES = {
     "conformance_level": 1,
-    "supported_operations": ["REGISTER", "DEREGISTER", "RECORD", "ATTUNE", "DETECT"],
+    "supported_operations": ["REGISTER", "DEREGISTER", "RECORD", "ATTUNE", "DETECT", "SUBSCRIBE"],
     "protocol_version": "0.1.0",
     "persistence": True,
     "conflict_strategies": [],
@@ -425,6 +460,92 @@ FIELD_STATUS = {
     "uptime_seconds": 12.5,
 }
 TOKEN = "Zk3x9Qm2-vB8_nT4rL6yW1cH5jD7sA0eGuPoIiKkMmN"
+EVENTS = [
+    "memory.recorded",
+    "memory.superseded",
+    "memory.contested",
+    "conflict.detected",
+    "conflict.resolved",
+    "task.state_changed",
+    "task.assigned",
+    "task.completed",
+    "handoff.incoming",
+    "agent.joined",
+    "agent.failed",
+    "session.paused",
+    "session.ended",
+]
+SUB_ID = "sub-0123456789abcdef0123"
+CURSOR = "4c3c3355a2f4-57"
+SUBSCRIPTION = {
+    "id": SUB_ID,
+    "agent_id": "strategist-01",
+    "events": ["memory.recorded", "conflict.detected"],
+    "min_relevance": 0.6,
+    "debounce_ms": 2000,
+    "include_own": False,
+    "status": "active",
+    "created_epoch": 31,
+}
+CANCELLED = {**SUBSCRIPTION, "status": "cancelled"}
+SUBSCRIBE = {"action": "subscribe", "subscription": {"events": ["memory.recorded"]}}
+UNSUBSCRIBE = {"action": "unsubscribe", "subscription": {"id": SUB_ID}}
+SUBSCRIBED = {
+    "status": "ok",
+    "subscription_id": SUB_ID,
+    "subscription": SUBSCRIPTION,
+    "epoch": 31,
+    "cursor": CURSOR,
+    "ws_url": "ws://127.0.0.1:8765/v1/ws",
+    "sse_url": f"http://127.0.0.1:8765/v1/subscriptions/{SUB_ID}/events",
+}
+UNSUBSCRIBED = {"status": "ok", "subscription_id": SUB_ID, "subscription": CANCELLED, "epoch": 40}
+LISTED = {"status": "ok", "subscriptions": [SUBSCRIPTION], "epoch": 41}
+NOTIFICATION = {
+    "subscription_id": SUB_ID,
+    "relevance_score": 1.0,
+    "relevance_reason": "conflict.detected: it involves your unit; same role as you",
+    "requires_action": True,
+    "folded": 0,
+    "event": "conflict.detected",
+    "epoch": 9,
+    "summary": "conflict between mem-0123456789abcdef0123 and mem-89abcdef0123456789ab: ...",
+    "memory_unit_id": None,
+    "conflict_id": CONFLICT["id"],
+    "cursor": CURSOR,
+    "entity": {"type": "conflict", "id": CONFLICT["id"]},
+    "agent_id": "analyst-2",
+}
+RECORDED = {
+    **NOTIFICATION,
+    "relevance_score": 0.4,
+    "relevance_reason": "memory.recorded: general relevance (type, confidence, recency)",
+    "requires_action": False,
+    "event": "memory.recorded",
+    "summary": "finding from analyst-1: Churn fell to 2%.",
+    "memory_unit_id": UNIT["id"],
+    "conflict_id": None,
+    "entity": {"type": "memory_unit", "id": UNIT["id"]},
+    "agent_id": "analyst-1",
+}
+CONTESTED = {
+    **RECORDED,
+    "event": "memory.contested",
+    "requires_action": True,
+    "conflict_id": CONFLICT["id"],
+}
+JOINED = {
+    **RECORDED,
+    "event": "agent.joined",
+    "summary": "agent carol joined as analyst",
+    "memory_unit_id": None,
+    "entity": {"type": "agent", "id": "carol"},
+    "agent_id": "carol",
+}
+RESUME = {"subscription_id": SUB_ID, "recovered": True, "from": CURSOR}
+LIVE = {"subscription_id": SUB_ID, "replayed": 3, "cursor": CURSOR}
+END = {"subscription_id": SUB_ID, "reason": "subscription cancelled", "cursor": CURSOR}
+OVERFLOW = {"reason": "outbox overflow", "cursors": {SUB_ID: CURSOR}}
 
 
 # --------------------------------------------------------------------------- structure
@@ -527,6 +648,44 @@ def test_spec_record_responses_lack_only_rejection_reason() -> None:
     for response in (A1_RECORD_RESPONSE, A2_RECORD_RESPONSE):
         assert missing_only("record.response", response) == {"rejection_reason"}
         assert_valid("record.response", {**response, "rejection_reason": None})
+
+
+def test_spec_subscribe_request_is_valid_as_is() -> None:
+    assert_valid("envelope", S67_SUBSCRIBE)
+    assert_valid("subscribe.request", S67_SUBSCRIBE["payload"])
+
+
+def test_spec_subscribe_response_lacks_only_our_extensions() -> None:
+    # The spec's response has only status and subscription_id; this server adds the stored
+    # subscription, the epoch, the cursor of its creation and the push URLs.
+    subscribe_branch = Draft202012Validator(
+        {"$ref": URN_PREFIX + "subscribe.response#/oneOf/0"}, registry=registry()
+    )
+    missing: set[str] = set()
+    for err in subscribe_branch.iter_errors(S67_SUBSCRIBE_RESPONSE):
+        assert err.validator == "required", err.message
+        missing |= {p for p in err.validator_value if p not in err.instance}
+    assert missing == {"subscription", "epoch", "cursor", "ws_url", "sse_url"}
+    assert not is_valid("subscribe.response", S67_SUBSCRIBE_RESPONSE)
+
+
+def test_spec_notification_lacks_only_our_extensions() -> None:
+    assert missing_only("notification", S67_NOTIFICATION) == {
+        "relevance_reason",
+        "cursor",
+        "entity",
+        "agent_id",
+        "folded",
+    }
+    extended = {
+        **S67_NOTIFICATION,
+        "relevance_reason": "conflict.detected: it involves your unit",
+        "cursor": CURSOR,
+        "entity": {"type": "conflict", "id": "conflict-001"},
+        "agent_id": "researcher-02",
+        "folded": 0,
+    }
+    assert_valid("notification", extended)
 
 
 def test_spec_a2_conflict_lacks_only_epoch() -> None:
@@ -814,6 +973,113 @@ VALID = [
     case("agents.response", {"status": "ok", "agents": [AGENT], "epoch": 4}, "basic"),
     case("agents.response", {"status": "ok", "agents": [], "epoch": 0}, "empty"),
     case("conflicts.response", {"status": "ok", "conflicts": [CONFLICT], "epoch": 4}, "basic"),
+    # subscription
+    case("subscription", SUBSCRIPTION, "active"),
+    case("subscription", CANCELLED, "cancelled"),
+    case("subscription", {**SUBSCRIPTION, "events": EVENTS}, "all-events"),
+    case(
+        "subscription",
+        {**SUBSCRIPTION, "min_relevance": 0.0, "debounce_ms": 0, "include_own": True},
+        "defaults-own",
+    ),
+    case("subscription", {**SUBSCRIPTION, "debounce_ms": 3600000, "min_relevance": 1}, "max"),
+    # notification
+    case("notification", NOTIFICATION, "conflict-detected"),
+    case("notification", RECORDED, "memory-recorded"),
+    case("notification", {**RECORDED, "event": "memory.superseded", "folded": 2}, "superseded"),
+    case("notification", CONTESTED, "memory-contested"),
+    case("notification", JOINED, "agent-joined"),
+    case(
+        "notification",
+        {**JOINED, "event": "task.assigned", "entity": {"type": "task", "id": "task-1"}},
+        "future-event",
+    ),
+    case("notification", {**RECORDED, "agent_id": None}, "no-actor"),
+    case("notification", {**RECORDED, "cursor": "abc-def-0"}, "opaque-cursor"),
+    # ws-frame
+    case("ws-frame", {"type": "notification", "data": NOTIFICATION}, "notification"),
+    case(
+        "ws-frame",
+        {"type": "response", "id": "msg-7", "status": 200, "body": LISTED},
+        "response-ok",
+    ),
+    case(
+        "ws-frame", {"type": "response", "id": None, "status": 400, "body": ERROR}, "response-error"
+    ),
+    case(
+        "ws-frame",
+        {"type": "response", "id": 5, "status": 422, "body": ERROR},
+        "response-id-as-sent",
+    ),
+    case("ws-frame", {"type": "resume", "data": RESUME}, "resume"),
+    case(
+        "ws-frame",
+        {"type": "resume", "data": {**RESUME, "recovered": False, "reason": "not a cursor"}},
+        "resume-unrecovered",
+    ),
+    case("ws-frame", {"type": "live", "data": LIVE}, "live"),
+    case("ws-frame", {"type": "live", "data": {**LIVE, "replayed": 0}}, "live-nothing-replayed"),
+    case("ws-frame", {"type": "end", "data": END}, "end"),
+    case("ws-frame", {"type": "overflow", "data": OVERFLOW}, "overflow"),
+    case("ws-frame", {"type": "overflow", "data": {**OVERFLOW, "cursors": {}}}, "overflow-empty"),
+    case("ws-frame", {"type": "error", "data": {**ERROR, "code": "UNAUTHENTICATED"}}, "error"),
+    # subscribe.request
+    case("subscribe.request", S67_SUBSCRIBE["payload"], "spec"),
+    case("subscribe.request", SUBSCRIBE, "minimal"),
+    case(
+        "subscribe.request",
+        {
+            "action": "subscribe",
+            "subscription": {
+                "id": None,
+                "events": EVENTS,
+                "min_relevance": 0,
+                "debounce_ms": 3600000,
+                "include_own": True,
+            },
+        },
+        "full",
+    ),
+    case(
+        "subscribe.request",
+        put(put(SUBSCRIBE, "subscription.min_relevance", None), "subscription.debounce_ms", None),
+        "nulls",
+    ),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.min_relevance", 1), "relevance-1"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.debounce_ms", 0), "debounce-0"),
+    case(
+        "subscribe.request",
+        put(SUBSCRIBE, "subscription.events", ["memory.recorded"] * 64),
+        "64-duplicates",
+    ),
+    case("subscribe.request", UNSUBSCRIBE, "unsubscribe"),
+    case("subscribe.request", put(UNSUBSCRIBE, "subscription.id", "x" * 256), "unsubscribe-id-256"),
+    case(
+        "subscribe.request",
+        {
+            "action": "unsubscribe",
+            "subscription": {"id": SUB_ID, "events": "ignored", "include_own": 3},
+        },
+        "unsubscribe-ignores-the-rest",
+    ),
+    case("subscribe.request", {"action": "list"}, "list"),
+    case("subscribe.request", {"action": "list", "subscription": None}, "list-null"),
+    case("subscribe.request", {"action": "list", "subscription": {"events": 5}}, "list-ignores"),
+    # subscribe.response
+    case("subscribe.response", SUBSCRIBED, "subscribe"),
+    case(
+        "subscribe.response",
+        {
+            **SUBSCRIBED,
+            "ws_url": "wss://field.example.com/akashik/v1/ws",
+            "sse_url": f"https://field.example.com/akashik/v1/subscriptions/{SUB_ID}/events",
+        },
+        "subscribe-tls-prefix",
+    ),
+    case("subscribe.response", UNSUBSCRIBED, "unsubscribe"),
+    case("subscribe.response", LISTED, "list"),
+    case("subscribe.response", {**LISTED, "subscriptions": []}, "list-empty"),
+    case("subscribe.response", {**LISTED, "subscriptions": [SUBSCRIPTION] * 100}, "list-100"),
 ]
 
 INVALID = [
@@ -1246,6 +1512,155 @@ INVALID = [
         {"status": "ok", "conflicts": [], "epoch": 4, "next": None},
         "extra-property",
     ),
+    # subscription
+    case("subscription", drop(SUBSCRIPTION, "created_epoch"), "missing-created-epoch"),
+    case("subscription", {**SUBSCRIPTION, "status": "paused"}, "status"),
+    case("subscription", {**SUBSCRIPTION, "events": []}, "no-events"),
+    case("subscription", {**SUBSCRIPTION, "events": ["memory.nope"]}, "unknown-event"),
+    case(
+        "subscription",
+        {**SUBSCRIPTION, "events": ["memory.recorded", "memory.recorded"]},
+        "duplicate-events",
+    ),
+    case("subscription", {**SUBSCRIPTION, "min_relevance": None}, "relevance-null"),
+    case("subscription", {**SUBSCRIPTION, "debounce_ms": None}, "debounce-null"),
+    case("subscription", {**SUBSCRIPTION, "debounce_ms": 3600001}, "debounce-too-long"),
+    case("subscription", {**CANCELLED, "cancel_reason": "unsubscribed"}, "internal-field"),
+    case("subscription", {**SUBSCRIPTION, "agent_id": "a b"}, "agent-id"),
+    case("subscription", {**SUBSCRIPTION, "id": ""}, "empty-id"),
+    # notification
+    case("notification", drop(NOTIFICATION, "cursor"), "missing-cursor"),
+    case("notification", drop(NOTIFICATION, "folded"), "missing-folded"),
+    case("notification", {**NOTIFICATION, "relevance_score": 1.2}, "relevance-1.2"),
+    case("notification", {**NOTIFICATION, "folded": -1}, "folded--1"),
+    case("notification", {**NOTIFICATION, "requires_action": "yes"}, "requires-action-string"),
+    case("notification", {**NOTIFICATION, "event": "memory.deleted"}, "unknown-event"),
+    case("notification", {**NOTIFICATION, "cursor": "57"}, "cursor-without-tag"),
+    case("notification", {**NOTIFICATION, "cursor": "4c3c3355a2f4-x"}, "cursor-not-position"),
+    case("notification", put(NOTIFICATION, "entity.type", "unit"), "entity-type"),
+    case("notification", put(NOTIFICATION, "entity.name", "x"), "entity-extra"),
+    case("notification", {**NOTIFICATION, "agent_id": ""}, "agent-id-empty"),
+    case("notification", {**NOTIFICATION, "relevance_reason": ""}, "reason-empty"),
+    case("notification", {**NOTIFICATION, "memory_unit_id": UNIT["id"]}, "conflict-with-unit"),
+    case("notification", {**NOTIFICATION, "conflict_id": None}, "conflict-without-id"),
+    case("notification", {**RECORDED, "memory_unit_id": None}, "recorded-without-unit"),
+    case("notification", {**RECORDED, "conflict_id": CONFLICT["id"]}, "recorded-with-conflict"),
+    case("notification", {**CONTESTED, "conflict_id": None}, "contested-without-conflict"),
+    case("notification", {**RECORDED, "entity": NOTIFICATION["entity"]}, "recorded-entity"),
+    case("notification", {**JOINED, "entity": RECORDED["entity"]}, "joined-entity"),
+    case("notification", {**NOTIFICATION, "unit": UNIT}, "extra-property"),
+    # ws-frame
+    case("ws-frame", {"type": "ping", "data": {}}, "unknown-type"),
+    case("ws-frame", {"type": "notification", "data": drop(NOTIFICATION, "event")}, "bad-data"),
+    case("ws-frame", {"type": "notification"}, "missing-data"),
+    case("ws-frame", NOTIFICATION, "unwrapped-notification"),
+    case(
+        "ws-frame",
+        {"type": "notification", "data": NOTIFICATION, "cursor": CURSOR},
+        "extra-property",
+    ),
+    case(
+        "ws-frame",
+        {"type": "response", "id": "m", "status": 404, "body": {"status": "ok"}},
+        "error-status-without-error",
+    ),
+    case("ws-frame", {"type": "response", "id": "m", "body": LISTED}, "response-missing-status"),
+    case("ws-frame", {"type": "response", "status": 200, "body": LISTED}, "response-missing-id"),
+    case(
+        "ws-frame",
+        {"type": "resume", "data": {**RESUME, "recovered": False}},
+        "unrecovered-without-reason",
+    ),
+    case(
+        "ws-frame", {"type": "resume", "data": {**RESUME, "reason": "x"}}, "recovered-with-reason"
+    ),
+    case("ws-frame", {"type": "resume", "data": drop(RESUME, "from")}, "resume-missing-from"),
+    case("ws-frame", {"type": "live", "data": drop(LIVE, "replayed")}, "live-missing-replayed"),
+    case("ws-frame", {"type": "live", "data": {**LIVE, "replayed": -1}}, "live-negative"),
+    case("ws-frame", {"type": "end", "data": drop(END, "cursor")}, "end-missing-cursor"),
+    case(
+        "ws-frame",
+        {"type": "overflow", "data": {**OVERFLOW, "cursors": {SUB_ID: 57}}},
+        "overflow-cursor-number",
+    ),
+    case(
+        "ws-frame", {"type": "overflow", "data": drop(OVERFLOW, "cursors")}, "overflow-no-cursors"
+    ),
+    case("ws-frame", {"type": "error", "data": drop(ERROR, "code")}, "error-missing-code"),
+    # subscribe.request
+    case("subscribe.request", {}, "missing-action"),
+    case("subscribe.request", {**SUBSCRIBE, "action": "watch"}, "unknown-action"),
+    case("subscribe.request", {**SUBSCRIBE, "action": "SUBSCRIBE"}, "action-case"),
+    case("subscribe.request", {"action": "subscribe"}, "subscribe-without-subscription"),
+    case("subscribe.request", {"action": "subscribe", "subscription": None}, "subscribe-null"),
+    case("subscribe.request", {"action": "subscribe", "subscription": {}}, "missing-events"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.events", []), "no-events"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.events", None), "events-null"),
+    case(
+        "subscribe.request",
+        put(SUBSCRIBE, "subscription.events", "memory.recorded"),
+        "events-string",
+    ),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.events", ["memory.nope"]), "unknown"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.events", [""]), "empty-event"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.events", [7]), "event-number"),
+    case(
+        "subscribe.request",
+        put(SUBSCRIBE, "subscription.events", ["memory.recorded"] * 65),
+        "65-events",
+    ),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.id", SUB_ID), "client-chosen-id"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.id", ""), "empty-id"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.min_relevance", 1.5), "relevance-1.5"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.min_relevance", -0.1), "relevance-neg"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.min_relevance", True), "relevance-bool"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.min_relevance", "0.5"), "relevance-str"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.debounce_ms", 3600001), "debounce-max"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.debounce_ms", -1), "debounce--1"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.debounce_ms", 1.5), "debounce-1.5"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.debounce_ms", "2s"), "debounce-str"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.include_own", None), "own-null"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.include_own", "yes"), "own-string"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.filter", {}), "subscription-extra"),
+    case("subscribe.request", {**SUBSCRIBE, "agent_id": "a"}, "extra-property"),
+    case("subscribe.request", {"action": "unsubscribe"}, "unsubscribe-without-subscription"),
+    case("subscribe.request", {"action": "unsubscribe", "subscription": None}, "unsubscribe-null"),
+    case("subscribe.request", {"action": "unsubscribe", "subscription": {}}, "unsubscribe-no-id"),
+    case("subscribe.request", put(UNSUBSCRIBE, "subscription.id", ""), "unsubscribe-empty-id"),
+    case("subscribe.request", put(UNSUBSCRIBE, "subscription.id", None), "unsubscribe-null-id"),
+    case("subscribe.request", put(UNSUBSCRIBE, "subscription.id", "x" * 257), "unsubscribe-257"),
+    case("subscribe.request", put(UNSUBSCRIBE, "subscription.id", 5), "unsubscribe-id-number"),
+    case("subscribe.request", put(UNSUBSCRIBE, "subscription.why", "x"), "unsubscribe-extra"),
+    case("subscribe.request", {"action": "list", "subscription": "x"}, "list-string"),
+    case("subscribe.request", {"action": "list", "subscription": []}, "list-array"),
+    case("subscribe.request", {"action": "list", "subscription": {"x": 1}}, "list-extra"),
+    # subscribe.response
+    case("subscribe.response", S67_SUBSCRIBE_RESPONSE, "spec-minimal"),
+    case("subscribe.response", drop(SUBSCRIBED, "cursor"), "missing-cursor"),
+    case("subscribe.response", {**SUBSCRIBED, "cursor": None}, "cursor-null"),
+    case("subscribe.response", {**SUBSCRIBED, "ws_url": "/v1/ws"}, "relative-ws-url"),
+    case(
+        "subscribe.response",
+        {**SUBSCRIBED, "sse_url": f"/v1/subscriptions/{SUB_ID}/events"},
+        "relative-sse-url",
+    ),
+    case("subscribe.response", {**SUBSCRIBED, "ws_url": "http://h/v1/ws"}, "ws-url-scheme"),
+    case("subscribe.response", {**SUBSCRIBED, "subscription": CANCELLED}, "subscribed-cancelled"),
+    case("subscribe.response", {**SUBSCRIBED, "status": "subscribed"}, "status"),
+    case("subscribe.response", {**SUBSCRIBED, "token": TOKEN}, "extra-property"),
+    case("subscribe.response", drop(SUBSCRIBED, "epoch"), "missing-epoch"),
+    case(
+        "subscribe.response", {**UNSUBSCRIBED, "subscription": SUBSCRIPTION}, "unsubscribed-active"
+    ),
+    case("subscribe.response", drop(UNSUBSCRIBED, "subscription"), "unsubscribed-bare"),
+    case("subscribe.response", {**LISTED, "subscriptions": [CANCELLED]}, "list-cancelled"),
+    case("subscribe.response", {**LISTED, "subscriptions": [SUBSCRIPTION] * 101}, "list-101"),
+    case("subscribe.response", drop(LISTED, "epoch"), "list-missing-epoch"),
+    case(
+        "subscribe.response",
+        {**LISTED, "subscriptions": [{**SUBSCRIPTION, "cancel_reason": None}]},
+        "list-internal-field",
+    ),
 ]
 
 
@@ -1329,9 +1744,11 @@ ERROR_TABLE = {
     "NOT_FOUND": (404, "No"),
     "UNIT_NOT_FOUND": (404, "No"),
     "CONFLICT_NOT_FOUND": (404, "No"),
+    "SUBSCRIPTION_NOT_FOUND": (404, "No"),
     "METHOD_NOT_ALLOWED": (405, "No"),
     "AGENT_ID_TAKEN": (409, "Yes"),
     "INVALID_TRANSITION": (409, "Yes"),
+    "SUBSCRIPTION_LIMIT": (409, "Yes"),
     "PAYLOAD_TOO_LARGE": (413, "Yes"),
     "UNSUPPORTED_MEDIA_TYPE": (415, "Yes"),
     "STORAGE_FULL": (507, "No"),
@@ -1380,3 +1797,229 @@ def test_server_error_statuses_match_the_readme() -> None:
     errors_module = server_errors_module()
     for code, (status, _) in readme_error_rows().items():
         assert errors_module.HTTP_STATUS.get(code) == status, code
+
+
+# Codes the spec defines for features this Field does not implement: never returned, and
+# the README says so instead of listing them in the table.
+UNRETURNED_CODES = {"ENRICHMENT_FAILED", "DETECTION_TIMEOUT", "MERGE_FAILED", "REPLAY_TOO_LARGE"}
+
+
+def test_readme_error_table_lists_every_code_the_server_returns() -> None:
+    errors_module = server_errors_module()
+    codes = {v for k, v in vars(errors_module.Code).items() if k.isupper()}
+    assert codes == set(errors_module.HTTP_STATUS), "every code needs an HTTP status"
+    assert set(readme_error_rows()) == codes - UNRETURNED_CODES
+    assert set(ERROR_TABLE) == codes - UNRETURNED_CODES
+    text = README.read_text(encoding="utf-8")
+    for code in UNRETURNED_CODES:
+        assert f"`{code}`" in text, code
+
+
+def test_readme_states_subscribe_is_implemented() -> None:
+    text = README.read_text(encoding="utf-8")
+    assert "MERGE, SUBSCRIBE" not in text
+    for heading in (
+        "## SUBSCRIBE",
+        "## Relevance of events",
+        "## Push",
+        "### Cursors",
+        "### Debounce",
+        "### WebSocket",
+        "### Server-Sent Events",
+        "### Resuming",
+        "### Backpressure",
+        "## Polling and pushing see the same events",
+    ):
+        assert f"\n{heading}\n" in text, heading
+    for event in EVENTS:
+        assert f"`{event}`" in text, event
+
+
+# --------------------------------------------------------------------------- SUBSCRIBE vs server
+# The schemas are the contract; these check that the server's SUBSCRIBE code produces and
+# accepts exactly what they describe.
+
+
+def test_subscription_events_match_the_server() -> None:
+    events = pytest.importorskip("field.subscriptions.events")
+    schema = load_schemas()["subscription"]["$defs"]["event"]
+    assert schema["enum"] == EVENTS == list(events.SUBSCRIPTION_EVENTS)
+
+
+def test_subscribe_limits_match_the_server() -> None:
+    model = pytest.importorskip("field.model")
+    limits = model.Limits()
+    schemas = load_schemas()
+    assert schemas["subscription"]["$defs"]["debounce_ms"]["maximum"] == limits.max_debounce_ms
+    listed = schemas["subscribe.response"]["oneOf"][2]["properties"]["subscriptions"]
+    assert listed["maxItems"] == limits.max_subscriptions_per_agent
+
+
+SUBSCRIBE_CASES = [p for p in VALID + INVALID if p.values[0] == "subscribe.request"]
+
+
+@pytest.mark.parametrize(("name", "instance"), SUBSCRIBE_CASES)
+def test_server_accepts_exactly_the_valid_subscribe_payloads(name: str, instance: Any) -> None:
+    validation = pytest.importorskip("field.core.validation")
+    events = pytest.importorskip("field.subscriptions.events")
+    model = pytest.importorskip("field.model")
+    errors_module = server_errors_module()
+    try:
+        validation.subscribe_payload(
+            copy.deepcopy(instance), model.Limits(), events.SUBSCRIPTION_EVENTS
+        )
+        accepted = True
+    except errors_module.ValidationError:
+        accepted = False
+    assert accepted == is_valid(name, instance)
+
+
+def _core_harness(**kwargs: Any) -> Any:
+    core_util = pytest.importorskip("tests.core_util")
+    return core_util.Harness(**kwargs)
+
+
+def _subscribe(h: Any, agent_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """SUBSCRIBE through the core as the HTTP binding sends it: cursor set, URLs absolute."""
+    streaming = pytest.importorskip("field.transports.streaming")
+    envelope = {
+        "protocol": "akashik",
+        "version": "0.1.0",
+        "id": "msg-sub",
+        "operation": "SUBSCRIBE",
+        "agent_id": agent_id,
+        "session_id": None,
+        "epoch": 0,
+        "payload": payload,
+    }
+    outcome = h.field.handle(envelope, token=h.tokens[agent_id], operation="SUBSCRIBE")
+    h.entries.extend(outcome.entries)
+    if outcome.on_durable is not None:
+        outcome.on_durable([len(h.entries) - len(outcome.entries) + 1])
+    response: dict[str, Any] = streaming.absolute_urls(outcome.response, "http://127.0.0.1:8765")
+    return response
+
+
+def test_core_subscribe_responses_match_the_schema() -> None:
+    h = _core_harness()
+    h.register("analyst-1", role="analyst", interests=["churn"])
+    subscribed = _subscribe(
+        h,
+        "analyst-1",
+        {"action": "subscribe", "subscription": {"events": ["memory.recorded", "agent.joined"]}},
+    )
+    assert_valid("subscribe.response", subscribed)
+    assert subscribed["subscription"]["min_relevance"] == 0
+    assert subscribed["subscription"]["debounce_ms"] == 0
+    assert subscribed["ws_url"] == "ws://127.0.0.1:8765/v1/ws"
+    listed = _subscribe(h, "analyst-1", {"action": "list"})
+    assert_valid("subscribe.response", listed)
+    assert listed["subscriptions"] == [subscribed["subscription"]]
+    cancelled = _subscribe(
+        h,
+        "analyst-1",
+        {"action": "unsubscribe", "subscription": {"id": subscribed["subscription_id"]}},
+    )
+    assert_valid("subscribe.response", cancelled)
+    assert cancelled["subscription"]["status"] == "cancelled"
+    assert_valid("subscribe.response", _subscribe(h, "analyst-1", {"action": "list"}))
+
+
+def test_core_subscribe_refusals_match_the_readme() -> None:
+    model = pytest.importorskip("field.model")
+    errors_module = server_errors_module()
+    h = _core_harness(limits=model.Limits(max_subscriptions_per_agent=1))
+    h.register("analyst-1")
+    h.register("analyst-2")
+    subscribe = {"action": "subscribe", "subscription": {"events": ["memory.recorded"]}}
+    first = _subscribe(h, "analyst-1", subscribe)
+    unsubscribe = {"action": "unsubscribe", "subscription": {"id": first["subscription_id"]}}
+    rows = readme_error_rows()
+    refusals = [
+        ("analyst-1", subscribe, "SUBSCRIPTION_LIMIT"),
+        ("analyst-2", unsubscribe, "FORBIDDEN"),
+        (
+            "analyst-1",
+            {**unsubscribe, "subscription": {"id": "sub-none"}},
+            "SUBSCRIPTION_NOT_FOUND",
+        ),
+        ("analyst-1", {**subscribe, "subscription": {"events": ["x.y"]}}, "INVALID_PAYLOAD"),
+    ]
+    _subscribe(h, "analyst-1", unsubscribe)
+    refusals.append(("analyst-1", unsubscribe, "INVALID_TRANSITION"))
+    _subscribe(h, "analyst-1", subscribe)  # back at the cap of 1
+    for agent_id, payload, code in refusals:
+        with pytest.raises(errors_module.FieldError) as caught:
+            _subscribe(h, agent_id, payload)
+        error = caught.value
+        assert error.code == code
+        assert_valid("error", error.to_response())
+        assert error.http_status == rows[code][0], code
+        if code in ("SUBSCRIPTION_LIMIT", "SUBSCRIPTION_NOT_FOUND"):
+            assert error.recoverable == (rows[code][1] == "Yes"), code
+
+
+def test_core_notifications_match_the_schema() -> None:
+    orjson = pytest.importorskip("orjson")
+    events_module = pytest.importorskip("field.subscriptions.events")
+    matcher_module = pytest.importorskip("field.subscriptions.matcher")
+    stream_module = pytest.importorskip("field.subscriptions.stream")
+    streaming = pytest.importorskip("field.transports.streaming")
+    outbox = pytest.importorskip("field.subscriptions.outbox")
+    h = _core_harness()
+    h.register("analyst-1", role="analyst", interests=["churn"])
+    h.register("analyst-2", role="analyst")
+    every = {"events": EVENTS, "include_own": True, "debounce_ms": 60_000}
+    _subscribe(h, "analyst-1", {"action": "subscribe", "subscription": every})
+    first = h.record("analyst-2", "Churn fell to 2%.")["memory_unit_id"]
+    mine = h.record("analyst-1", "Churn rose to 3%.")["memory_unit_id"]
+    h.record(
+        "analyst-2",
+        "Churn did not rise.",
+        relations=[
+            {"type": "contradicts", "target_id": mine},
+            {"type": "supersedes", "target_id": first},
+        ],
+    )
+    h.register("analyst-3", role="analyst", interests=["churn"])
+    state = h.field.state
+    stored = h.stored()
+    found = [events_module.event_of(entry, state.units) for entry in stored]
+    events = [e for e in found if e is not None]
+    matches = matcher_module.Matcher(state.registry, state.index, state.units).match(events)
+    tag = h.field.field_tag
+    seen = set()
+    folding = stream_module.Stream("sub", window_ms=60_000, after=0)
+    for match in matches:
+        cursor = stream_module.format_cursor(tag, match.event.position)
+        shared = stream_module.encode_event(match.event, cursor)
+        for i, row in enumerate(match.rows.tolist()):
+            notification = stream_module.Notification(
+                state.registry.ids[row],
+                match.event,
+                float(match.relevance[i]),
+                match.reason(i),
+                bool(match.requires_action[i]),
+                shared=shared,
+            )
+            folding.offer(notification)
+            body = orjson.loads(stream_module.encode_notification(notification))
+            assert_valid("notification", body)
+            seen.add(body["event"])
+            ws_frame = getattr(streaming, "_ws_frame", None)  # how the WebSocket wraps it
+            if ws_frame is not None:
+                frame = outbox.Frame(
+                    stream_module.encode_notification(notification), body["event"], cursor
+                )
+                assert_valid("ws-frame", orjson.loads(ws_frame(frame)))
+    assert seen == {
+        "memory.recorded",
+        "memory.superseded",
+        "memory.contested",
+        "conflict.detected",
+        "agent.joined",
+    }
+    folded = folding.advance(h.time + 120.0)  # past the one-minute window
+    assert any(n.folded for n in folded)
+    for notification in folded:
+        assert_valid("notification", orjson.loads(stream_module.encode_notification(notification)))

@@ -324,7 +324,7 @@ class Field:
         """Entries for ``supersedes`` and ``contradicts`` relations; returns new conflicts."""
         agent_id = unit["source"]["agent_id"]
         superseded: set[str] = set()
-        contested: set[str] = set()
+        contested: dict[str, str] = {}  # unit -> the first conflict that contests it
         conflicts: list[str] = []
         for relation in unit["relations"]:
             target = relation["target_id"]
@@ -352,10 +352,11 @@ class Field:
                 conflicts.append(conflict_id)
                 data = {"conflict": conflict}
                 entries.append(LogEntry(ctx.epoch, "conflict.detected", data, agent_id, ctx.now))
-                contested.update((target, unit["id"]))
-        for unit_id in sorted(contested - superseded):
+                contested.setdefault(target, conflict_id)
+                contested.setdefault(unit["id"], conflict_id)
+        for unit_id in sorted(contested.keys() - superseded):
             if self._status_after(unit_id, unit) in ("active", "draft"):
-                data = {"memory_unit_id": unit_id, "conflict_id": conflicts[-1]}
+                data = {"memory_unit_id": unit_id, "conflict_id": contested[unit_id]}
                 entries.append(LogEntry(ctx.epoch, "memory.contested", data, agent_id, ctx.now))
         return conflicts
 

@@ -127,8 +127,8 @@ class UnitIndex:
         self.row_keywords: list[frozenset[str]] = []
         self.epoch = Column(np.int64)
         self.status = Column(np.int8)
-        self.type_weight = Column(np.float32)
-        self.confidence = Column(np.float32)
+        self.type_weight = Column(np.float64)
+        self.confidence = Column(np.float64)
         self.agent = Column(np.int32)
         self.role = Column(np.int32)
         self.task = Column(np.int32)
@@ -168,15 +168,15 @@ class UnitIndex:
         column = self._postings.get(word)
         return column.view if column is not None else np.empty(0, dtype=np.int32)
 
-    def coverage(self, words: Iterable[str]) -> npt.NDArray[np.float32] | None:
+    def coverage(self, words: Iterable[str]) -> npt.NDArray[np.float64] | None:
         """Per row, the share of ``words`` the unit contains (None for no words)."""
         unique = set(words)
         if not unique:
             return None
-        hits = np.zeros(len(self.ids), dtype=np.float32)
+        hits = np.zeros(len(self.ids), dtype=np.float64)
         for word in unique:  # a loop over query words, never over units
             hits[self.postings(word)] += 1.0
-        return hits / np.float32(len(unique))
+        return hits / np.float64(len(unique))
 
     def count_at(self, epoch: int) -> int:
         """How many units had been recorded at ``epoch``."""
@@ -266,7 +266,7 @@ def score(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDA
     """Relevance in [0, 1] of each row in ``rows`` to ``query``."""
     if len(rows) == 0:
         return np.empty(0, dtype=np.float64)
-    same_role = (index.role.view[rows] == index.roles.find(query.role)).astype(np.float32)
+    same_role = (index.role.view[rows] == index.roles.find(query.role)).astype(np.float64)
     role_words = index.coverage(query.role_words)
     interest = index.coverage(query.interest_words | query.hint_words)
     task = None

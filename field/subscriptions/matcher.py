@@ -129,6 +129,11 @@ class Matcher:
         own = reg.agent.view[rows][None, :] == actors
         eligible &= ~own | reg.include_own.view[rows][None, :]
 
+        # relevance depends on the agent profile only: score each profile once
+        if len(rows) == len(reg):
+            profiles, of_row = np.arange(reg.profile_count), reg.profile.view
+        else:
+            profiles, of_row = np.unique(reg.profile.view[rows], return_inverse=True)
         relevance = np.zeros(eligible.shape, dtype=np.float64)
         flags = np.zeros(eligible.shape, dtype=np.int64)
         authored = np.zeros(eligible.shape, dtype=bool)
@@ -136,17 +141,19 @@ class Matcher:
             if not eligible[i].any():
                 continue
             if event.agent is not None:
-                relevance[i], flags[i] = self._agent_relevance(event.agent, rows)
+                score, score_flags = self._agent_relevance(event.agent, profiles)
+                relevance[i], flags[i] = score[of_row], score_flags[of_row]
                 continue
-            best = np.full(len(rows), -1.0)
+            best = np.full(len(profiles), -1.0)
+            best_flags = np.zeros(len(profiles), dtype=np.int64)
             for unit_id in event.units:
-                score, unit_flags = self._unit_relevance(unit_id, event.epoch, rows)
+                score, unit_flags = self._unit_relevance(unit_id, event.epoch, profiles)
                 better = score > best
                 best = np.where(better, score, best)
-                flags[i] = np.where(better, unit_flags, flags[i])
+                best_flags = np.where(better, unit_flags, best_flags)
                 author = reg.agents.find(self.units[unit_id]["source"]["agent_id"])
                 authored[i] |= reg.agent.view[rows] == author
-            relevance[i] = best
+            relevance[i], flags[i] = best[of_row], best_flags[of_row]
         involves_own = (
             authored
             & np.array([e.name in ("memory.contested", "conflict.detected") for e in events])[
@@ -167,20 +174,20 @@ class Matcher:
         return matches
 
     def _unit_relevance(
-        self, unit_id: str, epoch: int, rows: npt.NDArray[np.intp]
+        self, unit_id: str, epoch: int, profiles: npt.NDArray[np.intp]
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-        """ATTUNE's score of one unit for each subscriber, as of ``epoch``."""
+        """ATTUNE's score of one unit for each agent profile, as of ``epoch``."""
         reg, index = self.registry, self.index
         unit = self.units[unit_id]
         row = index.rows[unit_id]
         words = index.row_keywords[row]
-        same_role = reg.role.view[rows] == reg.roles.find(unit["source"]["agent_role"])
-        role_share = _share(reg.hits("role", words, rows), reg.role_word_count.view[rows])
+        same_role = reg.role.view[profiles] == reg.roles.find(unit["source"]["agent_role"])
+        role_share = _share(reg.hits("role", words, profiles), reg.role_word_count.view[profiles])
         interest_share = _share(
-            reg.hits("interest", words, rows), reg.interest_word_count.view[rows]
+            reg.hits("interest", words, profiles), reg.interest_word_count.view[profiles]
         )
         task_code = reg.tasks.find(unit["intent"].get("task_id"))
-        sub_task = reg.task.view[rows]
+        sub_task = reg.task.view[profiles]
         task = np.where(sub_task >= 0, (sub_task == task_code).astype(np.float64), np.nan)
         score = combine(
             role=np.maximum(same_role, np.nan_to_num(role_share)),
@@ -194,20 +201,20 @@ class Matcher:
         return score, _flags(same_role, interest_share, task)
 
     def _agent_relevance(
-        self, agent: dict[str, Any], rows: npt.NDArray[np.intp]
+        self, agent: dict[str, Any], profiles: npt.NDArray[np.intp]
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-        """Role, interest and task alignment of each subscriber with a joining agent."""
+        """Role, interest and task alignment of each agent profile with a joining agent."""
         reg = self.registry
         words = frozenset(keywords(agent["role"])) | frozenset(
             w for phrase in agent["interests"] for w in keywords(phrase)
         )
-        same_role = reg.role.view[rows] == reg.roles.find(agent["role"])
-        role_share = _share(reg.hits("role", words, rows), reg.role_word_count.view[rows])
+        same_role = reg.role.view[profiles] == reg.roles.find(agent["role"])
+        role_share = _share(reg.hits("role", words, profiles), reg.role_word_count.view[profiles])
         interest_share = _share(
-            reg.hits("interest", words, rows), reg.interest_word_count.view[rows]
+            reg.hits("interest", words, profiles), reg.interest_word_count.view[profiles]
         )
         task_code = reg.tasks.find(agent.get("current_task_id"))
-        sub_task = reg.task.view[rows]
+        sub_task = reg.task.view[profiles]
         task = np.where(sub_task >= 0, (sub_task == task_code).astype(np.float64), np.nan)
         score = combine(
             role=np.maximum(same_role, np.nan_to_num(role_share)),

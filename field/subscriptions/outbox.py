@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class PushLimits:
-    """Bounds of every push connection (``field serve --help`` names the flags)."""
+    """Bounds of every push connection (``--outbox-frames``, ``--outbox-bytes``)."""
 
     outbox_frames: int = 10_000
     outbox_bytes: int = 8 << 20
@@ -89,6 +89,10 @@ class Outbox:
     def _has_room(self) -> bool:
         """Under half of both bounds: a paced producer may add more."""
         return len(self._frames) * 2 < self.max_frames and self._bytes * 2 < self.max_bytes
+
+    def room(self) -> int:
+        """How many more frames fit under the frame bound."""
+        return max(0, self.max_frames - len(self._frames))
 
     async def wait_for_room(self) -> None:
         """Wait until the outbox is under half full (replay paces itself with this)."""

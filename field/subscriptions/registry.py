@@ -1,12 +1,14 @@
 """Active subscriptions as columns, one row per subscription.
 
 The matcher scores an event against every row at once, so everything it
-needs about a subscription and its agent lives here in numpy arrays:
-the event bitmask, ``min_relevance``, the window, the agent (for "not
-my own actions" and "my unit"), the agent's role and task codes, and
-inverted indexes from keyword to the rows whose agent has that word in
-its role or interests. Rows are never reused; a cancelled row is marked
-inactive (``active`` is False) and is skipped by a mask.
+needs lives here in numpy arrays: per subscription, the event bitmask,
+``min_relevance``, ``include_own``, the creation epoch and the agent (for
+"not my own actions" and "my unit"); per agent *profile* (an agent as it
+was when it subscribed: role, task, role and interest keywords, with
+inverted indexes from keyword to profile), which many subscriptions
+share. Relevance depends only on the profile, so the matcher scores each
+profile once and gathers the scores for the subscriptions. Rows are never
+reused; a cancelled row is marked inactive and skipped by a mask.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import numpy.typing as npt
 from ..core.relevance import Column, Interner, keywords
 from .events import EVENT_BIT
 
-#: Up to this many rows, :meth:`SubscriptionRegistry.hits` intersects word sets.
+#: Up to this many profiles, :meth:`SubscriptionRegistry.hits` intersects word sets.
 FEW_ROWS = 16
 
 
@@ -35,20 +37,27 @@ class SubscriptionRegistry:
         self.include_own = Column(np.bool_)
         self.created_epoch = Column(np.int64)
         self.agent = Column(np.int32)
+        self.profile = Column(np.int32)
+        self.agents = Interner()
+        # per profile
+        self.profiles: dict[tuple[str, int], int] = {}
         self.role = Column(np.int32)
         self.task = Column(np.int32)
         self.role_word_count = Column(np.float64)
         self.interest_word_count = Column(np.float64)
-        self.agents = Interner()
         self.roles = Interner()
         self.tasks = Interner()
         self.role_words: dict[str, Column] = {}
         self.interest_words: dict[str, Column] = {}
-        #: per row, its agent's role and interest words (for matching a few rows)
-        self.row_words: list[tuple[frozenset[str], frozenset[str]]] = []
+        #: per profile, its role and interest words (for matching a few profiles)
+        self.profile_words: list[tuple[frozenset[str], frozenset[str]]] = []
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    @property
+    def profile_count(self) -> int:
+        return len(self.profile_words)
 
     def add(self, subscription: dict[str, Any], agent: dict[str, Any]) -> None:
         """Add a row for ``subscription``, made by ``agent`` (its wire form)."""
@@ -64,12 +73,20 @@ class SubscriptionRegistry:
         self.include_own.append(subscription["include_own"])
         self.created_epoch.append(subscription["created_epoch"])
         self.agent.append(self.agents.code(agent["id"]))
+        self.profile.append(self._profile(agent))
+
+    def _profile(self, agent: dict[str, Any]) -> int:
+        key = (agent["id"], agent["registered_epoch"])
+        profile = self.profiles.get(key)
+        if profile is not None:
+            return profile
+        profile = self.profiles[key] = self.profile_count
         self.role.append(self.roles.code(agent["role"]))
         task = agent.get("current_task_id")
         self.task.append(-1 if task is None else self.tasks.code(task))
-        role_words = set(keywords(agent["role"]))
-        interest_words = {w for phrase in agent["interests"] for w in keywords(phrase)}
-        self.row_words.append((frozenset(role_words), frozenset(interest_words)))
+        role_words = frozenset(keywords(agent["role"]))
+        interest_words = frozenset(w for phrase in agent["interests"] for w in keywords(phrase))
+        self.profile_words.append((role_words, interest_words))
         self.role_word_count.append(len(role_words))
         self.interest_word_count.append(len(interest_words))
         indexes = ((role_words, self.role_words), (interest_words, self.interest_words))
@@ -78,29 +95,31 @@ class SubscriptionRegistry:
                 column = postings.get(word)
                 if column is None:
                     column = postings[word] = Column(np.int32)
-                column.append(row)
+                column.append(profile)
+        return profile
 
     def cancel(self, subscription_id: str) -> None:
         self.active[self.rows[subscription_id]] = False
 
     def hits(
-        self, kind: str, words: frozenset[str], rows: npt.NDArray[np.intp]
+        self, kind: str, words: frozenset[str], profiles: npt.NDArray[np.intp]
     ) -> npt.NDArray[np.float64]:
-        """For each of ``rows``, how many of ``words`` its agent has ("role" or "interest").
+        """For each of ``profiles``, how many of ``words`` it has ("role" or "interest").
 
-        Over many rows this adds up the inverted index, one event keyword at
-        a time; for a handful of rows (replaying one subscription) it
-        intersects their word sets directly.
+        Over many profiles this adds up the inverted index, one event keyword
+        at a time; for a handful (replaying one subscription) it intersects
+        their word sets directly.
         """
         which = 0 if kind == "role" else 1
-        if len(rows) <= FEW_ROWS:
+        if len(profiles) <= FEW_ROWS:
             return np.array(
-                [len(self.row_words[r][which] & words) for r in rows.tolist()], dtype=np.float64
+                [len(self.profile_words[p][which] & words) for p in profiles.tolist()],
+                dtype=np.float64,
             )
         postings = self.role_words if which == 0 else self.interest_words
-        counts = np.zeros(len(self.ids), dtype=np.float64)
+        counts = np.zeros(self.profile_count, dtype=np.float64)
         for word in words:  # a loop over the event's words, never over subscriptions
             column = postings.get(word)
             if column is not None:
                 counts[column.view] += 1.0
-        return counts[rows]
+        return counts[profiles]

@@ -21,6 +21,7 @@ a window precedes every event of the next, cursors still increase.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass
 
 import orjson
@@ -60,17 +61,16 @@ class Stream:
         self._window: int | None = None
 
     def window_of(self, ts: float) -> int:
-        return math.floor(ts * 1000.0 / self.window_ms)
-
-    def window_start(self, ts: float) -> float:
-        """Start (seconds) of the window holding ``ts``: replay must begin there."""
+        """The window holding log time ``ts``: whole milliseconds, divided by W."""
         if not self.window_ms:
-            return ts
-        return self.window_of(ts) * self.window_ms / 1000.0
+            return 0
+        if not math.isfinite(ts):  # "the end of time" flushes everything
+            return sys.maxsize if ts > 0 else -sys.maxsize
+        return math.floor(ts * 1000.0) // self.window_ms
 
     @property
     def deadline(self) -> float | None:
-        """When the pending window ends (seconds), if anything is pending."""
+        """About when the pending window ends (seconds), for scheduling a flush."""
         if self._window is None:
             return None
         return (self._window + 1) * self.window_ms / 1000.0
@@ -94,8 +94,7 @@ class Stream:
 
     def advance(self, now: float) -> list[Notification]:
         """Deliver the pending window if it has ended by ``now`` (log time)."""
-        deadline = self.deadline
-        if deadline is None or now < deadline:
+        if self._window is None or self.window_of(now) <= self._window:
             return []
         due = sorted(self._pending.values(), key=lambda n: n.position)
         self._pending.clear()
@@ -119,7 +118,7 @@ def format_cursor(field_tag: str, position: int) -> str:
 def parse_cursor(cursor: str, field_tag: str) -> tuple[int | None, str | None]:
     """(position, None) for a cursor of this Field, else (None, reason)."""
     tag, sep, number = cursor.rpartition("-")
-    if not sep or not number.isdigit():
+    if not sep or not (number.isascii() and number.isdigit()) or len(number) > 19:
         return None, f"{cursor!r} is not a cursor this Field issued"
     if tag != field_tag:
         return None, f"cursor {cursor!r} belongs to another Field"

@@ -67,6 +67,8 @@ class _Binding:
     held: list[Notification] | None = None
     #: cursor of the last notification queued in the outbox
     queued: int = 0
+    #: set when the subscription ended or the connection let go of it
+    detached: bool = False
 
 
 class PushHub:
@@ -101,6 +103,7 @@ class PushHub:
     def disconnect(self, connection: Connection) -> None:
         self.connections.discard(connection)
         for subscription_id, binding in list(connection.streams.items()):
+            binding.detached = True
             bindings = self._by_subscription.get(subscription_id, [])
             if binding in bindings:
                 bindings.remove(binding)
@@ -176,6 +179,7 @@ class PushHub:
         binding = connection.streams.pop(subscription_id, None)
         if binding is None:
             return
+        binding.detached = True
         bindings = self._by_subscription.get(subscription_id, [])
         if binding in bindings:
             bindings.remove(binding)
@@ -197,20 +201,22 @@ class PushHub:
             row = self.field.state.registry.rows[stream.subscription_id]
             replayed = 0
             position = start
-            while position < until and binding.connection.ended is None:
+            while position < until and binding.connection.ended is None and not binding.detached:
                 await outbox.wait_for_room()
-                entries = await asyncio.to_thread(
-                    self.service.log.read, position, min(REPLAY_PAGE, until - position)
-                )
+                # an entry yields at most one notification: never read more than fit
+                page = max(1, min(REPLAY_PAGE, outbox.room(), until - position))
+                entries = await asyncio.to_thread(self.service.log.read, position, page)
                 if not entries:
                     break
                 position = entries[-1].position
                 replayed += self._offer_entries(binding, entries, np.array([row]))
-            if binding.connection.ended is not None:
+            if binding.connection.ended is not None or binding.detached:
                 return
             held, binding.held = binding.held or [], None
             for notification in held:
                 self._deliver(binding, stream.offer(notification))
+            if not self.service.busy:  # a window that ended while replaying goes before "live"
+                self._deliver(binding, stream.advance(max(time.time(), self.field.state.last_ts)))
             self._went_live(binding, replayed)
             self._schedule(stream.deadline)
         except Exception:
@@ -218,19 +224,23 @@ class PushHub:
             self.end(binding.connection, 1011, "replay failed", None)
 
     def _replay_start(self, stream: Stream, after: int) -> int:
-        """Where replay must begin: the start of the debounce window holding ``after``."""
+        """Where replay must begin: the start of the debounce window holding ``after``.
+
+        Events before the cursor in that window count towards ``folded``.
+        Log timestamps never decrease, so a binary search finds it.
+        """
         if not stream.window_ms or after == 0:
             return after
         log = self.service.log
         entry = log.read(after - 1, 1)
         if not entry:
             return after
-        window_start = stream.window_start(entry[0].ts)
-        low, high = 0, after  # find the first position whose ts >= window_start
+        window = stream.window_of(entry[0].ts)
+        low, high = 0, after  # the first position (after ``low``) in that window
         while low < high:
             mid = (low + high) // 2
             probe = log.read(mid, 1)
-            if probe and probe[0].ts >= window_start:
+            if probe and stream.window_of(probe[0].ts) >= window:
                 high = mid
             else:
                 low = mid + 1
@@ -297,6 +307,8 @@ class PushHub:
                 self._schedule(time.time() + 0.005)
                 return
             now = max(time.time(), self.field.state.last_ts)
+            # later entries must not be stamped before a window this flush closed
+            self.field.state.last_ts = now
         soonest: float | None = None
         for bindings in self._by_subscription.values():
             for binding in bindings:
@@ -413,6 +425,8 @@ class PushHub:
                     for binding in list(self._by_subscription.get(subscription_id, [])):
                         self.detach(binding.connection, subscription_id, "subscription cancelled")
                 if entry.kind == "agent.deregistered":
+                    loop = asyncio.get_running_loop()
                     for connection in list(self.connections):
                         if connection.agent_id == entry.data["agent_id"]:
-                            self.end(connection, 4409, "agent deregistered", None)
+                            # after the DEREGISTER response has been queued on it
+                            loop.call_soon(self.end, connection, 4409, "agent deregistered", None)

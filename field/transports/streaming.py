@@ -13,6 +13,7 @@ frame), 4409 the agent deregistered, 1001 the server is stopping.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -85,7 +86,12 @@ async def sse_endpoint(
         return error_response(error)
     since = request.headers.get("last-event-id") or request.query_params.get("since")
     connection = hub.connect(outcome.response["agent_id"], "sse")
-    hub.attach(connection, subscription_id, since)
+    try:
+        hub.attach(connection, subscription_id, since)
+    except Exception:
+        hub.disconnect(connection)
+        logger.exception("attaching %s failed", subscription_id)
+        return error_response(internal_error())
     return EventSourceResponse(
         _sse_events(hub, connection),
         ping=SSE_PING_SECONDS,
@@ -124,11 +130,14 @@ async def ws_endpoint(websocket: WebSocket, hub: PushHub) -> None:
     agent_id = outcome.response["agent_id"]
     connection = hub.connect(agent_id, "ws")
     default, each = since_cursors(websocket.query_params.getlist("since"))
-    for subscription_id in sorted(hub.field.state.active_subscriptions.get(agent_id, ())):
-        hub.attach(connection, subscription_id, each.get(subscription_id, default))
     sender = asyncio.create_task(_ws_sender(websocket, connection))
     try:
+        for subscription_id in sorted(hub.field.state.active_subscriptions.get(agent_id, ())):
+            hub.attach(connection, subscription_id, each.get(subscription_id, default))
         await _ws_reader(websocket, hub, connection, token)
+    except Exception:
+        logger.exception("a WebSocket connection of %s failed", agent_id)
+        hub.end(connection, 1011, "internal error", None)
     finally:
         hub.disconnect(connection)
         if connection.ended is None:
@@ -144,10 +153,15 @@ async def _ws_reader(
     base_http = str(websocket.base_url).replace("ws", "http", 1).rstrip("/")
     while connection.ended is None:
         try:
-            message = await websocket.receive_text()
-        except (WebSocketDisconnect, RuntimeError, KeyError):
+            message = await websocket.receive()
+        except (WebSocketDisconnect, RuntimeError):
             return
-        msg_id, status, body = await _run_envelope(hub, message, token, base_http)
+        if message["type"] == "websocket.disconnect":
+            return
+        text = message.get("text")
+        if text is None:  # a binary frame: accept it if it is UTF-8 JSON
+            text = (message.get("bytes") or b"").decode("utf-8", errors="replace")
+        msg_id, status, body = await _run_envelope(hub, text, token, base_http)
         frame = orjson.dumps({"type": "response", "id": msg_id, "status": status, "body": body})
         if not connection.outbox.put(Frame(frame, "response")):
             hub.overflow(connection)
@@ -198,7 +212,12 @@ async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
             )
         code, reason = connection.ended or (1000, "")
         await websocket.close(code=code, reason=reason)
-    except (WebSocketDisconnect, RuntimeError, OSError, TimeoutError):
+    except TimeoutError:
+        # the consumer stopped reading: give up on it; its cursors let it resume
+        connection.ended = connection.ended or (4008, "send timed out")
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(websocket.close(code=4008, reason="send timed out"), 1)
+    except (WebSocketDisconnect, RuntimeError, OSError):
         pass  # the client is gone; its cursors let it resume
 
 

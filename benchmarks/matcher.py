@@ -1,0 +1,168 @@
+"""Subscription matching: time per event against 1k, 10k and 100k subscriptions.
+
+    python benchmarks/matcher.py [--subscriptions 1000 10000 100000] [--events 200]
+
+For each size, builds a Field (in the core, no I/O) with up to 5,000 agents
+holding that many subscriptions in total (mixed event types, thresholds
+0 to 0.7 and debounce windows), records ``--events`` units and times:
+
+* the vectorized :class:`~field.subscriptions.matcher.Matcher` on the whole
+  batch, and one event at a time;
+* a plain loop over subscriptions computing the same rules per
+  subscription in Python (facts of the event computed once), on a sample
+  of the events: the baseline.
+
+Prints ms per event, events per second and the speed-up over the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+import time
+from typing import Any
+
+from _common import ROLES, VOCABULARY, envelope, progress
+
+from field.core.field import Field, Ids
+from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords, unit_keywords
+from field.model import TYPE_IMPORTANCE, Limits
+from field.store.base import StoredEntry
+from field.subscriptions.events import SUBSCRIPTION_EVENTS, event_of
+from field.subscriptions.matcher import Matcher
+
+EVENT_CHOICES = [*SUBSCRIPTION_EVENTS[:4], "agent.joined"]
+
+
+def build(subscriptions: int, events: int, rng: random.Random) -> tuple[Field, list[Any]]:
+    counter = iter(range(1, 10**9))
+    limits = Limits(max_subscriptions_per_agent=10**6)
+    field = Field(limits=limits, ids=Ids(suffix=lambda: f"{next(counter):020x}"))
+    log = list(field.genesis())
+    tokens = {}
+    agents = min(subscriptions, 5000)
+    for i in range(agents):
+        payload = {
+            "id": f"a{i}",
+            "role": ROLES[i % len(ROLES)],
+            "interests": [" ".join(rng.sample(VOCABULARY, 2)) for _ in range(2)],
+            "current_task_id": f"task-{i % 50}",
+        }
+        tokens[f"a{i}"] = field.handle(envelope("REGISTER", f"a{i}", payload), token=None)
+    tokens = {k: v.response["token"] for k, v in tokens.items()}
+    for n in range(subscriptions):
+        progress(n + 1, subscriptions, "subscribing")
+        agent = f"a{n % agents}"
+        sub = {
+            "events": rng.sample(EVENT_CHOICES, 3),
+            "min_relevance": rng.choice([0.0, 0.3, 0.5, 0.7]),
+            "debounce_ms": rng.choice([0, 0, 100, 1000]),
+        }
+        payload = {"action": "subscribe", "subscription": sub}
+        field.handle(envelope("SUBSCRIBE", agent, payload), token=tokens[agent])
+    writer = "a0"
+    for n in range(events):
+        payload = {
+            "type": rng.choice(["finding", "decision", "observation"]),
+            "content": " ".join(rng.choices(VOCABULARY, k=12)),
+            "intent": {"purpose": "benchmark", "task_id": f"task-{n % 50}"},
+            "confidence": {"score": rng.random(), "reasoning": "generated"},
+        }
+        outcome = field.handle(envelope("RECORD", writer, payload), token=tokens[writer])
+        log.extend(outcome.entries)
+    stored = [
+        StoredEntry(i, e.epoch, e.kind, e.data, e.agent_id, e.ts) for i, e in enumerate(log, 1)
+    ]
+    found = [event_of(entry, field.state.units) for entry in stored]
+    return field, [e for e in found if e is not None and e.name == "memory.recorded"]
+
+
+def loop_match(field: Field, event: Any) -> int:
+    """The baseline: the same rules, one subscription at a time, in Python."""
+    state = field.state
+    unit = state.units[event.memory_unit_id]
+    row = state.index.rows[unit["id"]]
+    words = unit_keywords(unit) | frozenset(keywords(unit["source"]["agent_role"]))
+    age = state.index.count_at(event.epoch) - 1 - row
+    recency = 2.0 ** (-age / RECENCY_HALF_LIFE)
+    type_weight = TYPE_IMPORTANCE[unit["type"]]
+    confidence = unit["confidence"]["score"]
+    notified = 0
+    for subscription in state.subscriptions.values():
+        if (
+            subscription["status"] != "active"
+            or event.name not in subscription["events"]
+            or subscription["created_epoch"] >= event.epoch
+            or (event.actor == subscription["agent_id"] and not subscription["include_own"])
+        ):
+            continue
+        agent = state.agents[subscription["agent_id"]]
+        role_words = set(keywords(agent.role))
+        interest_words = {w for phrase in agent.interests for w in keywords(phrase)}
+        factors = [
+            (
+                WEIGHTS["role"],
+                max(
+                    float(agent.role == unit["source"]["agent_role"]),
+                    len(words & role_words) / len(role_words) if role_words else 0.0,
+                ),
+            ),
+            (WEIGHTS["type"], type_weight),
+            (WEIGHTS["confidence"], confidence),
+        ]
+        if interest_words:
+            share = len(words & interest_words) / len(interest_words)
+            factors.append((WEIGHTS["interest"], math.sqrt(share)))
+        if agent.current_task_id is not None:
+            task = float(agent.current_task_id == unit["intent"]["task_id"])
+            factors.append((WEIGHTS["task"], task))
+        content = sum(w * v for w, v in factors) / sum(w for w, _ in factors)
+        relevance = 0.25 * recency + 0.75 * content
+        if relevance >= subscription["min_relevance"]:
+            notified += 1
+    return notified
+
+
+def measure(subscriptions: int, events: int, rng: random.Random) -> dict[str, float]:
+    field, found = build(subscriptions, events, rng)
+    state = field.state
+    matcher = Matcher(state.registry, state.index, state.units)
+    start = time.perf_counter()
+    matches = matcher.match(found)
+    batch = (time.perf_counter() - start) / len(found)
+    start = time.perf_counter()
+    for event in found:
+        matcher.match([event])
+    single = (time.perf_counter() - start) / len(found)
+    sample = found[: max(3, min(len(found), 2_000_000 // subscriptions))]
+    start = time.perf_counter()
+    looped = [loop_match(field, event) for event in sample]
+    loop = (time.perf_counter() - start) / len(sample)
+    vector_counts = {m.event.position: len(m.rows) for m in matches}
+    agree = all(vector_counts.get(e.position, 0) == n for e, n in zip(sample, looped, strict=True))
+    fanout = sum(len(m.rows) for m in matches) / len(found)
+    return {"batch": batch, "single": single, "loop": loop, "fanout": fanout, "agree": agree}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--subscriptions", type=int, nargs="+", default=[1000, 10000, 100000])
+    parser.add_argument("--events", type=int, default=200)
+    parser.add_argument("--seed", type=int, default=11)
+    args = parser.parse_args()
+    rows = []
+    for size in args.subscriptions:
+        rows.append((size, measure(size, args.events, random.Random(args.seed))))
+    print(f"\n{'subscriptions':>13} {'batch ms/ev':>12} {'single ms/ev':>13} {'events/s':>9} "
+          f"{'loop ms/ev':>11} {'speed-up':>9} {'notified/ev':>12} {'agree':>6}")
+    for size, r in rows:
+        print(
+            f"{size:>13,} {r['batch'] * 1000:>12.3f} {r['single'] * 1000:>13.3f} "
+            f"{1 / r['batch']:>9,.0f} {r['loop'] * 1000:>11.2f} {r['loop'] / r['batch']:>8.0f}x "
+            f"{r['fanout']:>12,.0f} {str(r['agree']):>6}"
+        )
+
+
+if __name__ == "__main__":
+    main()
