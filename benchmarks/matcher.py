@@ -154,8 +154,10 @@ def main() -> None:
     rows = []
     for size in args.subscriptions:
         rows.append((size, measure(size, args.events, random.Random(args.seed))))
-    print(f"\n{'subscriptions':>13} {'batch ms/ev':>12} {'single ms/ev':>13} {'events/s':>9} "
-          f"{'loop ms/ev':>11} {'speed-up':>9} {'notified/ev':>12} {'agree':>6}")
+    print(
+        f"\n{'subscriptions':>13} {'batch ms/ev':>12} {'single ms/ev':>13} {'events/s':>9} "
+        f"{'loop ms/ev':>11} {'speed-up':>9} {'notified/ev':>12} {'agree':>6}"
+    )
     for size, r in rows:
         print(
             f"{size:>13,} {r['batch'] * 1000:>12.3f} {r['single'] * 1000:>13.3f} "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import re
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 from types import FrameType
 
 import uvicorn
+from starlette.applications import Starlette
 
 from . import __version__
 from .config import Config
@@ -98,11 +100,20 @@ class _Server(uvicorn.Server):
     end the process by that signal instead.)
     """
 
+    def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
+        super().__init__(config)
+        self.app = app
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True  # a second Ctrl-C skips the graceful wait
-        else:
-            self.should_exit = True
+            return
+        self.should_exit = True
+        # End push streams ourselves, before uvicorn drops the connections:
+        # WebSockets close with 1001 and SSE responses end cleanly.
+        hub = getattr(self.app.state, "push_hub", None)
+        if hub is not None:
+            asyncio.get_event_loop().call_soon_threadsafe(hub.shutdown)
 
 
 def _bind(host: str, port: int) -> socket.socket:
@@ -138,9 +149,10 @@ def serve(config: Config) -> int:
         logger.error("cannot open the event log in %s: %s", config.data_dir, exc.message)
         sock.close()
         return 2
+    app = create_app(config, log=log)
     server = _Server(
         uvicorn.Config(
-            create_app(config, log=log),
+            app,
             log_level=config.log_level,
             lifespan="on",
             access_log=False,
@@ -148,7 +160,8 @@ def serve(config: Config) -> int:
             ws_max_size=config.limits.max_body_bytes,
             ws_ping_interval=20,
             ws_ping_timeout=20,
-        )
+        ),
+        app,
     )
     try:
         server.run(sockets=[sock])

@@ -111,6 +111,9 @@ class FieldService:
                 self.busy = False
                 for _ in batch:
                     self._queue.task_done()
+            # Let the connections run between batches: with a log that never
+            # blocks, a busy queue would otherwise keep the loop to itself.
+            await asyncio.sleep(0)
 
     async def _process(self, batch: list[_Pending]) -> None:
         results: list[Outcome | FieldError] = []

@@ -259,6 +259,7 @@ def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
         binding.service = service
         binding.hub = PushHub(service, config.push)
         app.state.service = service
+        app.state.push_hub = binding.hub
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(

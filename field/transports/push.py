@@ -216,7 +216,8 @@ class PushHub:
             for notification in held:
                 self._deliver(binding, stream.offer(notification))
             if not self.service.busy:  # a window that ended while replaying goes before "live"
-                self._deliver(binding, stream.advance(max(time.time(), self.field.state.last_ts)))
+                now = max(time.time(), self.field.state.last_ts)
+                replayed += self._deliver(binding, stream.advance(now))
             self._went_live(binding, replayed)
             self._schedule(stream.deadline)
         except Exception:

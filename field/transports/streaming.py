@@ -35,6 +35,8 @@ logger = logging.getLogger("field.streaming")
 SSE_PING_SECONDS = 15
 #: Seconds a send may block before the consumer is considered dead.
 SEND_TIMEOUT_SECONDS = 30
+#: Most frames the WebSocket sender writes per wake-up.
+SEND_BATCH = 256
 
 
 def token_of(headers: Any, query: Any) -> str | None:
@@ -202,14 +204,16 @@ def absolute_urls(response: dict[str, Any], base_http: str) -> dict[str, Any]:
 
 async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
     """Copy frames to the socket; close with the hub's code when it ends the connection."""
+    outbox = connection.outbox
     try:
         while True:
-            frame = await connection.outbox.get()
+            frame = await outbox.get()
             if frame is None:
                 break
-            await asyncio.wait_for(
-                websocket.send_text(_ws_frame(frame).decode()), SEND_TIMEOUT_SECONDS
-            )
+            # send what is queued in one go; the timeout bounds a consumer that stalls
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                for queued in [frame, *outbox.drain_now(SEND_BATCH)]:
+                    await websocket.send_text(_ws_frame(queued).decode())
         code, reason = connection.ended or (1000, "")
         await websocket.close(code=code, reason=reason)
     except TimeoutError:
