@@ -492,14 +492,7 @@ class Field:
             subscriptions = [self._subscription_wire(s) for s in mine]
             return Outcome({"status": "ok", "subscriptions": subscriptions, "epoch": ctx.epoch})
         if request["action"] == "unsubscribe":
-            subscription = self.owned_subscription(request["id"], agent_id)
-            if subscription["status"] != "active":
-                raise StateError(
-                    f"subscription {subscription['id']} is already cancelled",
-                    code=Code.INVALID_TRANSITION,
-                    recoverable=False,
-                    suggested_action="Nothing to do: it no longer notifies.",
-                )
+            subscription = self.active_subscription(request["id"], agent_id)
             data = {"subscription_id": subscription["id"], "reason": "unsubscribed"}
             entry = LogEntry(ctx.epoch, "subscription.cancelled", data, agent_id, ctx.now)
             cancelled = {**self._subscription_wire(subscription["id"]), "status": "cancelled"}
@@ -562,6 +555,18 @@ class Field:
                 code=Code.FORBIDDEN,
                 recoverable=False,
                 suggested_action="Only the agent that subscribed can read or cancel it.",
+            )
+        return subscription
+
+    def active_subscription(self, subscription_id: str, agent_id: str) -> dict[str, Any]:
+        """The caller's subscription, which must still be active (INVALID_TRANSITION if not)."""
+        subscription = self.owned_subscription(subscription_id, agent_id)
+        if subscription["status"] != "active":
+            raise StateError(
+                f"subscription {subscription_id} is cancelled",
+                code=Code.INVALID_TRANSITION,
+                recoverable=False,
+                suggested_action="It no longer notifies; subscribe again if needed.",
             )
         return subscription
 

@@ -103,13 +103,16 @@ class PushHub:
     def disconnect(self, connection: Connection) -> None:
         self.connections.discard(connection)
         for subscription_id, binding in list(connection.streams.items()):
-            binding.detached = True
-            bindings = self._by_subscription.get(subscription_id, [])
-            if binding in bindings:
-                bindings.remove(binding)
-            if not bindings:
-                self._by_subscription.pop(subscription_id, None)
+            self._unbind(subscription_id, binding)
         connection.streams.clear()
+
+    def _unbind(self, subscription_id: str, binding: _Binding) -> None:
+        binding.detached = True
+        bindings = self._by_subscription.get(subscription_id, [])
+        if binding in bindings:
+            bindings.remove(binding)
+        if not bindings:
+            self._by_subscription.pop(subscription_id, None)
 
     def end(self, connection: Connection, code: int, reason: str, frame: Frame | None) -> None:
         """Close a connection from the hub's side, after what is queued and ``frame``."""
@@ -179,10 +182,7 @@ class PushHub:
         binding = connection.streams.pop(subscription_id, None)
         if binding is None:
             return
-        binding.detached = True
-        bindings = self._by_subscription.get(subscription_id, [])
-        if binding in bindings:
-            bindings.remove(binding)
+        self._unbind(subscription_id, binding)
         report = {
             "subscription_id": subscription_id,
             "reason": reason,

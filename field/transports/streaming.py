@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..core.field import Field, Outcome
-from ..errors import Code, FieldError, InvalidJSON, StateError, internal_error
+from ..errors import FieldError, InvalidJSON, internal_error
 from ..subscriptions.outbox import Frame
 from .push import Connection, PushHub
 
@@ -72,14 +72,7 @@ async def sse_endpoint(
 
     def check(field: Field) -> Outcome:
         agent = field.authenticate(token)
-        subscription = field.owned_subscription(subscription_id, agent.id)
-        if subscription["status"] != "active":
-            raise StateError(
-                f"subscription {subscription_id} is cancelled",
-                code=Code.INVALID_TRANSITION,
-                recoverable=False,
-                suggested_action="Subscribe again.",
-            )
+        field.active_subscription(subscription_id, agent.id)
         return Outcome({"agent_id": agent.id})
 
     try:
