@@ -263,7 +263,7 @@ def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(
-            "Field %s listening on http://%s:%d: %s log (%s), %d entries replayed, epoch %d",
+            "Field %s listening on http://%s:%d: %s log (%s) at position %d, epoch %d",
             state.field_id,
             host,
             config.port,
