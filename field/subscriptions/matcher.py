@@ -41,6 +41,8 @@ from .registry import SubscriptionRegistry
 
 #: Largest (events x subscriptions) matrix built at once; bigger batches are chunked.
 MATRIX_CELLS = 1 << 21
+#: Up to this many agent profiles, units are scored down the unit columns per profile.
+FEW_PROFILES = 4
 RECENCY_WEIGHT = 0.25
 
 # reason flags
@@ -137,8 +139,34 @@ class Matcher:
         relevance = np.zeros(eligible.shape, dtype=np.float64)
         flags = np.zeros(eligible.shape, dtype=np.int64)
         authored = np.zeros(eligible.shape, dtype=bool)
+        wanted = eligible.any(axis=1).tolist()
+        scored: dict[tuple[str, int], tuple[Any, Any]] = {}
+        if len(profiles) <= FEW_PROFILES:  # e.g. replaying one stream: score across events
+            single = [
+                i
+                for i, e in enumerate(events)
+                if wanted[i] and e.agent is None and len(e.units) == 1
+            ]
+            pairs = [
+                (unit_id, e.epoch)
+                for e, want in zip(events, wanted, strict=True)
+                if want and e.agent is None
+                for unit_id in e.units
+            ]
+            scored = self._units_for_few_profiles(pairs, profiles)
+            if single:  # one unit per event: fill those rows of the matrices at once
+                keys = [(events[i].units[0], events[i].epoch) for i in single]
+                relevance[single] = np.stack([scored[k][0] for k in keys])[:, of_row]
+                flags[single] = np.stack([scored[k][1] for k in keys])[:, of_row]
+                authors = np.array(
+                    [reg.agents.find(self.units[k[0]]["source"]["agent_id"]) for k in keys],
+                    dtype=np.int32,
+                )
+                authored[single] = reg.agent.view[rows][None, :] == authors[:, None]
+                for i in single:
+                    wanted[i] = False  # done
         for i, event in enumerate(events):
-            if not eligible[i].any():
+            if not wanted[i]:
                 continue
             if event.agent is not None:
                 score, score_flags = self._agent_relevance(event.agent, profiles)
@@ -147,7 +175,10 @@ class Matcher:
             best = np.full(len(profiles), -1.0)
             best_flags = np.zeros(len(profiles), dtype=np.int64)
             for unit_id in event.units:
-                score, unit_flags = self._unit_relevance(unit_id, event.epoch, profiles)
+                key = (unit_id, event.epoch)
+                score, unit_flags = scored.get(key) or self._unit_relevance(
+                    unit_id, event.epoch, profiles
+                )
                 better = score > best
                 best = np.where(better, score, best)
                 best_flags = np.where(better, unit_flags, best_flags)
@@ -165,12 +196,15 @@ class Matcher:
         notify = eligible & (relevance >= reg.min_relevance.view[rows][None, :])
 
         matches = []
+        event_of_hit, columns = np.nonzero(notify)
+        bounds = np.searchsorted(event_of_hit, np.arange(len(events) + 1)).tolist()
         for i, event in enumerate(events):
-            hit = np.flatnonzero(notify[i])
-            if len(hit):
-                matches.append(
-                    Match(event, rows[hit], relevance[i, hit], involves_own[i, hit], flags[i, hit])
-                )
+            if bounds[i] == bounds[i + 1]:
+                continue
+            hit = columns[bounds[i] : bounds[i + 1]]
+            matches.append(
+                Match(event, rows[hit], relevance[i, hit], involves_own[i, hit], flags[i, hit])
+            )
         return matches
 
     def _unit_relevance(
@@ -199,6 +233,53 @@ class Matcher:
             recency_weight=RECENCY_WEIGHT,
         )
         return score, _flags(same_role, interest_share, task)
+
+    def _units_for_few_profiles(
+        self, pairs: list[tuple[str, int]], profiles: npt.NDArray[np.intp]
+    ) -> dict[tuple[str, int], tuple[Any, Any]]:
+        """:meth:`_unit_relevance` of many (unit, epoch) pairs for a few profiles at once.
+
+        The same formula, computed down the unit columns (as ATTUNE does) for
+        each profile, instead of across profiles for each unit: replaying one
+        subscription then costs a few array operations per page of events.
+        """
+        if not pairs:
+            return {}
+        reg, index = self.registry, self.index
+        unit_rows = np.array([index.rows[unit_id] for unit_id, _ in pairs], dtype=np.intp)
+        epochs = np.array([epoch for _, epoch in pairs], dtype=np.int64)
+        age = np.searchsorted(index.epoch.view, epochs, side="right") - 1 - unit_rows
+        common = {
+            "type_weight": index.type_weight.view[unit_rows],
+            "confidence": index.confidence.view[unit_rows],
+            "recency": recency(age),
+            "recency_weight": RECENCY_WEIGHT,
+        }
+        scores = np.empty((len(pairs), len(profiles)), dtype=np.float64)
+        flags = np.empty((len(pairs), len(profiles)), dtype=np.int64)
+        for j, profile in enumerate(profiles.tolist()):  # a few profiles only
+            role_words, interest_words = reg.profile_words[profile]
+            same_role = index.role.view[unit_rows] == index.roles.find(reg.profile_role[profile])
+            role_share = index.coverage(role_words)
+            role = same_role if role_share is None else np.maximum(same_role, role_share[unit_rows])
+            share = index.coverage(interest_words)
+            interest = None if share is None else share[unit_rows]
+            task_id = reg.profile_task[profile]
+            task = None
+            if task_id is not None:
+                task = (index.task.view[unit_rows] == index.tasks.find(task_id)).astype(np.float64)
+            scores[:, j] = combine(
+                role=role,
+                interest=None if interest is None else np.sqrt(interest),
+                task=task,
+                **common,
+            )
+            flags[:, j] = _flags(
+                same_role,
+                np.zeros(len(pairs)) if interest is None else interest,
+                np.zeros(len(pairs)) if task is None else task,
+            )
+        return {pair: (scores[k], flags[k]) for k, pair in enumerate(pairs)}
 
     def _agent_relevance(
         self, agent: dict[str, Any], profiles: npt.NDArray[np.intp]

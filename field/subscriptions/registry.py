@@ -51,6 +51,9 @@ class SubscriptionRegistry:
         self.interest_words: dict[str, Column] = {}
         #: per profile, its role and interest words (for matching a few profiles)
         self.profile_words: list[tuple[frozenset[str], frozenset[str]]] = []
+        #: per profile, its role and task as strings
+        self.profile_role: list[str] = []
+        self.profile_task: list[str | None] = []
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -84,6 +87,8 @@ class SubscriptionRegistry:
         self.role.append(self.roles.code(agent["role"]))
         task = agent.get("current_task_id")
         self.task.append(-1 if task is None else self.tasks.code(task))
+        self.profile_role.append(agent["role"])
+        self.profile_task.append(task)
         role_words = frozenset(keywords(agent["role"]))
         interest_words = frozenset(w for phrase in agent["interests"] for w in keywords(phrase))
         self.profile_words.append((role_words, interest_words))

@@ -1,0 +1,355 @@
+"""Durable writes: RECORD per second over HTTP, group commit against one commit per write.
+
+    python benchmarks/writes.py [--clients 32] [--seconds 8] [--sync full normal]
+
+For each ``--sync`` mode, starts two ``field serve`` processes on loopback
+(each with a fresh data directory, so a durable SQLite log) and drives each
+with the same closed-loop load: ``--clients`` clients, each with its own
+HTTP connection (aiohttp) and its own writer agent, registered first, send
+RECORD after RECORD for ``--warmup`` + ``--seconds`` seconds:
+
+* the server as configured by default (group commit: up to 512 operations
+  per transaction);
+* the baseline: the same server with a batch size of 1
+  (``FIELD_MAX_BATCH=1``: one transaction, one commit, per write).
+
+A RECORD is acknowledged (200 ``accepted``) only once its log entry is
+committed. After each run the script checks that ``GET /v1/field/status``
+counts exactly the acknowledged units and that the SQLite file holds that
+many ``memory.recorded`` entries.
+
+Prints RECORD/s, p50/p99 latency (ms, over the measured window), the CPU
+the server and the load generator used, and the ratio group commit / one
+commit per write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import random
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+from _common import VOCABULARY, envelope, pct, progress
+
+TYPES = ["finding", "decision", "observation", "assumption", "constraint"]
+_LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
+
+
+# -- a server in a child process ------------------------------------------------------
+
+
+class FieldServer:
+    """``python -m field serve`` on a loopback port; stopped with SIGTERM.
+
+    ``env`` adds ``FIELD_*`` variables; any inherited from this process are
+    dropped so that only the flags and ``env`` configure the server.
+    """
+
+    def __init__(self, data_dir: Path, *args: str, env: dict[str, str] | None = None) -> None:
+        self.data_dir = data_dir
+        self.command = [
+            sys.executable, "-m", "field", "serve",
+            "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir), *args,
+        ]  # fmt: skip
+        base = {k: v for k, v in os.environ.items() if not k.startswith("FIELD_")}
+        self.env = {**base, **(env or {}), "PYTHONUNBUFFERED": "1"}
+        self.process: subprocess.Popen[str] | None = None
+        self.url = ""
+        self.lines: list[str] = []
+        self._ready = threading.Event()
+        self._drain: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.process is not None
+        return self.process.pid
+
+    def start(self, timeout: float = 60) -> FieldServer:
+        self.process = subprocess.Popen(
+            self.command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=self.env,
+        )
+        self._drain = threading.Thread(target=self._read_stderr, daemon=True)
+        self._drain.start()
+        if not self._ready.wait(timeout) or not self.url:
+            self.stop()
+            raise RuntimeError("field serve did not start:\n" + "\n".join(self.lines[-20:]))
+        return self
+
+    def _read_stderr(self) -> None:
+        """Read stderr to the end (a full pipe would block the server)."""
+        assert self.process is not None and self.process.stderr is not None
+        for line in self.process.stderr:
+            self.lines.append(line.rstrip("\n"))
+            del self.lines[:-200]
+            if not self.url:
+                match = _LISTENING.search(line)
+                if match:
+                    self.url = match.group(1)
+                    self._ready.set()
+        self._ready.set()  # EOF: the server exited
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time of the server process so far."""
+        with open(f"/proc/{self.pid}/stat") as stat:
+            fields = stat.read().rpartition(")")[2].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> int | None:
+        """SIGTERM, then wait (SIGKILL after 30 s); returns the exit status."""
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._drain is not None:
+            self._drain.join(timeout=5)
+        return process.returncode
+
+    def __enter__(self) -> FieldServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def new_loop() -> tuple[asyncio.AbstractEventLoop, str]:
+    """uvloop when installed (it is, with uvicorn[standard]): the load generator is
+    Python too, on the same machine, and should cost as little CPU as it can."""
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop(), "uvloop"
+    except ImportError:
+        return asyncio.new_event_loop(), "asyncio"
+
+
+# -- the load -------------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    acknowledged: int = 0
+    #: (start, end) of every acknowledged RECORD, perf_counter seconds
+    samples: list[tuple[float, float]] = field(default_factory=list)
+    errors: dict[str, int] = field(default_factory=dict)
+    window: tuple[float, float] = (0.0, 0.0)
+    server_cpu: float = 0.0
+    client_cpu: float = 0.0
+    status_units: int = -1
+    log_units: int = -1
+
+    def in_window(self) -> list[tuple[float, float]]:
+        t0, t1 = self.window
+        return [(s, e) for s, e in self.samples if s >= t0 and e <= t1]
+
+    @property
+    def rate(self) -> float:
+        t0, t1 = self.window
+        return sum(1 for _, e in self.samples if t0 <= e <= t1) / (t1 - t0)
+
+    def latency(self, q: float) -> float:
+        return pct([(e - s) * 1000 for s, e in self.in_window()], q)
+
+
+def record_payload(rng: random.Random, n: int) -> dict[str, Any]:
+    return {
+        "mode": "committed",
+        "type": rng.choice(TYPES),
+        "content": " ".join(rng.choices(VOCABULARY, k=12)) + f" ({n})",
+        "intent": {"purpose": " ".join(rng.choices(VOCABULARY, k=4)), "task_id": "task-1"},
+        "confidence": {"score": round(rng.random(), 3), "reasoning": "generated"},
+    }
+
+
+async def register(session: aiohttp.ClientSession, url: str, agent: str) -> tuple[str, int]:
+    payload = {"id": agent, "role": "market_researcher", "interests": ["market size"]}
+    body = orjson.dumps(envelope("REGISTER", agent, payload))
+    headers = {"Content-Type": "application/json"}
+    async with session.post(f"{url}/v1/register", data=body, headers=headers) as response:
+        answer = orjson.loads(await response.read())
+        if response.status != 200:
+            raise RuntimeError(f"REGISTER {agent}: {response.status} {answer}")
+        return answer["token"], answer["epoch"]
+
+
+async def writer(
+    url: str, index: int, run: Run, start: asyncio.Event, deadline: list[float]
+) -> None:
+    """One client: its own connection and agent; RECORD in a closed loop until the deadline."""
+    connector = aiohttp.TCPConnector(limit=1)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        agent = f"writer-{index:02d}"
+        token, epoch = await register(session, url, agent)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        rng = random.Random(index)
+        await start.wait()
+        n = 0
+        while time.perf_counter() < deadline[0]:
+            body = orjson.dumps(envelope("RECORD", agent, record_payload(rng, n), epoch))
+            began = time.perf_counter()
+            async with session.post(f"{url}/v1/record", data=body, headers=headers) as response:
+                answer = orjson.loads(await response.read())
+                status = response.status
+            ended = time.perf_counter()
+            n += 1
+            if status == 200 and answer.get("status") == "accepted":
+                run.acknowledged += 1
+                run.samples.append((began, ended))
+                epoch = max(epoch, answer["epoch"])
+            else:
+                key = f"{status} {answer.get('code')}"
+                run.errors[key] = run.errors.get(key, 0) + 1
+                if status == 503:  # OVERLOADED: back off a little, as a client should
+                    await asyncio.sleep(0.005)
+
+
+async def drive(server: FieldServer, args: argparse.Namespace, label: str) -> Run:
+    run = Run()
+    start = asyncio.Event()
+    deadline = [float("inf")]
+    tasks = [
+        asyncio.create_task(writer(server.url, i, run, start, deadline))
+        for i in range(args.clients)
+    ]
+    await asyncio.sleep(0)
+    while run.acknowledged == 0 and not any(t.done() for t in tasks):  # all registered?
+        status = await get_json(server.url + "/v1/field/status")
+        if status["counts"]["agents"] >= args.clients:
+            break
+        await asyncio.sleep(0.05)
+    now = time.perf_counter()
+    run.window = (now + args.warmup, now + args.warmup + args.seconds)
+    deadline[0] = run.window[1]
+    cpu0, client0 = server.cpu_seconds(), time.process_time()
+    start.set()
+    ticks = int((args.warmup + args.seconds) * 10)
+    for tick in range(ticks):
+        progress(tick, ticks, label)
+        if any(t.done() for t in tasks):
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.gather(*tasks)
+    progress(ticks, ticks, label)
+    run.server_cpu = server.cpu_seconds() - cpu0
+    run.client_cpu = time.process_time() - client0
+    status = await get_json(server.url + "/v1/field/status")
+    run.status_units = sum(status["counts"]["memory_units"].values())
+    run.log_units = count_logged_units(server.data_dir)
+    return run
+
+
+async def get_json(url: str) -> Any:
+    async with aiohttp.ClientSession() as session, session.get(url) as response:
+        return orjson.loads(await response.read())
+
+
+def count_logged_units(data_dir: Path) -> int:
+    """``memory.recorded`` entries committed to the SQLite log (read from outside)."""
+    conn = sqlite3.connect(f"file:{data_dir / 'field.db'}?mode=ro", uri=True)
+    try:
+        query = "SELECT COUNT(*) FROM log WHERE kind = 'memory.recorded'"
+        return int(conn.execute(query).fetchone()[0])
+    finally:
+        conn.close()
+
+
+def run_case(args: argparse.Namespace, sync: str, max_batch: int | None, label: str) -> Run:
+    with tempfile.TemporaryDirectory(prefix="field-writes-") as tmp:
+        flags = ["--sync", sync, "--max-queue", str(args.max_queue), "--log-level", "info"]
+        env = {"FIELD_MAX_BATCH": str(max_batch)} if max_batch is not None else {}
+        with FieldServer(Path(tmp) / "data", *flags, env=env) as server:
+            loop, _ = new_loop()
+            try:
+                return loop.run_until_complete(drive(server, args, label))
+            finally:
+                loop.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=32)
+    parser.add_argument("--seconds", type=float, default=8.0, help="measured time per case")
+    parser.add_argument("--warmup", type=float, default=1.0, help="unmeasured lead-in per case")
+    parser.add_argument("--sync", nargs="+", choices=["full", "normal"], default=["full", "normal"])
+    parser.add_argument(
+        "--max-queue", type=int, default=10_000, help="--max-queue of both servers (10000)"
+    )
+    args = parser.parse_args()
+    if args.clients < 1 or args.clients > 256:
+        parser.error("--clients must be between 1 and 256")
+    if not 0 < args.seconds <= 60 or not 0 <= args.warmup <= 10:
+        parser.error("--seconds must be in (0, 60] and --warmup in [0, 10]")
+
+    results: list[tuple[str, str, Run]] = []
+    for sync in args.sync:
+        for name, batch in (("group commit", None), ("one commit per write", 1)):
+            label = f"{sync}/{'group' if batch is None else 'batch1'}"
+            results.append((sync, name, run_case(args, sync, batch, label)))
+
+    _, loop_name = new_loop()
+    print(
+        f"\nRECORD over HTTP: {args.clients} clients, one connection and one writer agent "
+        f"each, closed loop; {args.seconds:g} s measured after {args.warmup:g} s warm-up "
+        f"(load generator: one Python process, {loop_name})"
+    )
+    header = (
+        f"{'--sync':<8}{'server':<22}{'RECORD/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'srv CPU':>9}{'gen CPU':>9}{'acked':>9}{'durable':>9}"
+    )
+    print(header)
+    failed = False
+    for sync, name, run in results:
+        seconds = args.warmup + args.seconds
+        durable = run.status_units == run.acknowledged == run.log_units
+        failed |= not durable or bool(run.errors)
+        print(
+            f"{sync:<8}{name:<22}{run.rate:>10,.0f}{run.latency(0.5):>9.2f}"
+            f"{run.latency(0.99):>9.2f}{run.server_cpu / seconds:>9.0%}"
+            f"{run.client_cpu / seconds:>9.0%}{run.acknowledged:>9,}"
+            f"{'yes' if durable else 'NO':>9}"
+        )
+    for sync in args.sync:
+        group, single = (run for s, _, run in results if s == sync)
+        print(
+            f"--sync {sync}: group commit is {group.rate / single.rate:.1f}x one commit per write"
+        )
+    for sync, name, run in results:
+        if run.errors or not run.status_units == run.acknowledged == run.log_units:
+            print(
+                f"  {sync}/{name}: acknowledged {run.acknowledged}, status counts "
+                f"{run.status_units}, log holds {run.log_units}; errors {run.errors or 'none'}"
+            )
+    print(
+        "durable: GET /v1/field/status counts, and the memory.recorded entries of the SQLite "
+        "log, equal the acknowledged RECORDs"
+    )
+    if failed:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
