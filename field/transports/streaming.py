@@ -204,9 +204,12 @@ async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
             if frame is None:
                 break
             # send what is queued in one go; the timeout bounds a consumer that stalls
+            batch = [frame, *outbox.drain_now(SEND_BATCH)]
             async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                for queued in [frame, *outbox.drain_now(SEND_BATCH)]:
+                for queued in batch:
                     await websocket.send_text(_ws_frame(queued).decode())
+            # an idle connection must not pin the frames it last sent
+            del frame, batch, queued
         code, reason = connection.ended or (1000, "")
         await websocket.close(code=code, reason=reason)
     except TimeoutError:
