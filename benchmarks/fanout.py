@@ -255,6 +255,21 @@ class _Client(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
+    def response_head(self, expect: str) -> str | None:
+        """The HTTP response head once it has arrived (removed from ``buf``), else None.
+
+        A head that does not start with ``expect`` fails the client (None).
+        """
+        end = self.buf.find(b"\r\n\r\n")
+        if end < 0:
+            return None
+        head = bytes(self.buf[:end]).decode("latin-1")
+        del self.buf[: end + 4]
+        if not head.startswith(expect):
+            self.fail("response: " + head.split("\r\n", 1)[0])
+            return None
+        return head
+
 
 class WSClient(_Client):
     """A WebSocket client: handshake, unmasked server frames, pongs, optional deflate."""
@@ -287,13 +302,8 @@ class WSClient(_Client):
         buf = self.buf
         buf += data
         if not self.open:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = bytes(buf[:end]).decode("latin-1")
-            del buf[: end + 4]
-            if not head.startswith("HTTP/1.1 101"):
-                self.fail("handshake: " + head.split("\r\n", 1)[0])
+            head = self.response_head("HTTP/1.1 101")
+            if head is None:
                 return
             if "permessage-deflate" in head.lower():
                 self.inflate = zlib.decompressobj(-15)
@@ -378,13 +388,8 @@ class SSEClient(_Client):
         buf = self.buf
         buf += data
         if not self.open:
-            end = buf.find(b"\r\n\r\n")
-            if end < 0:
-                return
-            head = bytes(buf[:end]).decode("latin-1")
-            del buf[: end + 4]
-            if not head.startswith("HTTP/1.1 200"):
-                self.fail("status: " + head.split("\r\n", 1)[0])
+            head = self.response_head("HTTP/1.1 200")
+            if head is None:
                 return
             self.chunked = "transfer-encoding: chunked" in head.lower()
             self.open = True

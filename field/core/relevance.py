@@ -178,9 +178,9 @@ class UnitIndex:
             hits[self.postings(word)] += 1.0
         return hits / np.float64(len(unique))
 
-    def count_at(self, epoch: int) -> int:
-        """How many units had been recorded at ``epoch``."""
-        return int(np.searchsorted(self.epoch.view, epoch, side="right"))
+    def count_at(self, epoch: Any) -> Any:
+        """How many units had been recorded at ``epoch`` (a number or an array of them)."""
+        return np.searchsorted(self.epoch.view, epoch, side="right")
 
 
 @dataclass(slots=True, kw_only=True)

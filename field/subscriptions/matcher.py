@@ -211,28 +211,52 @@ class Matcher:
         self, unit_id: str, epoch: int, profiles: npt.NDArray[np.intp]
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
         """ATTUNE's score of one unit for each agent profile, as of ``epoch``."""
-        reg, index = self.registry, self.index
+        index = self.index
         unit = self.units[unit_id]
         row = index.rows[unit_id]
-        words = index.row_keywords[row]
-        same_role = reg.role.view[profiles] == reg.roles.find(unit["source"]["agent_role"])
-        role_share = _share(reg.hits("role", words, profiles), reg.role_word_count.view[profiles])
-        interest_share = _share(
-            reg.hits("interest", words, profiles), reg.interest_word_count.view[profiles]
+        role, interest, task, flags = self._alignment(
+            profiles,
+            unit["source"]["agent_role"],
+            index.row_keywords[row],
+            unit["intent"].get("task_id"),
         )
-        task_code = reg.tasks.find(unit["intent"].get("task_id"))
-        sub_task = reg.task.view[profiles]
-        task = np.where(sub_task >= 0, (sub_task == task_code).astype(np.float64), np.nan)
         score = combine(
-            role=np.maximum(same_role, np.nan_to_num(role_share)),
-            interest=np.sqrt(interest_share),
+            role=role,
+            interest=interest,
             type_weight=TYPE_IMPORTANCE.get(unit["type"], 0.5),
             task=task,
             confidence=float(index.confidence.view[row]),
             recency=recency(index.count_at(epoch) - 1 - row),
             recency_weight=RECENCY_WEIGHT,
         )
-        return score, _flags(same_role, interest_share, task)
+        return score, flags
+
+    def _alignment(
+        self,
+        profiles: npt.NDArray[np.intp],
+        role: str,
+        words: frozenset[str],
+        task_id: str | None,
+    ) -> tuple[Any, Any, Any, npt.NDArray[np.int64]]:
+        """Role, interest and task factors of each profile against a role, words and task.
+
+        Interest and task are NaN where a profile has no interests or no task.
+        """
+        reg = self.registry
+        same_role = reg.role.view[profiles] == reg.roles.find(role)
+        role_share = _share(reg.hits("role", words, profiles), reg.role_word_count.view[profiles])
+        interest_share = _share(
+            reg.hits("interest", words, profiles), reg.interest_word_count.view[profiles]
+        )
+        sub_task = reg.task.view[profiles]
+        task_code = reg.tasks.find(task_id)
+        task = np.where(sub_task >= 0, (sub_task == task_code).astype(np.float64), np.nan)
+        return (
+            np.maximum(same_role, np.nan_to_num(role_share)),
+            np.sqrt(interest_share),
+            task,
+            _flags(same_role, interest_share, task),
+        )
 
     def _units_for_few_profiles(
         self, pairs: list[tuple[str, int]], profiles: npt.NDArray[np.intp]
@@ -248,7 +272,7 @@ class Matcher:
         reg, index = self.registry, self.index
         unit_rows = np.array([index.rows[unit_id] for unit_id, _ in pairs], dtype=np.intp)
         epochs = np.array([epoch for _, epoch in pairs], dtype=np.int64)
-        age = np.searchsorted(index.epoch.view, epochs, side="right") - 1 - unit_rows
+        age = index.count_at(epochs) - 1 - unit_rows
         common = {
             "type_weight": index.type_weight.view[unit_rows],
             "confidence": index.confidence.view[unit_rows],
@@ -285,28 +309,22 @@ class Matcher:
         self, agent: dict[str, Any], profiles: npt.NDArray[np.intp]
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
         """Role, interest and task alignment of each agent profile with a joining agent."""
-        reg = self.registry
         words = frozenset(keywords(agent["role"])) | frozenset(
             w for phrase in agent["interests"] for w in keywords(phrase)
         )
-        same_role = reg.role.view[profiles] == reg.roles.find(agent["role"])
-        role_share = _share(reg.hits("role", words, profiles), reg.role_word_count.view[profiles])
-        interest_share = _share(
-            reg.hits("interest", words, profiles), reg.interest_word_count.view[profiles]
+        role, interest, task, flags = self._alignment(
+            profiles, agent["role"], words, agent.get("current_task_id")
         )
-        task_code = reg.tasks.find(agent.get("current_task_id"))
-        sub_task = reg.task.view[profiles]
-        task = np.where(sub_task >= 0, (sub_task == task_code).astype(np.float64), np.nan)
         score = combine(
-            role=np.maximum(same_role, np.nan_to_num(role_share)),
-            interest=np.sqrt(interest_share),
+            role=role,
+            interest=interest,
             type_weight=None,
             task=task,
             confidence=None,
             recency=1.0,
             recency_weight=0.0,
         )
-        return score, _flags(same_role, interest_share, task)
+        return score, flags
 
 
 def _flags(same_role: Any, interest_share: Any, task: Any) -> npt.NDArray[np.int64]:

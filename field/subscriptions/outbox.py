@@ -55,10 +55,6 @@ class Outbox:
     def __len__(self) -> int:
         return len(self._frames)
 
-    @property
-    def size_bytes(self) -> int:
-        return self._bytes
-
     def put(self, frame: Frame) -> bool:
         """Queue ``frame``; False (and overflowed) if that would pass a bound."""
         if self.overflowed or self.closed:

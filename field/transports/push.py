@@ -151,10 +151,7 @@ class PushHub:
                 after = position
             else:
                 report.update(recovered=False, reason=problem)
-        stream = Stream(subscription_id, window_ms=subscription["debounce_ms"], after=after)
-        binding = _Binding(stream, connection, held=[] if after < last else None, queued=after)
-        connection.streams[subscription_id] = binding
-        self._by_subscription.setdefault(subscription_id, []).append(binding)
+        binding = self._bind(connection, subscription, after, replaying=after < last)
         report["from"] = format_cursor(self.tag, after)
         self._control(connection, "resume", report, subscription_id)
         if binding.held is None:
@@ -163,6 +160,16 @@ class PushHub:
             task = asyncio.create_task(self._replay(binding, after, last))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def _bind(
+        self, connection: Connection, subscription: dict[str, Any], after: int, *, replaying: bool
+    ) -> _Binding:
+        """A stream of ``subscription`` from cursor ``after``, routed to ``connection``."""
+        stream = Stream(subscription["id"], window_ms=subscription["debounce_ms"], after=after)
+        binding = _Binding(stream, connection, held=[] if replaying else None, queued=after)
+        connection.streams[subscription["id"]] = binding
+        self._by_subscription.setdefault(subscription["id"], []).append(binding)
+        return binding
 
     def _went_live(self, binding: _Binding, replayed: int) -> None:
         report = {
@@ -404,14 +411,7 @@ class PushHub:
                 subscription = entry.data["subscription"]
                 for connection in list(self.connections):
                     if connection.kind == "ws" and connection.agent_id == subscription["agent_id"]:
-                        stream = Stream(
-                            subscription["id"],
-                            window_ms=subscription["debounce_ms"],
-                            after=entry.position,
-                        )
-                        binding = _Binding(stream, connection, queued=entry.position)
-                        connection.streams[subscription["id"]] = binding
-                        self._by_subscription.setdefault(subscription["id"], []).append(binding)
+                        self._bind(connection, subscription, entry.position, replaying=False)
             elif entry.kind in ("subscription.cancelled", "agent.deregistered"):
                 ended = (
                     [entry.data["subscription_id"]]
