@@ -56,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
         "--outbox-bytes", type=int, help="bytes queued per push connection (8388608)"
     )
     serve.add_argument(
+        "--operator-token-file",
+        type=Path,
+        help="file holding the operator's bearer token (or set FIELD_OPERATOR_TOKEN)",
+    )
+    serve.add_argument(
         "--log-level",
         choices=["critical", "error", "warning", "info", "debug"],
         help="log verbosity (default info)",
@@ -74,6 +79,9 @@ def _config(args: argparse.Namespace) -> Config:
         outbox_frames=args.outbox_frames,
         outbox_bytes=args.outbox_bytes,
         log_level=args.log_level,
+        operator_token=(
+            args.operator_token_file.read_text().strip() if args.operator_token_file else None
+        ),
     )
     if args.in_memory:
         config = replace(config, data_dir=None)
@@ -174,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         config = _config(args)
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:
         print(f"field: {exc}", file=sys.stderr)
         return 2
     return serve(config)

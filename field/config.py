@@ -32,6 +32,8 @@ class Config:
     #: Most operations committed in one group commit.
     max_batch: int = 512
     log_level: str = "info"
+    #: The operator's bearer token (authority 10, spec 11.2); None: no operator.
+    operator_token: str | None = field(default=None, repr=False)
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -42,6 +44,8 @@ class Config:
             raise ValueError(f'sync must be "full" or "normal", not {self.sync!r}')
         if self.max_queue < 1 or self.max_batch < 1:
             raise ValueError("max_queue and max_batch must be positive")
+        if self.operator_token is not None and len(self.operator_token) < 16:
+            raise ValueError("operator_token must be at least 16 characters")
         if self.limits.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
 

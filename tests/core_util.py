@@ -55,8 +55,12 @@ class Harness:
             self.epochs[agent_id] = max(self.epochs.get(agent_id, 0), response["epoch"])
         return response
 
-    def register(self, agent_id: str, role: str = "researcher", **extra: Any) -> dict[str, Any]:
-        response = self.send("REGISTER", agent_id, {"id": agent_id, "role": role, **extra})
+    def register(
+        self, agent_id: str, role: str = "researcher", *, via: str | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        """Register ``agent_id``; ``via`` is a bearer token to send (the operator's)."""
+        payload = {"id": agent_id, "role": role, **extra}
+        response = self.send("REGISTER", agent_id, payload, token=via)
         self.tokens[agent_id] = response["token"]
         return response
 

@@ -309,6 +309,7 @@ async def test_register_exchanges_capabilities(field: CheckedClient) -> None:
         "interests": ["market size", "pricing"],
         "current_task_id": "task-7",
         "registered_epoch": response["epoch"],
+        "authority": 4,
     }
     caps = response["field_capabilities"]
     assert caps["conformance_level"] >= 1
@@ -1458,7 +1459,7 @@ async def test_unknown_routes_and_methods(field: CheckedClient, alice: AgentClie
         ("GET", "/"),
         ("GET", "/v1"),
         ("GET", "/v1/nope"),
-        ("POST", "/v1/merge"),
+        ("POST", "/v1/merges"),
         ("POST", "/v2/record"),
         ("GET", "/v1/field/status/extra"),
         ("DELETE", "/v1/agents/alice"),

@@ -35,7 +35,8 @@ from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.stream import format_cursor
 from . import relevance, validation
-from .state import AgentRecord, FieldState
+from .authority import OPERATOR_ID, STANDARD
+from .state import OPERATOR_RECORD, AgentRecord, FieldState
 
 #: Operations implemented by this Field, in spec order.
 SUPPORTED_OPERATIONS: tuple[str, ...] = (
@@ -94,8 +95,11 @@ class Field:
         persistent: bool = True,
         now: Callable[[], float] = time.time,
         ids: Ids | None = None,
+        operator_token: str | None = None,
     ) -> None:
         self.limits = limits or Limits()
+        #: hash of the operator token (spec 11.2, level 10); None: no operator
+        self._operator_hash = hash_token(operator_token) if operator_token else None
         self.persistent = persistent
         self.state = FieldState(self.limits)
         self._now = now
@@ -150,8 +154,12 @@ class Field:
                     recoverable=False,
                     suggested_action=f"Use one of {', '.join(SUPPORTED_OPERATIONS)}.",
                 )
-            agent = None if envelope.operation == "REGISTER" else self.authenticate(token)
-            if agent is not None and agent.id != envelope.agent_id:
+            if envelope.operation == "REGISTER":
+                agent = OPERATOR_RECORD if token and self._is_operator(token) else None
+            else:
+                agent = self.authenticate(token)
+            registering = envelope.operation == "REGISTER"
+            if agent is not None and agent.id != envelope.agent_id and not registering:
                 raise AuthError(
                     f"the bearer token belongs to agent {agent.id!r}, not {envelope.agent_id!r}",
                     code=Code.FORBIDDEN,
@@ -171,6 +179,8 @@ class Field:
         """The registered agent a bearer token belongs to."""
         if not token:
             raise AuthError("this request needs 'Authorization: Bearer <token>'")
+        if self._is_operator(token):
+            return OPERATOR_RECORD
         digest = hash_token(token)
         agent_id = self.state.tokens.get(digest)
         if agent_id is not None:
@@ -185,6 +195,11 @@ class Field:
                 suggested_action="Call REGISTER again to get a new token.",
             )
         raise AuthError("the bearer token is not one this Field issued")
+
+    def _is_operator(self, token: str) -> bool:
+        return self._operator_hash is not None and hmac.compare_digest(
+            self._operator_hash, hash_token(token)
+        )
 
     def _commit(self, epoch: int, entries: list[LogEntry]) -> None:
         reserved = self.state.clock.advance(epoch)
@@ -229,7 +244,15 @@ class Field:
                     "field_capabilities": self.capabilities(),
                 },
             )
-        if request["id"] in self.state.agents:
+        if request["authority"] > STANDARD and ctx.agent is not OPERATOR_RECORD:
+            raise AuthError(
+                f"registering with authority {request['authority']} needs the operator token",
+                code=Code.INSUFFICIENT_AUTHORITY,
+                recoverable=False,
+                suggested_action="Register at authority 4 or lower, or have the operator "
+                "register the agent with its token.",
+            )
+        if request["id"] in self.state.agents or request["id"] == OPERATOR_ID:
             raise StateError(
                 f"agent id {request['id']!r} is already registered",
                 code=Code.AGENT_ID_TAKEN,
@@ -242,6 +265,7 @@ class Field:
             "interests": request["interests"],
             "current_task_id": request["current_task_id"],
             "registered_epoch": ctx.epoch,
+            "authority": request["authority"],
         }
         entry = LogEntry(
             ctx.epoch,
@@ -262,6 +286,13 @@ class Field:
 
     def _deregister(self, ctx: _Context) -> Outcome:
         target = validation.deregister_payload(ctx.envelope.payload)
+        if target == OPERATOR_ID:
+            raise AuthError(
+                "the operator is not a registered agent and cannot deregister",
+                code=Code.FORBIDDEN,
+                recoverable=False,
+                suggested_action="Remove the operator token from the configuration instead.",
+            )
         if target != ctx.envelope.agent_id:
             raise AuthError(
                 "an agent can only deregister itself",

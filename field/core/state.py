@@ -34,6 +34,7 @@ from typing import Any
 from ..model import Limits
 from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.registry import SubscriptionRegistry
+from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
 from .relevance import UnitIndex
 
@@ -49,6 +50,8 @@ class AgentRecord:
     registered_epoch: int
     token_hash: str
     status: str = "idle"
+    #: authority level of spec 11.2 (see :mod:`field.core.authority`)
+    authority: int = STANDARD
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -58,6 +61,7 @@ class AgentRecord:
             "interests": list(self.interests),
             "current_task_id": self.current_task_id,
             "registered_epoch": self.registered_epoch,
+            "authority": self.authority,
         }
 
 
@@ -76,6 +80,8 @@ class FieldState:
     unit_statuses: Counter[str] = field(default_factory=Counter)
     index: UnitIndex = field(default_factory=UnitIndex)
     conflicts: dict[str, dict[str, Any]] = field(default_factory=dict)
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
     subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)
     active_subscriptions: dict[str, set[str]] = field(default_factory=dict)
     registry: SubscriptionRegistry = field(default_factory=SubscriptionRegistry)
@@ -85,6 +91,12 @@ class FieldState:
 
     def __post_init__(self) -> None:
         self.clock = LamportClock(max_skew=self.limits.max_epoch_skew)
+
+    def principal(self, agent_id: str) -> AgentRecord:
+        """A registered agent, or the operator (who is no registered agent)."""
+        if agent_id == OPERATOR_ID:
+            return OPERATOR_RECORD
+        return self.agents[agent_id]
 
     # -- the projection ------------------------------------------------------
 
@@ -119,6 +131,7 @@ class FieldState:
             current_task_id=agent.get("current_task_id"),
             registered_epoch=agent["registered_epoch"],
             token_hash=data["token_hash"],
+            authority=agent.get("authority", STANDARD),
         )
         self.agents[record.id] = record
         self.tokens[record.token_hash] = record.id
@@ -159,7 +172,7 @@ class FieldState:
         self.subscriptions[subscription["id"]] = subscription
         owner = subscription["agent_id"]
         self.active_subscriptions.setdefault(owner, set()).add(subscription["id"])
-        self.registry.add(subscription, self.agents[owner].to_wire())
+        self.registry.add(subscription, self.principal(owner).to_wire())
 
     def _subscription_cancelled(self, data: dict[str, Any]) -> None:
         subscription = self.subscriptions[data["subscription_id"]]
@@ -185,3 +198,14 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "subscription.created": FieldState._subscription_created,
     "subscription.cancelled": FieldState._subscription_cancelled,
 }
+
+#: The operator: the holder of the operator token, at authority 10 (spec 11.2).
+OPERATOR_RECORD = AgentRecord(
+    id=OPERATOR_ID,
+    role="human_operator",
+    interests=[],
+    current_task_id=None,
+    registered_epoch=0,
+    token_hash="",
+    authority=OPERATOR,
+)

@@ -30,6 +30,8 @@ from ..model import (
     Limits,
 )
 
+#: Authority of an agent that does not ask for another (spec 11.2, standard agent).
+STANDARD_AUTHORITY = 4
 AGENT_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}")
 _ENVELOPE_KEYS = frozenset(
     {"protocol", "version", "id", "operation", "agent_id", "session_id", "epoch", "payload"}
@@ -195,7 +197,9 @@ def envelope(value: Any, *, expected_operation: str | None, limits: Limits) -> E
 
 # -- REGISTER / DEREGISTER ----------------------------------------------------
 
-_REGISTER_KEYS = frozenset({"id", "role", "interests", "required_operations", "current_task_id"})
+_REGISTER_KEYS = frozenset(
+    {"id", "role", "interests", "required_operations", "current_task_id", "authority"}
+)
 
 
 def register_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
@@ -222,7 +226,14 @@ def register_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
         "current_task_id": _optional_string(
             payload.get("current_task_id"), "current_task_id", max_chars=limits.max_id_chars
         ),
+        "authority": _authority(payload.get("authority", STANDARD_AUTHORITY)),
     }
+
+
+def _authority(value: Any) -> int:
+    if not _is_int(value) or not 0 <= value <= 10:
+        raise _fail("authority must be an integer from 0 to 10")
+    return value
 
 
 def deregister_payload(payload: dict[str, Any]) -> str:

@@ -50,7 +50,13 @@ OPERATION_ROUTES = {
     "record": "RECORD",
     "attune": "ATTUNE",
     "detect": "DETECT",
+    "merge": "MERGE",
     "subscribe": "SUBSCRIBE",
+    "replay": "REPLAY",
+    "compact": "COMPACT",
+    "coordinate": "COORDINATE",
+    "handoff": "HANDOFF",
+    "session": "SESSION",
 }
 
 
@@ -251,7 +257,11 @@ def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
             log = open_log(config.data_dir, synchronous=config.sync)
         service = FieldService(
             log,
-            lambda: Field(limits=config.limits, persistent=log.persistent),
+            lambda: Field(
+                limits=config.limits,
+                persistent=log.persistent,
+                operator_token=config.operator_token,
+            ),
             max_queue=config.max_queue,
             max_batch=config.max_batch,
         )
