@@ -25,7 +25,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .core.field import Field, Outcome
+from .core.context import Outcome
+from .core.field import Field
 from .errors import FieldError, Overloaded, internal_error
 from .store.base import EventLog, LogEntry, StoredEntry
 

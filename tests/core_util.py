@@ -5,7 +5,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from field.core.field import Field, Ids, Outcome
+from field.core.context import Outcome
+from field.core.field import Field, Ids
 from field.store.base import LogEntry, StoredEntry
 
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from field.core.field import Field, Outcome
+from field.core.context import Outcome
+from field.core.field import Field
 from field.errors import Code, FieldError, LogWriteError
 from field.service import FieldService
 from field.store import MemoryEventLog

@@ -21,7 +21,7 @@ import math
 import secrets
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -36,6 +36,7 @@ from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.stream import format_cursor
 from . import relevance, validation
 from .authority import OPERATOR_ID, STANDARD
+from .context import Context, Outcome
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
 
 #: Operations implemented by this Field, in spec order.
@@ -52,16 +53,6 @@ SUMMARY_CHARS = 240
 
 
 @dataclass(slots=True)
-class Outcome:
-    """What one operation produced: its response and the entries to make durable."""
-
-    response: dict[str, Any]
-    entries: list[LogEntry] = field(default_factory=list)
-    #: called with the log positions of ``entries`` once they are durable
-    on_durable: Callable[[list[int]], None] | None = None
-
-
-@dataclass(slots=True)
 class Ids:
     """Sources of identifiers and secrets; tests replace them for determinism."""
 
@@ -75,14 +66,6 @@ def hash_token(token: str) -> str:
 
 def _timestamp(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-@dataclass(slots=True)
-class _Context:
-    envelope: validation.Envelope
-    agent: AgentRecord | None
-    epoch: int
-    now: float
 
 
 class Field:
@@ -104,7 +87,7 @@ class Field:
         self.state = FieldState(self.limits)
         self._now = now
         self._ids = ids or Ids()
-        self._handlers: dict[str, Callable[[_Context], Outcome]] = {
+        self._handlers: dict[str, Callable[[Context], Outcome]] = {
             "REGISTER": self._register,
             "DEREGISTER": self._deregister,
             "RECORD": self._record,
@@ -168,7 +151,7 @@ class Field:
                 )
             epoch = self.state.clock.next(envelope.epoch)
             now = max(self.state.last_ts, self._now())  # entry timestamps never decrease
-            outcome = handler(_Context(envelope, agent, epoch, now))
+            outcome = handler(Context(envelope, agent, epoch, now))
             self._commit(epoch, outcome.entries)
             return outcome
         except FieldError as error:
@@ -222,7 +205,7 @@ class Field:
             "limits": self.limits.as_dict(),
         }
 
-    def _register(self, ctx: _Context) -> Outcome:
+    def _register(self, ctx: Context) -> Outcome:
         request = validation.register_payload(ctx.envelope.payload, self.limits)
         if request["id"] != ctx.envelope.agent_id:
             raise AuthError(
@@ -284,7 +267,7 @@ class Field:
         }
         return Outcome(response, [entry])
 
-    def _deregister(self, ctx: _Context) -> Outcome:
+    def _deregister(self, ctx: Context) -> Outcome:
         target = validation.deregister_payload(ctx.envelope.payload)
         if target == OPERATOR_ID:
             raise AuthError(
@@ -315,7 +298,7 @@ class Field:
 
     # -- RECORD ----------------------------------------------------------------
 
-    def _record(self, ctx: _Context) -> Outcome:
+    def _record(self, ctx: Context) -> Outcome:
         request = validation.record_payload(ctx.envelope.payload, self.limits)
         assert ctx.agent is not None  # guaranteed by handle(): RECORD is authenticated
         for relation in request["relations"]:
@@ -350,7 +333,7 @@ class Field:
         return Outcome(response, entries)
 
     def _relation_effects(
-        self, ctx: _Context, unit: dict[str, Any], entries: list[LogEntry]
+        self, ctx: Context, unit: dict[str, Any], entries: list[LogEntry]
     ) -> list[str]:
         """Entries for ``supersedes`` and ``contradicts`` relations; returns new conflicts."""
         agent_id = unit["source"]["agent_id"]
@@ -398,7 +381,7 @@ class Field:
 
     # -- ATTUNE ----------------------------------------------------------------
 
-    def _attune(self, ctx: _Context) -> Outcome:
+    def _attune(self, ctx: Context) -> Outcome:
         scope = validation.attune_payload(ctx.envelope.payload, self.limits)
         assert ctx.agent is not None  # guaranteed by handle(): ATTUNE is authenticated
         agent = ctx.agent
@@ -512,7 +495,7 @@ class Field:
 
     # -- SUBSCRIBE -------------------------------------------------------------
 
-    def _subscribe(self, ctx: _Context) -> Outcome:
+    def _subscribe(self, ctx: Context) -> Outcome:
         request = validation.subscribe_payload(
             ctx.envelope.payload, self.limits, SUBSCRIPTION_EVENTS
         )
@@ -607,7 +590,7 @@ class Field:
 
     # -- DETECT ----------------------------------------------------------------
 
-    def _detect(self, ctx: _Context) -> Outcome:
+    def _detect(self, ctx: Context) -> Outcome:
         request = validation.detect_payload(ctx.envelope.payload, self.limits)
         if request["mode"] != "list":
             raise StateError(

@@ -25,7 +25,8 @@ from starlette.websockets import WebSocket
 
 from .. import __version__
 from ..config import Config
-from ..core.field import Field, Outcome
+from ..core.context import Outcome
+from ..core.field import Field
 from ..errors import (
     Code,
     FieldError,

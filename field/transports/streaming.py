@@ -24,7 +24,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..core.field import Field, Outcome
+from ..core.context import Outcome
+from ..core.field import Field
 from ..errors import FieldError, InvalidJSON, internal_error
 from ..subscriptions.outbox import Frame
 from .push import Connection, PushHub
