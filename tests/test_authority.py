@@ -127,3 +127,34 @@ def test_hashing_embedder_is_deterministic_and_unit_length() -> None:
     assert not first[2].any()
     unrelated = HashingEmbedder().embed(["deploy the frontend on friday"])[0]
     assert first[0] @ first[1] > 0.8 > first[0] @ unrelated
+
+
+def test_an_observer_reads_but_does_not_record(h: Harness) -> None:
+    h.register("alice")
+    h.record("alice", "a finding of alice")
+    h.register("watcher", authority=authority.OBSERVER)
+    assert len(h.attune("watcher")["record"]) == 1
+    before = len(h.entries)
+    error = fails(Code.INSUFFICIENT_AUTHORITY, h.record, "watcher", "an observation")
+    assert error.operation == "RECORD"
+    assert len(h.entries) == before
+
+
+def test_an_audit_agent_cannot_attune_or_subscribe(h: Harness) -> None:
+    h.register("auditor", authority=authority.AUDIT)
+    fails(Code.INSUFFICIENT_AUTHORITY, h.attune, "auditor")
+    fails(
+        Code.INSUFFICIENT_AUTHORITY,
+        h.send,
+        "SUBSCRIBE",
+        "auditor",
+        {"action": "subscribe", "events": ["memory.recorded"]},
+    )
+    # but it may leave
+    assert h.send("DEREGISTER", "auditor", {"agent_id": "auditor"})["status"] == "ok"
+
+
+def test_every_operation_has_a_minimum_authority() -> None:
+    from field.model import OPERATIONS
+
+    assert set(authority.MIN_AUTHORITY) == set(OPERATIONS) - {"REGISTER"}

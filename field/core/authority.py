@@ -42,3 +42,20 @@ def require(have: int, need: int, action: str) -> None:
             recoverable=False,
             suggested_action="Ask an agent or operator with enough authority to do it.",
         )
+
+
+#: The least authority each operation needs at all (spec 11.2); handlers
+#: check the finer rules (whose task, which session, which strategy).
+MIN_AUTHORITY: dict[str, int] = {
+    "DEREGISTER": AUDIT,
+    "REPLAY": AUDIT,
+    "ATTUNE": OBSERVER,
+    "DETECT": OBSERVER,
+    "SUBSCRIBE": OBSERVER,
+    "SESSION": OBSERVER,
+    "RECORD": STANDARD,
+    "MERGE": STANDARD,
+    "COORDINATE": STANDARD,
+    "HANDOFF": STANDARD,
+    "COMPACT": SENIOR,
+}

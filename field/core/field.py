@@ -34,7 +34,7 @@ from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits
 from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.stream import format_cursor
-from . import relevance, validation
+from . import authority, relevance, validation
 from .authority import OPERATOR_ID, STANDARD
 from .context import Context, Outcome
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
@@ -148,6 +148,12 @@ class Field:
                     code=Code.FORBIDDEN,
                     recoverable=False,
                     suggested_action="Send each agent's requests with its own token.",
+                )
+            if agent is not None and not registering:
+                authority.require(
+                    agent.authority,
+                    authority.MIN_AUTHORITY.get(envelope.operation, authority.STANDARD),
+                    envelope.operation,
                 )
             epoch = self.state.clock.next(envelope.epoch)
             now = max(self.state.last_ts, self._now())  # entry timestamps never decrease
