@@ -56,6 +56,16 @@ def _parser() -> argparse.ArgumentParser:
         "--outbox-bytes", type=int, help="bytes queued per push connection (8388608)"
     )
     serve.add_argument(
+        "--failure-grace",
+        type=float,
+        help="seconds an agent that lost its push connection has to come back (30)",
+    )
+    serve.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        help="seconds of silence before an agent is declared failed; 0 never (300)",
+    )
+    serve.add_argument(
         "--operator-token-file",
         type=Path,
         help="file holding the operator's bearer token (or set FIELD_OPERATOR_TOKEN)",
@@ -79,6 +89,8 @@ def _config(args: argparse.Namespace) -> Config:
         outbox_frames=args.outbox_frames,
         outbox_bytes=args.outbox_bytes,
         log_level=args.log_level,
+        failure_grace=args.failure_grace,
+        heartbeat_timeout=args.heartbeat_timeout,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None
         ),

@@ -32,6 +32,10 @@ class Config:
     #: Most operations committed in one group commit.
     max_batch: int = 512
     log_level: str = "info"
+    #: Seconds an agent whose last push connection dropped has to come back.
+    failure_grace: float = 30.0
+    #: Seconds of silence (no request, no connection) before an agent fails; 0: never.
+    heartbeat_timeout: float = 300.0
     #: The operator's bearer token (authority 10, spec 11.2); None: no operator.
     operator_token: str | None = field(default=None, repr=False)
     limits: Limits = field(default_factory=Limits)
@@ -44,6 +48,8 @@ class Config:
             raise ValueError(f'sync must be "full" or "normal", not {self.sync!r}')
         if self.max_queue < 1 or self.max_batch < 1:
             raise ValueError("max_queue and max_batch must be positive")
+        if self.failure_grace <= 0 or self.heartbeat_timeout < 0:
+            raise ValueError("failure_grace must be positive and heartbeat_timeout not negative")
         if self.operator_token is not None and len(self.operator_token) < 16:
             raise ValueError("operator_token must be at least 16 characters")
         if self.limits.max_body_bytes < 1024:
@@ -83,4 +89,6 @@ def _parse(name: str, raw: str) -> Any:
         return None if raw in ("", ":memory:") else Path(raw)
     if name in ("port", "max_queue", "max_batch", *_NESTED):
         return int(raw)
+    if name in ("failure_grace", "heartbeat_timeout"):
+        return float(raw)
     return raw

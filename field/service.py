@@ -62,6 +62,8 @@ class FieldService:
         self._blocking_log = log.persistent
         #: called with every batch of newly durable entries, in log order
         self.listener: Callable[[list[StoredEntry]], None] | None = None
+        #: called with the agent of every operation that succeeded (liveness)
+        self.on_seen: Callable[[str], None] | None = None
         #: True while a batch is applied but not yet durable and published
         self.busy = False
 
@@ -178,6 +180,10 @@ class FieldService:
                 pending.future.set_exception(result)
             else:
                 pending.future.set_result(result)
+        if self.on_seen is not None:
+            for result in results:
+                if isinstance(result, Outcome) and result.agent_id is not None:
+                    self.on_seen(result.agent_id)
         if stored and self.listener is not None:
             try:
                 self.listener(stored)

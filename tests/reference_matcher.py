@@ -124,7 +124,7 @@ def relevance_of(
     event: FieldEvent,
 ) -> tuple[float, bool]:
     """(relevance, requires_action) of ``event`` for one subscription, before any filter."""
-    if event.name == "agent.joined":
+    if event.name in ("agent.joined", "agent.failed"):
         assert event.agent is not None
         return agent_score(agent, event.agent), False
     by_id = {u["id"]: u for u in units}

@@ -19,6 +19,8 @@ class Outcome:
     entries: list[LogEntry] = field(default_factory=list)
     #: called with the log positions of ``entries`` once they are durable
     on_durable: Callable[[list[int]], None] | None = None
+    #: the agent the operation was authenticated as (liveness counts it as seen)
+    agent_id: str | None = None
 
 
 @dataclass(slots=True)

@@ -158,7 +158,12 @@ class Field:
             epoch = self.state.clock.next(envelope.epoch)
             now = max(self.state.last_ts, self._now())  # entry timestamps never decrease
             outcome = handler(Context(envelope, agent, epoch, now))
+            if agent is not None and agent.status == "failed" and outcome.entries is not None:
+                # a failed agent that is heard from again has recovered
+                data = {"agent_id": agent.id}
+                outcome.entries.insert(0, LogEntry(epoch, "agent.recovered", data, agent.id, now))
             self._commit(epoch, outcome.entries)
+            outcome.agent_id = envelope.agent_id if agent is None else agent.id
             return outcome
         except FieldError as error:
             error.operation = error.operation or envelope.operation
@@ -184,6 +189,31 @@ class Field:
                 suggested_action="Call REGISTER again to get a new token.",
             )
         raise AuthError("the bearer token is not one this Field issued")
+
+    # -- liveness (no envelope: the server decides these) ----------------------
+
+    def fail_agent(self, agent_id: str, reason: str) -> Outcome:
+        """Declare a registered agent failed (it went silent); no-op if it is not live."""
+        agent = self.state.agents.get(agent_id)
+        if agent is None or agent.status == "failed":
+            return Outcome({"status": "unchanged"})
+        epoch = self.state.clock.next(0)
+        now = max(self.state.last_ts, self._now())
+        data = {"agent_id": agent_id, "reason": reason, "agent": agent.to_wire()}
+        entries = [LogEntry(epoch, "agent.failed", data, agent_id, now)]
+        self._commit(epoch, entries)
+        return Outcome({"status": "failed", "epoch": epoch}, entries)
+
+    def recover_agent(self, agent_id: str) -> Outcome:
+        """A failed agent is back (it reconnected); no-op if it is not failed."""
+        agent = self.state.agents.get(agent_id)
+        if agent is None or agent.status != "failed":
+            return Outcome({"status": "unchanged"})
+        epoch = self.state.clock.next(0)
+        now = max(self.state.last_ts, self._now())
+        entries = [LogEntry(epoch, "agent.recovered", {"agent_id": agent_id}, agent_id, now)]
+        self._commit(epoch, entries)
+        return Outcome({"status": "recovered", "epoch": epoch}, entries)
 
     def _is_operator(self, token: str) -> bool:
         return self._operator_hash is not None and hmac.compare_digest(

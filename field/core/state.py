@@ -13,6 +13,8 @@ Entry kinds and their ``data``:
 ``clock.reserved``    ``{until}``: epochs up to ``until`` may be used
 ``agent.registered``  ``{agent, token_hash}``
 ``agent.deregistered````{agent_id}``
+``agent.failed``      ``{agent_id, reason, agent}``: it went silent (liveness)
+``agent.recovered``   ``{agent_id}``: a failed agent was heard from again
 ``memory.recorded``   ``{unit}``: the full MemoryUnit
 ``memory.superseded`` ``{memory_unit_id, by}``
 ``memory.contested``  ``{memory_unit_id, conflict_id}``
@@ -143,6 +145,12 @@ class FieldState:
         for subscription_id in sorted(self.active_subscriptions.pop(record.id, ())):
             self._cancel(subscription_id, "agent deregistered")
 
+    def _agent_failed(self, data: dict[str, Any]) -> None:
+        self.agents[data["agent_id"]].status = "failed"
+
+    def _agent_recovered(self, data: dict[str, Any]) -> None:
+        self.agents[data["agent_id"]].status = "idle"
+
     def _memory_recorded(self, data: dict[str, Any]) -> None:
         unit = data["unit"]
         self.units[unit["id"]] = unit
@@ -191,6 +199,8 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "clock.reserved": FieldState._clock_reserved,
     "agent.registered": FieldState._agent_registered,
     "agent.deregistered": FieldState._agent_deregistered,
+    "agent.failed": FieldState._agent_failed,
+    "agent.recovered": FieldState._agent_recovered,
     "memory.recorded": FieldState._memory_recorded,
     "memory.superseded": FieldState._memory_superseded,
     "memory.contested": FieldState._memory_contested,

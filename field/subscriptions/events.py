@@ -121,4 +121,14 @@ def event_of(entry: StoredEntry, units: dict[str, dict[str, Any]]) -> FieldEvent
             agent=agent,
             summary=f"agent {agent['id']} joined as {agent['role']}",
         )
+    if name == "agent.failed":
+        agent = data["agent"]
+        return FieldEvent(
+            *at,
+            actor=actor,
+            entity_type="agent",
+            entity_id=agent["id"],
+            agent=agent,
+            summary=f"agent {agent['id']} ({agent['role']}) failed: {data['reason']}",
+        )
     return None  # events of operations this Field does not implement yet

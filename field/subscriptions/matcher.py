@@ -19,7 +19,7 @@ Relevance (documented in ``protocol/README.md``, "Relevance of events"):
   ``memory.contested`` when the subscriber wrote the unit;
 * ``conflict.detected``: 1.0 when the subscriber wrote either unit,
   otherwise the better of the two units' scores;
-* ``agent.joined``: role, interest and task alignment between the
+* ``agent.joined``, ``agent.failed``: role, interest and task alignment between the
   subscriber and the joining agent.
 
 ``requires_action`` is true when the subscriber's own unit is contested

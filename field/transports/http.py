@@ -36,6 +36,7 @@ from ..errors import (
     ValidationError,
     internal_error,
 )
+from ..liveness import Liveness
 from ..model import CONFLICT_STATUSES, CONFLICT_TYPES, UNRESOLVED_CONFLICT_STATUSES
 from ..service import FieldService
 from ..store import EventLog, open_log
@@ -269,6 +270,14 @@ def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
         await service.start()
         binding.service = service
         binding.hub = PushHub(service, config.push)
+        liveness = Liveness(
+            service,
+            failure_grace=config.failure_grace,
+            heartbeat_timeout=config.heartbeat_timeout,
+        )
+        service.on_seen = liveness.seen
+        binding.hub.liveness = liveness
+        liveness.start()
         app.state.service = service
         app.state.push_hub = binding.hub
         state = service.field.state
@@ -286,6 +295,7 @@ def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
         try:
             yield
         finally:
+            await liveness.stop()
             binding.hub.shutdown()
             binding.service = None
             await service.stop()

@@ -28,6 +28,7 @@ import numpy as np
 import orjson
 
 from ..core.field import Field
+from ..liveness import Liveness
 from ..service import FieldService
 from ..store.base import StoredEntry
 from ..subscriptions.events import FieldEvent, event_of
@@ -82,6 +83,8 @@ class PushHub:
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: told of every connection and disconnection, if set
+        self.liveness: Liveness | None = None
         service.listener = self.publish
 
     @property
@@ -98,9 +101,13 @@ class PushHub:
         outbox = Outbox(max_frames=self.limits.outbox_frames, max_bytes=self.limits.outbox_bytes)
         connection = Connection(agent_id, kind, outbox)
         self.connections.add(connection)
+        if self.liveness is not None:
+            self.liveness.connected(agent_id)
         return connection
 
     def disconnect(self, connection: Connection) -> None:
+        if connection in self.connections and self.liveness is not None:
+            self.liveness.disconnected(connection.agent_id)
         self.connections.discard(connection)
         for subscription_id, binding in list(connection.streams.items()):
             self._unbind(subscription_id, binding)

@@ -1,0 +1,205 @@
+"""Liveness: agents that go silent become ``failed`` (``agent.failed``) and recover.
+
+The core tests drive :meth:`Field.fail_agent` directly; the monitor tests
+run :class:`Liveness` with a hand-moved clock over a real service; the
+end-to-end tests run a real server with a short grace period and wait
+for the ``agent.failed`` notification itself (never for time to pass).
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import aiohttp
+import pytest
+
+from field.client import FieldClient
+from field.core.field import Field
+from field.liveness import Liveness
+from field.service import FieldService
+from field.store.memory import MemoryEventLog
+
+from .conftest import ThreadedServer
+from .core_util import Harness
+from .schema_util import assert_valid
+from .test_push import open_ws, sse_stream, subscribe
+
+
+def kinds(h: Harness) -> list[str]:
+    return [e.kind for e in h.entries]
+
+
+# -- the core ----------------------------------------------------------------------
+
+
+def test_fail_agent_marks_it_failed_durably() -> None:
+    h = Harness()
+    h.register("alice", "analyst")
+    outcome = h.field.fail_agent("alice", "not heard from for 300 s")
+    h.entries.extend(outcome.entries)
+    assert [e.kind for e in outcome.entries] == ["agent.failed"]
+    data = outcome.entries[0].data
+    assert data["reason"] == "not heard from for 300 s"
+    assert data["agent"]["id"] == "alice" and data["agent"]["role"] == "analyst"
+    assert outcome.entries[0].epoch == h.field.epoch
+    (agent,) = h.field.list_agents()
+    assert agent["status"] == "failed"
+    assert h.replayed().state.agents["alice"].status == "failed"
+
+
+def test_fail_agent_is_a_no_op_for_failed_or_unknown_agents() -> None:
+    h = Harness()
+    h.register("alice")
+    assert h.field.fail_agent("alice", "silent").entries
+    epoch = h.field.epoch
+    assert h.field.fail_agent("alice", "silent again").entries == []
+    assert h.field.fail_agent("nobody", "silent").entries == []
+    assert h.field.epoch == epoch
+
+
+def test_a_failed_agent_that_sends_anything_recovers() -> None:
+    h = Harness()
+    h.register("alice")
+    h.register("bob")
+    h.entries.extend(h.field.fail_agent("alice", "silent").entries)
+    h.attune("alice")
+    assert kinds(h)[-1] == "agent.recovered"
+    assert h.field.state.agents["alice"].status == "idle"
+    assert h.replayed().state.agents["alice"].status == "idle"
+    # a live agent's reads write nothing
+    count = len(h.entries)
+    h.attune("bob")
+    assert len(h.entries) == count
+
+
+def test_recover_agent_only_recovers_failed_agents() -> None:
+    h = Harness()
+    h.register("alice")
+    assert h.field.recover_agent("alice").entries == []
+    h.entries.extend(h.field.fail_agent("alice", "silent").entries)
+    assert [e.kind for e in h.field.recover_agent("alice").entries] == ["agent.recovered"]
+
+
+# -- the monitor, with a clock moved by hand -----------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def service() -> AsyncIterator[FieldService]:
+    service = FieldService(MemoryEventLog(), Field)
+    await service.start()
+    for agent_id in ("alice", "bob"):
+        envelope = {
+            "protocol": "akashik",
+            "version": "0.1.0",
+            "id": f"msg-{agent_id}",
+            "operation": "REGISTER",
+            "agent_id": agent_id,
+            "session_id": None,
+            "epoch": 0,
+            "payload": {"id": agent_id, "role": "analyst"},
+        }
+        await service.execute(lambda field, e=envelope: field.handle(e, token=None))
+    yield service
+    await service.stop()
+
+
+async def test_silence_past_the_heartbeat_timeout_is_due(service: FieldService) -> None:
+    clock = Clock()
+    liveness = Liveness(service, failure_grace=30, heartbeat_timeout=300, clock=clock)
+    assert liveness.due() == []
+    clock.now += 200
+    liveness.seen("bob")
+    clock.now += 100
+    assert liveness.due() == [("alice", "not heard from for 300 s")]
+    clock.now += 200
+    assert [a for a, _ in liveness.due()] == ["alice", "bob"]
+
+
+async def test_a_dropped_connection_has_the_grace_period_to_come_back(
+    service: FieldService,
+) -> None:
+    clock = Clock()
+    liveness = Liveness(service, failure_grace=30, heartbeat_timeout=0, clock=clock)
+    liveness.connected("alice")
+    liveness.connected("alice")
+    liveness.disconnected("alice")
+    clock.now += 100
+    assert liveness.due() == []  # one connection is still open
+    liveness.disconnected("alice")
+    clock.now += 29
+    assert liveness.due() == []
+    clock.now += 1
+    assert liveness.due() == [("alice", "connection lost and not back within 30 s")]
+    liveness.connected("alice")  # back in time: nothing is due
+    assert liveness.due() == []
+    liveness.disconnected("alice")
+    clock.now += 10
+    liveness.seen("alice")  # a request counts as coming back too
+    clock.now += 29
+    assert liveness.due() == []
+
+
+async def test_heartbeat_timeout_zero_never_fails_silent_agents(service: FieldService) -> None:
+    clock = Clock()
+    liveness = Liveness(service, failure_grace=30, heartbeat_timeout=0, clock=clock)
+    clock.now += 10**6
+    assert liveness.due() == []
+
+
+# -- end to end ----------------------------------------------------------------------
+
+
+@pytest.fixture
+async def quick(server_factory: Callable[..., ThreadedServer]) -> ThreadedServer:
+    return server_factory(failure_grace=0.2, heartbeat_timeout=0)
+
+
+async def test_an_agent_whose_socket_drops_fails_and_subscribers_hear_it(
+    quick: ThreadedServer,
+) -> None:
+    async with FieldClient(quick.url) as field, aiohttp.ClientSession() as http:
+        watcher = await field.register("watcher", "lead", interests=["pricing"])
+        flaky = await field.register("flaky", "analyst", interests=["pricing"])
+        response = await subscribe(watcher, ["agent.failed"])
+        async with sse_stream(http, response["sse_url"], watcher.token) as sse:
+            await sse.ready()
+            async with open_ws(quick, flaky.token) as ws:
+                await ws.request("SUBSCRIBE", "flaky", {"action": "list"})
+            (event,) = await sse.notifications(1)
+        data: dict[str, Any] = event.data
+        assert_valid("notification", data)
+        assert event.event == "agent.failed"
+        assert data["entity"] == {"type": "agent", "id": "flaky"}
+        assert data["agent_id"] == "flaky"
+        assert "connection lost" in data["summary"]
+        assert data["relevance_score"] > 0  # shared interest
+        listed = {a["id"]: a["status"] for a in (await watcher.get("/v1/agents"))["agents"]}
+        assert listed == {"watcher": "idle", "flaky": "failed"}
+        # heard from again: recovered
+        await flaky.attune()
+        listed = {a["id"]: a["status"] for a in (await watcher.get("/v1/agents"))["agents"]}
+        assert listed["flaky"] == "idle"
+        # the watcher never failed: it held its SSE stream open all along
+        assert listed["watcher"] == "idle"
+
+
+async def test_an_agent_that_reconnects_within_the_grace_period_does_not_fail(
+    server_factory: Callable[..., ThreadedServer],
+) -> None:
+    server = server_factory(failure_grace=60, heartbeat_timeout=0)
+    async with FieldClient(server.url) as field:
+        flaky = await field.register("flaky", "analyst")
+        for _ in range(2):
+            async with open_ws(server, flaky.token) as ws:
+                await ws.request("SUBSCRIBE", "flaky", {"action": "list"})
+        agents = (await flaky.get("/v1/agents"))["agents"]
+        assert [a["status"] for a in agents] == ["idle"]
