@@ -39,27 +39,44 @@ class Frame:
 
 
 class Outbox:
-    """Bounded FIFO of frames with an overflow state (module docstring)."""
+    """Bounded FIFO of frames with an overflow state (module docstring).
+
+    An idle outbox holds no queue and no waiters' events: there are
+    thousands of them, so the deque exists only while frames wait and a
+    waiter's future only while someone waits.
+    """
+
+    __slots__ = (
+        "max_frames",
+        "max_bytes",
+        "_frames",
+        "_bytes",
+        "_reader",
+        "_pacers",
+        "overflowed",
+        "closed",
+    )
 
     def __init__(self, *, max_frames: int, max_bytes: int) -> None:
         self.max_frames = max_frames
         self.max_bytes = max_bytes
-        self._frames: deque[Frame] = deque()
+        self._frames: deque[Frame] | None = None
         self._bytes = 0
-        self._ready = asyncio.Event()
-        self._roomy = asyncio.Event()
-        self._roomy.set()
+        #: the consumer waiting in get(), if any
+        self._reader: asyncio.Future[None] | None = None
+        #: producers waiting in wait_for_room(), if any
+        self._pacers: list[asyncio.Future[None]] = []
         self.overflowed = False
         self.closed = False
 
     def __len__(self) -> int:
-        return len(self._frames)
+        return len(self._frames) if self._frames is not None else 0
 
     def put(self, frame: Frame) -> bool:
         """Queue ``frame``; False (and overflowed) if that would pass a bound."""
         if self.overflowed or self.closed:
             return False
-        if len(self._frames) >= self.max_frames or self._bytes + len(frame.body) > self.max_bytes:
+        if len(self) >= self.max_frames or self._bytes + len(frame.body) > self.max_bytes:
             self.overflowed = True
             return False
         self._push(frame)
@@ -72,42 +89,61 @@ class Outbox:
         if frame is not None:
             self._push(frame)
         self.closed = True
-        self._ready.set()
-        self._roomy.set()
+        self._wake_reader()
+        self._wake_pacers()
 
     def _push(self, frame: Frame) -> None:
+        if self._frames is None:
+            self._frames = deque()
         self._frames.append(frame)
         self._bytes += len(frame.body)
-        self._ready.set()
-        if not self._has_room():
-            self._roomy.clear()
+        self._wake_reader()
+
+    def _wake_reader(self) -> None:
+        if self._reader is not None and not self._reader.done():
+            self._reader.set_result(None)
+
+    def _wake_pacers(self) -> None:
+        for pacer in self._pacers:
+            if not pacer.done():
+                pacer.set_result(None)
+        self._pacers.clear()
 
     def _has_room(self) -> bool:
         """Under half of both bounds: a paced producer may add more."""
-        return len(self._frames) * 2 < self.max_frames and self._bytes * 2 < self.max_bytes
+        return len(self) * 2 < self.max_frames and self._bytes * 2 < self.max_bytes
 
     def room(self) -> int:
         """How many more frames fit under the frame bound."""
-        return max(0, self.max_frames - len(self._frames))
+        return max(0, self.max_frames - len(self))
 
     async def wait_for_room(self) -> None:
         """Wait until the outbox is under half full (replay paces itself with this)."""
         while not self._has_room() and not self.closed:
-            self._roomy.clear()
-            await self._roomy.wait()
+            pacer = asyncio.get_running_loop().create_future()
+            self._pacers.append(pacer)
+            try:
+                await pacer
+            finally:
+                if pacer in self._pacers:
+                    self._pacers.remove(pacer)
 
     def _popped(self, frame: Frame) -> None:
         self._bytes -= len(frame.body)
-        if self._has_room():
-            self._roomy.set()
+        if self._pacers and self._has_room():
+            self._wake_pacers()
 
     async def get(self) -> Frame | None:
         """The next frame; None once the outbox is closed and drained."""
         while not self._frames:
+            self._frames = None  # idle: hold no queue
             if self.closed:
                 return None
-            self._ready.clear()
-            await self._ready.wait()
+            self._reader = asyncio.get_running_loop().create_future()
+            try:
+                await self._reader
+            finally:
+                self._reader = None
         frame = self._frames.popleft()
         self._popped(frame)
         return frame
@@ -115,8 +151,9 @@ class Outbox:
     def drain_now(self, limit: int) -> list[Frame]:
         """Up to ``limit`` queued frames without waiting (to batch socket writes)."""
         out: list[Frame] = []
-        while self._frames and len(out) < limit:
-            frame = self._frames.popleft()
+        frames = self._frames
+        while frames and len(out) < limit:
+            frame = frames.popleft()
             self._popped(frame)
             out.append(frame)
         return out

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,7 +20,8 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route, WebSocketRoute
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket
 
 from .. import __version__
@@ -243,6 +244,26 @@ async def _crash(request: Request, exc: Exception) -> Response:
     return error_response(internal_error())
 
 
+class _FieldApp(Starlette):
+    """Starlette, except that ``/v1/ws`` goes straight to its endpoint.
+
+    A WebSocket lives for hours and there may be tens of thousands: each
+    layer of the middleware stack and router it passed through would stay
+    on its stack for its whole life. The endpoint handles its own errors.
+    """
+
+    def __init__(self, websocket: Callable[[WebSocket], Awaitable[None]], **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._websocket = websocket
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "websocket" and scope["path"] == "/v1/ws":
+            scope["app"] = self
+            await self._websocket(WebSocket(scope, receive, send))
+            return
+        await super().__call__(scope, receive, send)
+
+
 def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
     """The ASGI application serving one Field.
 
@@ -310,13 +331,13 @@ def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
             binding.subscription_events,
             methods=["GET"],
         ),
-        WebSocketRoute("/v1/ws", binding.websocket),
         *(
             Route(f"/v1/{name}", binding.operation_endpoint(operation), methods=["POST"])
             for name, operation in OPERATION_ROUTES.items()
         ),
     ]
-    app = Starlette(
+    app = _FieldApp(
+        binding.websocket,
         routes=routes,
         lifespan=lifespan,
         exception_handlers={HTTPException: _not_found, Exception: _crash},

@@ -1,0 +1,80 @@
+"""The bounded outbox of a push connection, on its own."""
+
+from __future__ import annotations
+
+import asyncio
+
+from field.subscriptions.outbox import Frame, Outbox
+
+
+def frame(n: int, size: int = 10) -> Frame:
+    return Frame(b"x" * size, "notification", cursor=f"t-{n}")
+
+
+async def test_frames_come_out_in_order_and_an_idle_outbox_holds_no_queue() -> None:
+    outbox = Outbox(max_frames=10, max_bytes=1000)
+    for n in range(3):
+        assert outbox.put(frame(n))
+    assert [(await outbox.get()).cursor for _ in range(3)] == ["t-0", "t-1", "t-2"]  # type: ignore[union-attr]
+    waiting = asyncio.create_task(outbox.get())
+    await asyncio.sleep(0)  # let it start waiting: nothing is queued
+    assert outbox._frames is None and not waiting.done()
+    outbox.put(frame(3))
+    assert (await waiting) is not None and len(outbox) == 0
+
+
+async def test_a_bound_passed_overflows_and_refuses_everything_after() -> None:
+    outbox = Outbox(max_frames=2, max_bytes=1000)
+    assert outbox.put(frame(0)) and outbox.put(frame(1))
+    assert not outbox.put(frame(2))
+    assert outbox.overflowed and len(outbox) == 2
+    await outbox.get()
+    assert not outbox.put(frame(3))  # overflow is final
+    by_bytes = Outbox(max_frames=100, max_bytes=25)
+    assert by_bytes.put(frame(0)) and by_bytes.put(frame(1))
+    assert not by_bytes.put(frame(2, size=6)) and by_bytes.overflowed
+
+
+async def test_close_with_queues_a_last_frame_past_the_bounds_then_ends() -> None:
+    outbox = Outbox(max_frames=1, max_bytes=1000)
+    outbox.put(frame(0))
+    outbox.put(frame(1))  # overflows
+    outbox.close_with(Frame(b"bye", "overflow"))
+    outbox.close_with(Frame(b"again", "overflow"))  # closed already: ignored
+    assert [(await outbox.get()), (await outbox.get())][1].kind == "overflow"  # type: ignore[union-attr]
+    assert await outbox.get() is None
+    assert not outbox.put(frame(2))
+
+
+async def test_a_waiting_consumer_is_released_by_close() -> None:
+    outbox = Outbox(max_frames=5, max_bytes=1000)
+    waiting = asyncio.create_task(outbox.get())
+    await asyncio.sleep(0)
+    outbox.close_with(None)
+    assert await waiting is None
+
+
+async def test_wait_for_room_paces_a_producer_at_half_full() -> None:
+    outbox = Outbox(max_frames=4, max_bytes=1000)
+    outbox.put(frame(0))
+    await outbox.wait_for_room()  # 1 of 4: room
+    outbox.put(frame(1))
+    paced = asyncio.create_task(outbox.wait_for_room())
+    await asyncio.sleep(0)
+    assert not paced.done()  # 2 of 4: not under half
+    await outbox.get()
+    await paced
+    assert outbox.room() == 3
+    outbox.put(frame(2))
+    closing = asyncio.create_task(outbox.wait_for_room())
+    await asyncio.sleep(0)
+    outbox.close_with(None)
+    await closing  # closing releases pacers too
+
+
+def test_drain_now_takes_at_most_the_limit() -> None:
+    outbox = Outbox(max_frames=10, max_bytes=1000)
+    for n in range(5):
+        outbox.put(frame(n))
+    assert [f.cursor for f in outbox.drain_now(3)] == ["t-0", "t-1", "t-2"]
+    assert len(outbox) == 2 and len(outbox.drain_now(10)) == 2 and outbox.drain_now(1) == []
