@@ -111,11 +111,18 @@ def replay(field: Field, ctx: Context) -> Outcome:
         shown = [e for e in entries if e.position in own]
     else:
         shown = entries
-    truncated = not complete or len(read) < len(positions)
+    if not complete:
+        cut = (
+            f" (The chain is larger: only its first {len(chain)} units and conflicts were walked.)"
+        )
+    elif len(read) < len(positions):
+        cut = f" (Only the first {len(read)} events of the chain were read.)"
+    else:
+        cut = ""
     response = {
         "status": "ok",
         "timeline": [_event(entry) for entry in shown],
-        "summary": _summary(state, request, chain, entries, agents, len(positions), truncated),
+        "summary": _summary(state, request, chain, entries, agents, len(positions)) + cut,
         "agents_involved": agents,
         "total_events": len(positions),
         "epoch": ctx.epoch,
@@ -216,7 +223,6 @@ def _summary(
     entries: list[StoredEntry],
     agents: list[str],
     total: int,
-    truncated: bool,
 ) -> str:
     kind, target_id = _TARGET_KIND[request["target_type"]], request["target_id"]
     if kind == "unit":
@@ -243,8 +249,6 @@ def _summary(
         f"{entries[-1].epoch} over {units} unit{'s' if units != 1 else ''} and {conflicts} "
         f"conflict{'s' if conflicts != 1 else ''}, by {', '.join(agents) or 'no agent'}: {counts}."
     )
-    if truncated:
-        text += f" (Only the first {len(entries)} events of the chain were read.)"
     return text
 
 
