@@ -78,6 +78,7 @@ UNIT_STATUSES: tuple[str, ...] = (
     "retracted",
     "contested",
     "pending_enrichment",
+    "archived",  # extension: COMPACT archive/summarize (hidden from ATTUNE unless asked)
 )
 #: Statuses ATTUNE never returns (spec 6.4 rule 2).
 HIDDEN_UNIT_STATUSES: frozenset[str] = frozenset({"superseded", "retracted"})
@@ -121,6 +122,8 @@ class Limits:
     max_epoch_skew: int = 2**32
     max_subscriptions_per_agent: int = 100
     max_debounce_ms: int = 3_600_000
+    max_replay_events: int = 1000
+    max_compact_units: int = 1000
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}

@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from .core.context import Outcome
@@ -55,6 +55,8 @@ class FieldService:
     ) -> None:
         self.log = log
         self._field_factory = field_factory
+        #: entries of the batch being processed that are applied but not yet stored
+        self._unstored: list[LogEntry] = []
         self.field = self._load()
         self._queue: asyncio.Queue[_Pending] = asyncio.Queue(max_queue)
         self._max_batch = max_batch
@@ -71,7 +73,23 @@ class FieldService:
         """A Field rebuilt from the whole log."""
         field = self._field_factory()
         field.replay(self.log.iterate())
+        field.read_entries = self._read_entries
         return field
+
+    def _read_entries(self, positions: Sequence[int]) -> list[StoredEntry]:
+        """Entries by position for REPLAY: from the log, or from the batch in progress.
+
+        A job may read entries an earlier job of its batch produced: they
+        are applied but not yet stored, and follow the log's last position.
+        """
+        stored_up_to = self.log.last_position()
+        found = self.log.read_positions(p for p in positions if p <= stored_up_to)
+        for position in sorted({p for p in positions if p > stored_up_to}):
+            i = position - stored_up_to - 1
+            if i < len(self._unstored):
+                e = self._unstored[i]
+                found.append(StoredEntry(position, e.epoch, e.kind, e.data, e.agent_id, e.ts))
+        return found
 
     async def start(self) -> None:
         genesis = self.field.genesis()
@@ -121,6 +139,7 @@ class FieldService:
     async def _process(self, batch: list[_Pending]) -> None:
         results: list[Outcome | FieldError] = []
         entries: list[LogEntry] = []
+        self._unstored = entries
         first_write: int | None = None
         for i, pending in enumerate(batch):
             result = self._run_job(pending)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Sequence
 from typing import Any
 
 from field.core.context import Outcome
@@ -22,6 +23,7 @@ class Harness:
             ids=Ids(token=lambda: f"token-{next(tokens)}", suffix=lambda: f"{next(counter):020x}"),
             **kwargs,
         )
+        self.field.read_entries = self.read_positions
         self.entries: list[LogEntry] = list(self.field.genesis())
         self.tokens: dict[str, str] = {}
         self.epochs: dict[str, int] = {}
@@ -114,8 +116,13 @@ class Harness:
             for i, e in enumerate(self.entries, start=1)
         ]
 
+    def read_positions(self, positions: Sequence[int]) -> list[StoredEntry]:
+        """The entries at ``positions``, as a log's ``read_positions`` returns them."""
+        stored = self.stored()
+        return [stored[p - 1] for p in sorted(set(positions)) if 1 <= p <= len(stored)]
+
     def replayed(self) -> Field:
         """A new Field rebuilt from this one's entries, as at start-up."""
-        field = Field()
+        field = Field(read_entries=self.read_positions)
         field.replay(self.stored())
         return field

@@ -339,7 +339,7 @@ async def test_register_errors(field: CheckedClient, alice: AgentClient) -> None
     assert body["recoverable"] is True
 
     body = await fails(
-        field.register("carol", "planner", required_operations=["RECORD", "MERGE", "REPLAY"]),
+        field.register("carol", "planner", required_operations=["RECORD", "MERGE"]),
         422,
         "UNSUPPORTED_OPERATION",
     )
@@ -347,7 +347,7 @@ async def test_register_errors(field: CheckedClient, alice: AgentClient) -> None
     assert body["recoverable"] is False
     details = body["details"]
     assert details["status"] == "rejected"
-    assert details["missing_operations"] == ["MERGE", "REPLAY"]
+    assert details["missing_operations"] == ["MERGE"]
     assert details["rejection_reason"]
     assert details["field_capabilities"] == alice.registration["field_capabilities"]
 

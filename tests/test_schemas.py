@@ -47,6 +47,8 @@ REQUESTS = [
     "attune.request",
     "detect.request",
     "subscribe.request",
+    "replay.request",
+    "compact.request",
 ]
 RESPONSES = [
     "register.response",
@@ -58,6 +60,8 @@ RESPONSES = [
     "field-status.response",
     "agents.response",
     "conflicts.response",
+    "replay.response",
+    "compact.response",
 ]
 ALL = TYPES + REQUESTS + RESPONSES
 
@@ -1663,6 +1667,77 @@ INVALID = [
     ),
 ]
 
+# -- REPLAY / COMPACT
+
+REPLAY = {"target_type": "decision", "target_id": "mem-1", "depth": "full_trace"}
+REPLAY_EVENT = {
+    "epoch": 7,
+    "event_type": "memory.recorded",
+    "agent_id": "agent-1",
+    "description": "agent-1 recorded decision mem-1",
+    "memory_unit_id": "mem-1",
+    "task_id": None,
+}
+REPLAYED = {
+    "status": "ok",
+    "timeline": [REPLAY_EVENT, {**REPLAY_EVENT, "agent_id": "field", "memory_unit_id": None}],
+    "summary": "decision mem-1 by agent-1",
+    "agents_involved": ["agent-1"],
+    "total_events": 2,
+    "epoch": 9,
+}
+COMPACT = {
+    "strategy": "archive",
+    "filter": {"max_age_epochs": 10, "session_id": None, "types": [], "status": []},
+}
+COMPACTED = {
+    "status": "ok",
+    "units_affected": 3,
+    "synthesis_units_created": 0,
+    "storage_reclaimed_bytes": 0,
+    "units_remaining": 0,
+    "epoch": 12,
+}
+VALID += [
+    case("replay.request", REPLAY, "decision"),
+    case("replay.request", {**REPLAY, "target_type": "session", "depth": "summary"}, "session"),
+    case("replay.response", REPLAYED, "full"),
+    case("replay.response", {**REPLAYED, "timeline": [], "total_events": 0}, "empty"),
+    case("compact.request", COMPACT, "age"),
+    case("compact.request", {"strategy": "purge", "filter": {"session_id": "s-1"}}, "session"),
+    case("compact.request", {"strategy": "summarize", "filter": {"types": ["finding"]}}, "types"),
+    case("compact.request", {"strategy": "archive", "filter": {"status": ["archived"]}}, "status"),
+    case("compact.response", COMPACTED, "archive"),
+    case("compact.response", {**COMPACTED, "storage_reclaimed_bytes": None}, "null-bytes"),
+    case("scope", {"role": "r", "max_units": 1, "include_archived": True}, "include-archived"),
+    case("memory-unit", {**UNIT, "status": "archived"}, "archived"),
+]
+INVALID += [
+    case("replay.request", drop(REPLAY, "depth"), "no-depth"),
+    case("replay.request", {**REPLAY, "target_type": "agent"}, "target-type"),
+    case("replay.request", {**REPLAY, "depth": "deep"}, "depth"),
+    case("replay.request", {**REPLAY, "target_id": ""}, "empty-id"),
+    case("replay.request", {**REPLAY, "extra": 1}, "extra"),
+    case("replay.response", drop(REPLAYED, "summary"), "no-summary"),
+    case("replay.response", {**REPLAYED, "timeline": [drop(REPLAY_EVENT, "task_id")]}, "event"),
+    case("replay.response", {**REPLAYED, "agents_involved": ["a", "a"]}, "duplicate-agents"),
+    case("compact.request", {"strategy": "archive"}, "no-filter"),
+    case("compact.request", {"strategy": "archive", "filter": {}}, "empty-filter"),
+    case(
+        "compact.request",
+        {"strategy": "archive", "filter": {"max_age_epochs": None, "types": []}},
+        "nothing-named",
+    ),
+    case("compact.request", {**COMPACT, "strategy": "delete"}, "strategy"),
+    case("compact.request", put(COMPACT, "filter.max_age_epochs", -1), "negative-age"),
+    case("compact.request", put(COMPACT, "filter.types", ["rumour"]), "type"),
+    case("compact.request", put(COMPACT, "filter.status", ["purged"]), "status"),
+    case("compact.response", drop(COMPACTED, "units_remaining"), "no-remaining"),
+    case("compact.response", {**COMPACTED, "units_affected": -1}, "negative"),
+    case("scope", {"role": "r", "max_units": 1, "include_archived": 1}, "include-archived"),
+    case("memory-unit", {**UNIT, "status": "purged"}, "purged"),
+]
+
 
 @pytest.mark.parametrize(("name", "instance"), VALID)
 def test_valid(name: str, instance: Any) -> None:
@@ -1759,6 +1834,7 @@ ERROR_TABLE = {
     "EPOCH_OVERFLOW": (503, "No"),
     "OVERLOADED": (503, "Yes"),
     "INTERNAL_ERROR": (500, "No"),
+    "REPLAY_TOO_LARGE": (422, "Yes"),
 }
 
 
@@ -1805,7 +1881,7 @@ def test_server_error_statuses_match_the_readme() -> None:
 
 # Codes the spec defines for features this Field does not implement: never returned, and
 # the README says so instead of listing them in the table.
-UNRETURNED_CODES = {"ENRICHMENT_FAILED", "DETECTION_TIMEOUT", "MERGE_FAILED", "REPLAY_TOO_LARGE"}
+UNRETURNED_CODES = {"ENRICHMENT_FAILED", "DETECTION_TIMEOUT", "MERGE_FAILED"}
 
 
 def test_readme_error_table_lists_every_code_the_server_returns() -> None:

@@ -67,6 +67,7 @@ VALID: dict[str, dict[str, Any]] = {
             "recency_weight": 0.4,
             "since_epoch": 4,
             "include_own": False,
+            "include_archived": True,
         },
         "context_hint": "positioning",
         "format": "summary",
@@ -77,6 +78,11 @@ VALID: dict[str, dict[str, Any]] = {
         "target_id": None,
         "filter": {"status": ["detected"], "types": ["factual"], "involving_agents": ["a-1"]},
     },
+    "replay.request": {"target_type": "decision", "target_id": "mem-1", "depth": "detailed"},
+    "compact.request": {
+        "strategy": "summarize",
+        "filter": {"max_age_epochs": 5, "session_id": "s-1", "types": ["finding"], "status": []},
+    },
 }
 
 CHECKS: dict[str, Callable[[Any], Any]] = {
@@ -86,6 +92,8 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "record.request": lambda v: validation.record_payload(v, LIMITS),
     "attune.request": lambda v: validation.attune_payload(v, LIMITS),
     "detect.request": lambda v: validation.detect_payload(v, LIMITS),
+    "replay.request": lambda v: validation.replay_payload(v, LIMITS),
+    "compact.request": lambda v: validation.compact_payload(v, LIMITS),
 }
 
 #: Values that probe types, emptiness, bounds and enums. Whole-number floats

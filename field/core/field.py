@@ -20,7 +20,7 @@ import hmac
 import math
 import secrets
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,7 +34,7 @@ from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits
 from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.stream import format_cursor
-from . import authority, relevance, validation
+from . import authority, history, relevance, validation
 from .authority import OPERATOR_ID, STANDARD
 from .context import Context, Outcome
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
@@ -47,6 +47,8 @@ SUPPORTED_OPERATIONS: tuple[str, ...] = (
     "ATTUNE",
     "DETECT",
     "SUBSCRIBE",
+    "REPLAY",
+    "COMPACT",
 )
 CONFORMANCE_LEVEL = 1
 SUMMARY_CHARS = 240
@@ -79,6 +81,7 @@ class Field:
         now: Callable[[], float] = time.time,
         ids: Ids | None = None,
         operator_token: str | None = None,
+        read_entries: Callable[[Sequence[int]], list[StoredEntry]] | None = None,
     ) -> None:
         self.limits = limits or Limits()
         #: hash of the operator token (spec 11.2, level 10); None: no operator
@@ -87,6 +90,8 @@ class Field:
         self.state = FieldState(self.limits)
         self._now = now
         self._ids = ids or Ids()
+        #: reads log entries by position (REPLAY); the service wires it to its log
+        self.read_entries = read_entries
         self._handlers: dict[str, Callable[[Context], Outcome]] = {
             "REGISTER": self._register,
             "DEREGISTER": self._deregister,
@@ -94,6 +99,8 @@ class Field:
             "ATTUNE": self._attune,
             "DETECT": self._detect,
             "SUBSCRIBE": self._subscribe,
+            "REPLAY": lambda ctx: history.replay(self, ctx),
+            "COMPACT": lambda ctx: history.compact(self, ctx),
         }
 
     # -- life cycle ------------------------------------------------------------
@@ -111,6 +118,10 @@ class Field:
         )
         self.state.apply(entry)
         return [entry]
+
+    def new_suffix(self) -> str:
+        """A fresh suffix for an identifier (``mem-<suffix>``)."""
+        return self._ids.suffix()
 
     @property
     def epoch(self) -> int:
@@ -430,6 +441,7 @@ class Field:
             recency_weight=scope["recency_weight"],
             include_own=scope["include_own"],
             since_epoch=scope["since_epoch"],
+            include_archived=scope["include_archived"],
         )
         index = self.state.index
         rows = relevance.candidates(index, query)
@@ -515,7 +527,7 @@ class Field:
 
     def _conflicts_for(self, agent_id: str) -> list[dict[str, Any]]:
         """Unresolved conflicts, the agent's own first, then newest first."""
-        units = self.state.units
+        units = self.state.known_units
         unresolved = [
             c for c in self.state.conflicts.values() if c["status"] in UNRESOLVED_CONFLICT_STATUSES
         ]
@@ -659,7 +671,7 @@ class Field:
     ) -> list[dict[str, Any]]:
         """Conflicts matching every non-empty filter, oldest first."""
         status_set, type_set, agent_set = set(statuses), set(types), set(involving_agents)
-        units = self.state.units
+        units = self.state.known_units
         result = []
         for conflict in self.state.conflicts.values():
             if status_set and conflict["status"] not in status_set:

@@ -47,8 +47,12 @@ RECENCY_HALF_LIFE = 256.0
 DIVERSITY_DECAY = 0.92
 WEIGHTS = {"role": 0.20, "interest": 0.30, "type": 0.20, "task": 0.20, "confidence": 0.10}
 
-STATUS_CODE = {status: code for code, status in enumerate(UNIT_STATUSES)}
-_HIDDEN_CODES = np.array([STATUS_CODE["superseded"], STATUS_CODE["retracted"]], dtype=np.int8)
+#: "purged" is no unit status: it marks the row a purged unit leaves behind (COMPACT)
+STATUS_CODE = {status: code for code, status in enumerate((*UNIT_STATUSES, "purged"))}
+_HIDDEN_CODES = np.array(
+    [STATUS_CODE["superseded"], STATUS_CODE["retracted"], STATUS_CODE["purged"]], dtype=np.int8
+)
+_ARCHIVED_CODE = STATUS_CODE["archived"]
 
 _WORD = re.compile(r"[a-z0-9]+")
 _STOPWORDS = frozenset(
@@ -195,6 +199,8 @@ class Query:
     recency_weight: float
     include_own: bool
     since_epoch: int | None
+    #: extension: archived units (COMPACT) are candidates only when asked for
+    include_archived: bool = False
     interest_words: frozenset[str] = field(init=False)
     hint_words: frozenset[str] = field(init=False)
     role_words: frozenset[str] = field(init=False)
@@ -209,6 +215,8 @@ def candidates(index: UnitIndex, query: Query) -> npt.NDArray[np.intp]:
     """Rows ATTUNE may return: visible, not the caller's own, after since_epoch."""
     n = len(index)
     mask = ~np.isin(index.status.view, _HIDDEN_CODES)
+    if not query.include_archived:
+        mask &= index.status.view != _ARCHIVED_CODE
     if not query.include_own:
         own = index.agents.find(query.agent_id)
         if own >= 0:

@@ -21,14 +21,23 @@ Entry kinds and their ``data``:
 ``conflict.detected`` ``{conflict}``: the full Conflict
 ``subscription.created``   ``{subscription}``
 ``subscription.cancelled`` ``{subscription_id, reason}``
+``memory.archived``   ``{memory_unit_id, reason}`` (COMPACT)
+``memory.purged``     ``{memory_unit_id, reason, purged_at}`` (COMPACT)
 ===================== ===============================================
+
+Every entry is also indexed by the entities it is about
+(:class:`~field.core.entities.EntityIndex`), under its log position, so
+that REPLAY can read exactly the entries of a causal chain. A purged
+unit leaves ``units`` for ``purged``, which keeps a content-free
+tombstone (id, type, source, task, epoch) for readers of old entries;
+``known_units`` looks in both.
 
 Deregistering an agent cancels its subscriptions too.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import ChainMap, Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,6 +47,7 @@ from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.registry import SubscriptionRegistry
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
+from .entities import EntityIndex
 from .relevance import UnitIndex
 
 
@@ -87,12 +97,21 @@ class FieldState:
     subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)
     active_subscriptions: dict[str, set[str]] = field(default_factory=dict)
     registry: SubscriptionRegistry = field(default_factory=SubscriptionRegistry)
+    #: tombstones of purged units (no content), by id
+    purged: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: ``units`` then ``purged``: for readers of entries about units that may be purged
+    known_units: ChainMap[str, dict[str, Any]] = field(init=False)
+    history: EntityIndex = field(default_factory=EntityIndex)
+    #: position of the newest entry applied (live entries are applied before they
+    #: are stored, and positions are contiguous, so the next one is this plus one)
+    applied_position: int = 0
     last_position: int = 0
     #: timestamp of the newest entry: entry timestamps never decrease
     last_ts: float = 0.0
 
     def __post_init__(self) -> None:
         self.clock = LamportClock(max_skew=self.limits.max_epoch_skew)
+        self.known_units = ChainMap(self.units, self.purged)
 
     def principal(self, agent_id: str) -> AgentRecord:
         """A registered agent, or the operator (who is no registered agent)."""
@@ -107,6 +126,9 @@ class FieldState:
         handler = _APPLY.get(entry.kind)
         if handler is not None:
             handler(self, entry.data)
+        position = entry.position if isinstance(entry, StoredEntry) else self.applied_position + 1
+        self.applied_position = position
+        self.history.note(position, entry.data)
         self.clock.value = max(self.clock.value, entry.epoch)
         self.last_ts = max(self.last_ts, entry.ts)
         if isinstance(entry, StoredEntry):
@@ -171,6 +193,20 @@ class FieldState:
     def _memory_contested(self, data: dict[str, Any]) -> None:
         self._set_unit_status(data["memory_unit_id"], "contested")
 
+    def _memory_archived(self, data: dict[str, Any]) -> None:
+        self._set_unit_status(data["memory_unit_id"], "archived")
+
+    def _memory_purged(self, data: dict[str, Any]) -> None:
+        unit = self.units.pop(data["memory_unit_id"])
+        self.unit_statuses[unit["status"]] -= 1
+        self.units_by_agent[unit["source"]["agent_id"]] -= 1
+        self.index.set_status(unit["id"], "purged")
+        self.purged[unit["id"]] = tombstone(unit)
+
+    def unit_record(self, unit_id: str) -> dict[str, Any]:
+        """A unit, or the tombstone of a purged one (KeyError if neither)."""
+        return self.known_units[unit_id]
+
     def _conflict_detected(self, data: dict[str, Any]) -> None:
         conflict = data["conflict"]
         self.conflicts[conflict["id"]] = conflict
@@ -207,7 +243,22 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "conflict.detected": FieldState._conflict_detected,
     "subscription.created": FieldState._subscription_created,
     "subscription.cancelled": FieldState._subscription_cancelled,
+    "memory.archived": FieldState._memory_archived,
+    "memory.purged": FieldState._memory_purged,
 }
+
+
+def tombstone(unit: dict[str, Any]) -> dict[str, Any]:
+    """What the state keeps of a purged unit: who, what type, which task; no content."""
+    return {
+        "id": unit["id"],
+        "type": unit["type"],
+        "status": "purged",
+        "source": unit["source"],
+        "intent": {"task_id": unit["intent"].get("task_id")},
+        "epoch": unit["epoch"],
+    }
+
 
 #: The operator: the holder of the operator token, at authority 10 (spec 11.2).
 OPERATOR_RECORD = AgentRecord(

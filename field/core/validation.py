@@ -27,6 +27,7 @@ from ..model import (
     MEMORY_TYPES,
     OPERATIONS,
     RELATION_TYPES,
+    UNIT_STATUSES,
     Limits,
 )
 
@@ -243,6 +244,61 @@ def deregister_payload(payload: dict[str, Any]) -> str:
     return agent_id(payload["agent_id"])
 
 
+# -- REPLAY / COMPACT ---------------------------------------------------------
+
+REPLAY_TARGETS: tuple[str, ...] = ("task", "memory_unit", "decision", "conflict", "session")
+REPLAY_DEPTHS: tuple[str, ...] = ("summary", "detailed", "full_trace")
+COMPACT_STRATEGIES: tuple[str, ...] = ("summarize", "archive", "purge")
+_REPLAY_KEYS = frozenset({"target_type", "target_id", "depth"})
+_COMPACT_KEYS = frozenset({"strategy", "filter"})
+_COMPACT_FILTER_KEYS = frozenset({"max_age_epochs", "session_id", "types", "status"})
+
+
+def replay_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """Validate a REPLAY payload (spec 6.8); every field is required."""
+    _closed(payload, _REPLAY_KEYS, "REPLAY payload")
+    missing = sorted(_REPLAY_KEYS - payload.keys())
+    if missing:
+        raise _fail(f"REPLAY payload needs {', '.join(missing)}")
+    if not _member(payload["target_type"], REPLAY_TARGETS):
+        raise _fail(f"target_type must be one of {', '.join(REPLAY_TARGETS)}")
+    if not _member(payload["depth"], REPLAY_DEPTHS):
+        raise _fail(f"depth must be one of {', '.join(REPLAY_DEPTHS)}")
+    return {
+        "target_type": payload["target_type"],
+        "target_id": _string(payload["target_id"], "target_id", max_chars=limits.max_id_chars),
+        "depth": payload["depth"],
+    }
+
+
+def compact_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """Validate a COMPACT payload (spec 6.9); the filter must name at least one criterion."""
+    _closed(payload, _COMPACT_KEYS, "COMPACT payload")
+    if "strategy" not in payload or "filter" not in payload:
+        raise _fail("COMPACT payload needs strategy and filter")
+    if not _member(payload["strategy"], COMPACT_STRATEGIES):
+        raise _fail(f"strategy must be one of {', '.join(COMPACT_STRATEGIES)}")
+    flt = _object(payload["filter"], "filter")
+    _closed(flt, _COMPACT_FILTER_KEYS, "filter")
+    age = flt.get("max_age_epochs")
+    if age is not None and (not _is_int(age) or not 0 <= age <= MAX_EPOCH):
+        raise _fail(f"filter.max_age_epochs must be null or an integer from 0 to {MAX_EPOCH}")
+    request = {
+        "strategy": payload["strategy"],
+        "max_age_epochs": age,
+        "session_id": _optional_string(
+            flt.get("session_id"), "filter.session_id", max_chars=limits.max_id_chars
+        ),
+        "types": _enum_list(flt.get("types", []), "filter.types", MEMORY_TYPES),
+        "status": _enum_list(flt.get("status", []), "filter.status", UNIT_STATUSES),
+    }
+    if age is None and request["session_id"] is None and not request["types"] + request["status"]:
+        raise _fail(
+            "filter names nothing to compact: give max_age_epochs, session_id, types or status"
+        )
+    return request
+
+
 # -- RECORD -------------------------------------------------------------------
 
 _RECORD_KEYS = frozenset({"mode", "type", "content", "intent", "confidence", "relations"})
@@ -404,6 +460,7 @@ _SCOPE_KEYS = frozenset(
         "recency_weight",
         "since_epoch",
         "include_own",
+        "include_archived",
     }
 )
 
@@ -428,6 +485,9 @@ def attune_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
     include_own = scope.get("include_own", False)
     if not isinstance(include_own, bool):
         raise _fail("scope.include_own must be a boolean")
+    include_archived = scope.get("include_archived", False)
+    if not isinstance(include_archived, bool):
+        raise _fail("scope.include_archived must be a boolean")
     fmt = payload.get("format", "full")
     if not _member(fmt, ATTUNE_FORMATS):
         raise _fail('format must be "full", "summary" or "ids_only"')
@@ -458,6 +518,7 @@ def attune_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
         "recency_weight": _unit_interval(scope, "recency_weight", 0.25),
         "since_epoch": _since_epoch(payload, scope),
         "include_own": include_own,
+        "include_archived": include_archived,
         "format": fmt,
         "context_hint": hint,
     }

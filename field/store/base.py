@@ -14,13 +14,15 @@ Invariants every backend keeps:
   ``last_position() + 1``.
 * ``read(after, limit)`` returns entries with ``position > after`` in
   ascending order, at most ``limit`` of them.
+* ``read_positions(positions)`` returns the entries at those positions,
+  ascending, each once; positions not in the log are left out.
 * The log is never rewritten: there is no update and no delete.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,6 +65,18 @@ class EventLog(abc.ABC):
     @abc.abstractmethod
     def read(self, after: int = 0, limit: int = 1000) -> list[StoredEntry]:
         """Entries with ``position > after``, ascending, at most ``limit``."""
+
+    def read_positions(self, positions: Iterable[int]) -> list[StoredEntry]:
+        """The entries at ``positions`` (ascending, each once; absent ones left out).
+
+        Backends override this with one query; this fallback reads each
+        position on its own.
+        """
+        found: list[StoredEntry] = []
+        for position in sorted(set(positions)):
+            if position >= 1:
+                found.extend(e for e in self.read(position - 1, 1) if e.position == position)
+        return found
 
     @abc.abstractmethod
     def last_position(self) -> int:

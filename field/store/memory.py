@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import orjson
@@ -106,6 +106,16 @@ class MemoryEventLog(EventLog):
         return [
             StoredEntry(start + i + 1, epoch, kind, orjson.loads(blob), agent_id, ts)
             for i, (epoch, kind, agent_id, ts, blob) in enumerate(rows)
+        ]
+
+    def read_positions(self, positions: Iterable[int]) -> list[StoredEntry]:
+        """The entries at ``positions`` (ascending, each once; absent ones left out)."""
+        wanted = sorted(set(positions))
+        with self._lock:
+            rows = [(p, self._rows[p - 1]) for p in wanted if 1 <= p <= len(self._rows)]
+        return [
+            StoredEntry(p, epoch, kind, orjson.loads(blob), agent_id, ts)
+            for p, (epoch, kind, agent_id, ts, blob) in rows
         ]
 
     def last_position(self) -> int:

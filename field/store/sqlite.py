@@ -18,7 +18,7 @@ import fcntl
 import os
 import sqlite3
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import IO
 
 import orjson
@@ -51,6 +51,12 @@ _SELECT = (
     "SELECT position, epoch, kind, agent_id, ts, data FROM log"
     " WHERE position > ? ORDER BY position LIMIT ?"
 )
+_SELECT_AT = (
+    "SELECT position, epoch, kind, agent_id, ts, data FROM log"
+    " WHERE position IN ({}) ORDER BY position"
+)
+#: positions asked for in one query (below SQLite's bound on parameters)
+_POSITIONS_PER_QUERY = 500
 _MAX_POSITION = "SELECT COALESCE(MAX(position), 0) FROM log"
 
 
@@ -199,6 +205,26 @@ class SQLiteEventLog(EventLog):
                 raise OperationalError("The event log is closed.")
             try:
                 rows = conn.execute(_SELECT, (after, limit)).fetchall()
+            except sqlite3.Error as exc:
+                raise OperationalError(f"Cannot read the event log: {exc}") from exc
+        return [
+            StoredEntry(position, epoch, kind, orjson.loads(data), agent_id, ts)
+            for position, epoch, kind, agent_id, ts, data in rows
+        ]
+
+    def read_positions(self, positions: Iterable[int]) -> list[StoredEntry]:
+        """The entries at ``positions`` (ascending, each once; absent ones left out)."""
+        wanted = sorted(set(positions))
+        rows: list[tuple[int, int, str, str | None, float, bytes]] = []
+        with self._read_lock:
+            conn = self._reader
+            if conn is None:
+                raise OperationalError("The event log is closed.")
+            try:
+                for start in range(0, len(wanted), _POSITIONS_PER_QUERY):
+                    chunk = wanted[start : start + _POSITIONS_PER_QUERY]
+                    query = _SELECT_AT.format(", ".join("?" * len(chunk)))
+                    rows.extend(conn.execute(query, chunk).fetchall())
             except sqlite3.Error as exc:
                 raise OperationalError(f"Cannot read the event log: {exc}") from exc
         return [

@@ -9,6 +9,7 @@ gives the same event live and when a stream is replayed from the log.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -67,8 +68,12 @@ def _short(text: str, limit: int = SUMMARY_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
 
 
-def event_of(entry: StoredEntry, units: dict[str, dict[str, Any]]) -> FieldEvent | None:
-    """The event a stored entry is, or None; ``units`` maps unit ids to units."""
+def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEvent | None:
+    """The event a stored entry is, or None; ``units`` maps unit ids to units.
+
+    ``units`` must hold the tombstones of purged units too (they have no
+    content: the summary then says the unit was purged).
+    """
     name = _EVENT_OF_KIND.get(entry.kind, entry.kind)
     if name not in EVENT_BIT:
         return None
@@ -97,7 +102,8 @@ def event_of(entry: StoredEntry, units: dict[str, dict[str, Any]]) -> FieldEvent
             memory_unit_id=unit["id"],
             conflict_id=data.get("conflict_id"),
             units=(unit["id"],),
-            summary=f"{unit['type']} {unit['id']} {verb}: {_short(unit['content'])}",
+            summary=f"{unit['type']} {unit['id']} {verb}: "
+            + (_short(unit["content"]) if "content" in unit else "(since purged)"),
         )
     if name == "conflict.detected":
         conflict = data["conflict"]

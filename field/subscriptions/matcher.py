@@ -28,6 +28,7 @@ or in a new conflict.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,7 +93,7 @@ class Matcher:
         self,
         registry: SubscriptionRegistry,
         index: UnitIndex,
-        units: dict[str, dict[str, Any]],
+        units: Mapping[str, dict[str, Any]],
     ) -> None:
         self.registry = registry
         self.index = index

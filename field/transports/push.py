@@ -265,7 +265,9 @@ class PushHub:
         self, binding: _Binding, entries: list[StoredEntry], rows: np.ndarray
     ) -> int:
         events = self._events(entries)
-        matcher = Matcher(self.field.state.registry, self.field.state.index, self.field.state.units)
+        matcher = Matcher(
+            self.field.state.registry, self.field.state.index, self.field.state.known_units
+        )
         delivered = 0
         for match in matcher.match(events, only=rows):
             shared = encode_event(match.event, format_cursor(self.tag, match.event.position))
@@ -285,7 +287,7 @@ class PushHub:
         events = self._events(entries)
         if events:
             state = self.field.state
-            matcher = Matcher(state.registry, state.index, state.units)
+            matcher = Matcher(state.registry, state.index, state.known_units)
             rows = np.array([state.registry.rows[s] for s in self._by_subscription], dtype=np.intp)
             for match in matcher.match(events, only=np.sort(rows)):
                 self._route(match)
@@ -356,7 +358,7 @@ class PushHub:
     # -- shared steps --------------------------------------------------------------
 
     def _events(self, entries: list[StoredEntry]) -> list[FieldEvent]:
-        units = self.field.state.units
+        units = self.field.state.known_units
         return [e for e in (event_of(entry, units) for entry in entries) if e is not None]
 
     def _notifications(self, match: Match, shared: bytes) -> Iterator[Notification]:

@@ -1,0 +1,407 @@
+"""REPLAY and COMPACT: reading a chain back from the log, and aging memory out.
+
+REPLAY (spec 6.8) rebuilds the timeline of a unit, decision, conflict,
+task or session *from the log*: the state's
+:class:`~field.core.entities.EntityIndex` names the log positions of the
+entries about every entity and the links between them, a walk over those
+links gives the causal chain, and the Field's log reader returns exactly
+those entries. The core does no I/O: the reader is a callable the
+service wires to its :class:`~field.store.base.EventLog`.
+
+COMPACT (spec 6.9) never touches the log. ``archive`` marks units
+``archived`` (hidden from ATTUNE unless the scope asks), ``summarize``
+records ``synthesis`` units over groups of originals and archives them,
+``purge`` removes units from the active store and leaves a tombstone
+entry ``memory.purged`` in the log. What a strategy does to a unit of
+each status is one table, :data:`COMPACT_TRANSITIONS`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from ..errors import Code, NotFound, OperationalError, StateError
+from ..model import UNIT_STATUSES, UNRESOLVED_CONFLICT_STATUSES
+from ..store.base import LogEntry, StoredEntry
+from . import validation
+from .authority import AUDIT, SENIOR, SESSION_CREATOR, require
+from .context import Context, Outcome
+from .entities import Entity, entities_of
+from .state import FieldState, tombstone
+
+if TYPE_CHECKING:
+    from .field import Field
+
+#: Reads the log entries at the given positions (ascending; see EventLog.read_positions).
+ReadEntries = Callable[[Sequence[int]], list[StoredEntry]]
+
+#: A summary REPLAY walks and reads up to this many times ``max_replay_events``.
+SUMMARY_SCALE = 10
+#: Events of the target itself a summary timeline keeps: the first and last half of these.
+SUMMARY_KEY_EVENTS = 20
+#: Originals summarized by one synthesis unit.
+SYNTHESIS_GROUP = 16
+DESCRIPTION_CHARS = 160
+
+#: Authority each COMPACT strategy needs (spec 11.2): purging destroys, so it takes more.
+COMPACT_AUTHORITY: dict[str, int] = {
+    "archive": SENIOR,
+    "summarize": SENIOR,
+    "purge": SESSION_CREATOR,
+}
+
+#: strategy -> {status of a matching unit -> its status afterwards}. A unit whose
+#: status is absent is left alone ("archived" units are not archived again).
+COMPACT_TRANSITIONS: dict[str, dict[str, str]] = {
+    "archive": {s: "archived" for s in UNIT_STATUSES if s != "archived"},
+    "summarize": {s: "archived" for s in UNIT_STATUSES if s != "archived"},
+    "purge": {s: "purged" for s in UNIT_STATUSES},
+}
+
+_TARGET_KIND = {
+    "memory_unit": "unit",
+    "decision": "unit",
+    "conflict": "conflict",
+    "task": "task",
+    "session": "session",
+}
+_HOPS = {"detailed": 1, "full_trace": None, "summary": None}
+
+
+# -- REPLAY --------------------------------------------------------------------
+
+
+def replay(field: Field, ctx: Context) -> Outcome:
+    """REPLAY: the timeline of the target's causal chain, read from the log."""
+    request = validation.replay_payload(ctx.envelope.payload, field.limits)
+    assert ctx.agent is not None  # guaranteed by handle(): REPLAY is authenticated
+    require(ctx.agent.authority, AUDIT, "REPLAY")
+    state = field.state
+    root = _root(state, request["target_type"], request["target_id"])
+    depth = request["depth"]
+    bound = field.limits.max_replay_events
+    walk_limit = bound * SUMMARY_SCALE if depth == "summary" else bound
+    chain, complete = state.history.walk(root, hops=_HOPS[depth], limit=walk_limit)
+    positions = sorted({p for entity in chain for p in state.history.positions(entity)})
+    if depth != "summary" and (not complete or len(positions) > bound):
+        raise StateError(
+            f"the {depth} timeline of {request['target_type']} {request['target_id']} has more "
+            f"than {bound} events",
+            code=Code.REPLAY_TOO_LARGE,
+            recoverable=True,
+            suggested_action='Use depth "summary", or "detailed" for a "full_trace".',
+            details={"max_replay_events": bound},
+        )
+    if field.read_entries is None:
+        raise OperationalError(
+            "this Field has no event log to read REPLAY from",
+            code=Code.UNSUPPORTED_OPERATION,
+        )
+    read = positions if depth != "summary" else positions[: bound * SUMMARY_SCALE]
+    entries = field.read_entries(read)
+    agents = sorted({e.agent_id for e in entries if e.agent_id is not None})
+    if depth == "summary":
+        own = set(_key_positions(state.history.positions(root)))
+        shown = [e for e in entries if e.position in own]
+    else:
+        shown = entries
+    if not complete:
+        cut = (
+            f" (The chain is larger: only its first {len(chain)} units and conflicts were walked.)"
+        )
+    elif len(read) < len(positions):
+        cut = f" (Only the first {len(read)} events of the chain were read.)"
+    else:
+        cut = ""
+    response = {
+        "status": "ok",
+        "timeline": [_event(entry) for entry in shown],
+        "summary": _summary(state, request, chain, entries, agents, len(positions)) + cut,
+        "agents_involved": agents,
+        "total_events": len(positions),
+        "epoch": ctx.epoch,
+    }
+    return Outcome(response)
+
+
+def _root(state: FieldState, target_type: str, target_id: str) -> Entity:
+    """The entity REPLAY starts from, or the *_NOT_FOUND error of its type."""
+    kind = _TARGET_KIND[target_type]
+    root = (kind, target_id)
+    if kind == "unit":
+        unit = state.known_units.get(target_id)
+        if unit is None:
+            raise NotFound(
+                f"no memory unit {target_id!r} in this Field",
+                code=Code.UNIT_NOT_FOUND,
+                suggested_action="Replay a unit id the Field returned.",
+            )
+        if target_type == "decision" and unit["type"] != "decision":
+            raise NotFound(
+                f"memory unit {target_id!r} is a {unit['type']}, not a decision",
+                code=Code.UNIT_NOT_FOUND,
+                suggested_action='Replay it with target_type "memory_unit".',
+            )
+    elif kind == "conflict" and target_id not in state.conflicts:
+        raise NotFound(
+            f"no conflict {target_id!r} in this Field",
+            code=Code.CONFLICT_NOT_FOUND,
+            suggested_action="List conflicts with DETECT mode list.",
+        )
+    elif kind == "task" and target_id not in state.tasks and not state.history.known(root):
+        raise NotFound(
+            f"no task {target_id!r} in this Field",
+            code=Code.TASK_NOT_FOUND,
+            suggested_action="Replay a task the Field knows of.",
+        )
+    elif kind == "session" and target_id not in state.sessions and not state.history.known(root):
+        raise NotFound(
+            f"no session {target_id!r} in this Field",
+            code=Code.SESSION_NOT_FOUND,
+            suggested_action="Replay a session the Field knows of.",
+        )
+    return root
+
+
+def _key_positions(positions: list[int]) -> list[int]:
+    """The target's own events a summary shows: all, or the first and last ones."""
+    if len(positions) <= SUMMARY_KEY_EVENTS:
+        return positions
+    half = SUMMARY_KEY_EVENTS // 2
+    return positions[:half] + positions[-half:]
+
+
+def _event(entry: StoredEntry) -> dict[str, Any]:
+    """One ReplayEvent (spec 6.8)."""
+    about = entities_of(entry.data)
+    unit_id = next((i for kind, i in about if kind == "unit"), None)
+    task_id = next((i for kind, i in about if kind == "task"), None)
+    return {
+        "epoch": entry.epoch,
+        "event_type": entry.kind,
+        "agent_id": entry.agent_id or "field",
+        "description": describe(entry),
+        "memory_unit_id": unit_id,
+        "task_id": task_id,
+    }
+
+
+def describe(entry: StoredEntry) -> str:
+    """A one-line human-readable account of a log entry."""
+    data, actor = entry.data, entry.agent_id or "the Field"
+    unit = data.get("unit")
+    if entry.kind == "memory.recorded" and isinstance(unit, dict):
+        return f"{actor} recorded {unit['type']} {unit['id']}: {_short(unit['content'])}"
+    if entry.kind == "memory.superseded":
+        return f"{data['memory_unit_id']} was superseded by {data['by']}"
+    if entry.kind == "memory.contested":
+        return f"{data['memory_unit_id']} was contested by {data['conflict_id']}"
+    if entry.kind == "memory.archived":
+        return f"{actor} archived {data['memory_unit_id']} ({data['reason']})"
+    if entry.kind == "memory.purged":
+        return f"{actor} purged {data['memory_unit_id']} ({data['reason']})"
+    conflict = data.get("conflict")
+    if entry.kind == "conflict.detected" and isinstance(conflict, dict):
+        return (
+            f"conflict {conflict['id']} between {conflict['unit_a']} and {conflict['unit_b']}: "
+            + _short(conflict["description"])
+        )
+    named = ", ".join(f"{kind} {i}" for kind, i in entities_of(data))
+    return f"{entry.kind} by {actor}" + (f" ({named})" if named else "")
+
+
+def _summary(
+    state: FieldState,
+    request: dict[str, Any],
+    chain: list[Entity],
+    entries: list[StoredEntry],
+    agents: list[str],
+    total: int,
+) -> str:
+    kind, target_id = _TARGET_KIND[request["target_type"]], request["target_id"]
+    if kind == "unit":
+        unit = state.known_units[target_id]
+        head = f"{unit['type']} {target_id} by {unit['source']['agent_id']}, now {unit['status']}"
+        if "content" in unit:
+            head += f': "{_short(unit["content"], 120)}"'
+    elif kind == "conflict":
+        conflict = state.conflicts[target_id]
+        head = (
+            f"conflict {target_id} ({conflict['type']}, {conflict['status']}) between "
+            f"{conflict['unit_a']} and {conflict['unit_b']}"
+        )
+    else:
+        head = f"{kind} {target_id}"
+    if not entries:
+        return head + ". No events."
+    units = sum(1 for e in chain if e[0] == "unit")
+    conflicts = sum(1 for e in chain if e[0] == "conflict")
+    kinds = Counter(e.kind for e in entries)
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items(), key=lambda kv: (-kv[1], kv[0])))
+    text = (
+        f"{head}. {total} event{'s' if total != 1 else ''} from epoch {entries[0].epoch} to "
+        f"{entries[-1].epoch} over {units} unit{'s' if units != 1 else ''} and {conflicts} "
+        f"conflict{'s' if conflicts != 1 else ''}, by {', '.join(agents) or 'no agent'}: {counts}."
+    )
+    return text
+
+
+def _short(text: str, limit: int = DESCRIPTION_CHARS) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+
+
+# -- COMPACT -------------------------------------------------------------------
+
+
+def compact(field: Field, ctx: Context) -> Outcome:
+    """COMPACT: archive, summarize or purge the units a filter matches."""
+    request = validation.compact_payload(ctx.envelope.payload, field.limits)
+    assert ctx.agent is not None  # guaranteed by handle(): COMPACT is authenticated
+    strategy = request["strategy"]
+    require(ctx.agent.authority, COMPACT_AUTHORITY[strategy], f"COMPACT {strategy}")
+    matching = _matching(field.state, request, ctx.epoch)
+    chosen = matching[: field.limits.max_compact_units]
+    entries: list[LogEntry] = []
+    created = 0
+    reclaimed = 0
+    actor = ctx.agent.id
+    if strategy == "archive":
+        for unit in chosen:
+            entries.append(_archived(ctx, actor, unit["id"], "archived by COMPACT"))
+    elif strategy == "summarize":
+        for group in _groups(chosen):
+            synthesis = _synthesis(field, ctx, group)
+            entries.append(
+                LogEntry(ctx.epoch, "memory.recorded", {"unit": synthesis}, actor, ctx.now)
+            )
+            created += 1
+            reason = f"summarized by COMPACT into {synthesis['id']}"
+            entries.extend(_archived(ctx, actor, unit["id"], reason) for unit in group)
+    else:
+        purged_at = datetime.fromtimestamp(ctx.now, UTC).isoformat(timespec="milliseconds")
+        for unit in chosen:
+            data = {
+                "memory_unit_id": unit["id"],
+                "reason": f"purged by COMPACT ({actor})",
+                "purged_at": purged_at.replace("+00:00", "Z"),
+            }
+            entries.append(LogEntry(ctx.epoch, "memory.purged", data, actor, ctx.now))
+            reclaimed += len(orjson.dumps(unit)) - len(orjson.dumps(tombstone(unit)))
+    response = {
+        "status": "ok",
+        "units_affected": len(chosen),
+        "synthesis_units_created": created,
+        "storage_reclaimed_bytes": reclaimed,
+        "units_remaining": len(matching) - len(chosen),
+        "epoch": ctx.epoch,
+    }
+    return Outcome(response, entries)
+
+
+def _archived(ctx: Context, actor: str, unit_id: str, reason: str) -> LogEntry:
+    data = {"memory_unit_id": unit_id, "reason": reason}
+    return LogEntry(ctx.epoch, "memory.archived", data, actor, ctx.now)
+
+
+def _matching(state: FieldState, request: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
+    """Units the filter matches that the strategy changes, oldest first.
+
+    A unit in an unresolved conflict is never compacted: resolving the
+    conflict needs it as it is.
+    """
+    transitions = COMPACT_TRANSITIONS[request["strategy"]]
+    in_conflict = {
+        conflict[key]
+        for conflict in state.conflicts.values()
+        if conflict["status"] in UNRESOLVED_CONFLICT_STATUSES
+        for key in ("unit_a", "unit_b")
+    }
+    age = request["max_age_epochs"]
+    types, statuses = set(request["types"]), set(request["status"])
+    found = []
+    for unit in state.units.values():
+        if unit["status"] not in transitions or unit["id"] in in_conflict:
+            continue
+        if age is not None and unit["epoch"] > epoch - age:
+            continue
+        if (
+            request["session_id"] is not None
+            and unit["source"]["session_id"] != request["session_id"]
+        ):
+            continue
+        if (types and unit["type"] not in types) or (statuses and unit["status"] not in statuses):
+            continue
+        found.append(unit)
+    found.sort(key=lambda unit: unit["epoch"])
+    return found
+
+
+def _groups(units: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """Originals grouped by (session, task, type), oldest first, at most SYNTHESIS_GROUP each."""
+    by_key: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for unit in units:
+        key = (
+            unit["source"]["session_id"] or "",
+            unit["intent"].get("task_id") or "",
+            unit["type"],
+        )
+        by_key.setdefault(key, []).append(unit)
+    return [
+        members[start : start + SYNTHESIS_GROUP]
+        for members in by_key.values()
+        for start in range(0, len(members), SYNTHESIS_GROUP)
+    ]
+
+
+def _synthesis(field: Field, ctx: Context, group: list[dict[str, Any]]) -> dict[str, Any]:
+    """A synthesis unit standing for ``group``, related to each original by ``caused_by``."""
+    assert ctx.agent is not None
+    first = group[0]
+    task_id = first["intent"].get("task_id")
+    scores = [u["confidence"]["score"] for u in group if "score" in (u.get("confidence") or {})]
+    lines = [
+        f"- {u['id']} ({u['source']['agent_id']}, epoch {u['epoch']}): {_short(u['content'], 240)}"
+        for u in group
+    ]
+    where = "".join(
+        f", {label} {value}"
+        for label, value in (("task", task_id), ("session", first["source"]["session_id"]))
+        if value
+    )
+    content = f"Summary of {len(group)} {first['type']} units{where}:\n" + "\n".join(lines)
+    return {
+        "id": f"mem-{field.new_suffix()}",
+        "mode": "committed",
+        "type": "synthesis",
+        "content": content[: field.limits.max_content_chars],
+        "intent": {
+            "purpose": f"COMPACT summarize: stands for {len(group)} archived units",
+            "task_id": task_id,
+            "question": None,
+        },
+        "confidence": {
+            "score": round(math.fsum(scores) / len(scores), 6) if scores else 0.5,
+            "reasoning": "the mean confidence of the summarized units",
+        },
+        "relations": [
+            {"type": "caused_by", "target_id": u["id"], "description": "summarized original"}
+            for u in group
+        ],
+        "source": {
+            "agent_id": ctx.agent.id,
+            "agent_role": ctx.agent.role,
+            "session_id": ctx.envelope.session_id,
+            "timestamp": datetime.fromtimestamp(ctx.now, UTC)
+            .isoformat(timespec="milliseconds")
+            .replace("+00:00", "Z"),
+        },
+        "status": "active",
+        "epoch": ctx.epoch,
+    }
