@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
+from . import coordination_cases
 from .schema_util import (
     SCHEMA_DIR,
     URN_PREFIX,
@@ -39,6 +40,7 @@ TYPES = [
     "subscription",
     "notification",
     "ws-frame",
+    *coordination_cases.SCHEMAS["types"],
 ]
 REQUESTS = [
     "register.request",
@@ -47,6 +49,7 @@ REQUESTS = [
     "attune.request",
     "detect.request",
     "subscribe.request",
+    *coordination_cases.SCHEMAS["requests"],
 ]
 RESPONSES = [
     "register.response",
@@ -58,6 +61,7 @@ RESPONSES = [
     "field-status.response",
     "agents.response",
     "conflicts.response",
+    *coordination_cases.SCHEMAS["responses"],
 ]
 ALL = TYPES + REQUESTS + RESPONSES
 
@@ -991,7 +995,7 @@ VALID = [
     case("notification", JOINED, "agent-joined"),
     case(
         "notification",
-        {**JOINED, "event": "task.assigned", "entity": {"type": "task", "id": "task-1"}},
+        {**JOINED, "event": "agent.failed", "entity": {"type": "agent", "id": "carol"}},
         "future-event",
     ),
     case("notification", {**RECORDED, "agent_id": None}, "no-actor"),
@@ -1662,6 +1666,9 @@ INVALID = [
         "list-internal-field",
     ),
 ]
+
+VALID += coordination_cases.VALID
+INVALID += coordination_cases.INVALID
 
 
 @pytest.mark.parametrize(("name", "instance"), VALID)

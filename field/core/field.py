@@ -15,6 +15,7 @@ committed, so it changes nothing and consumes no epoch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import math
@@ -34,7 +35,7 @@ from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits
 from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.stream import format_cursor
-from . import relevance, validation
+from . import coordination, relevance, sessions, tasks, validation
 from .authority import OPERATOR_ID, STANDARD
 from .context import Context, Outcome
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
@@ -47,6 +48,9 @@ SUPPORTED_OPERATIONS: tuple[str, ...] = (
     "ATTUNE",
     "DETECT",
     "SUBSCRIBE",
+    "COORDINATE",
+    "HANDOFF",
+    "SESSION",
 )
 CONFORMANCE_LEVEL = 1
 SUMMARY_CHARS = 240
@@ -94,6 +98,9 @@ class Field:
             "ATTUNE": self._attune,
             "DETECT": self._detect,
             "SUBSCRIBE": self._subscribe,
+            "COORDINATE": functools.partial(coordination.coordinate, self),
+            "HANDOFF": functools.partial(coordination.handoff, self),
+            "SESSION": functools.partial(coordination.session, self),
         }
 
     # -- life cycle ------------------------------------------------------------
@@ -111,6 +118,10 @@ class Field:
         )
         self.state.apply(entry)
         return [entry]
+
+    def new_id(self, prefix: str) -> str:
+        """A fresh Field-assigned id: ``<prefix>-`` and 20 hex digits."""
+        return f"{prefix}-{self._ids.suffix()}"
 
     @property
     def epoch(self) -> int:
@@ -283,24 +294,43 @@ class Field:
                 recoverable=False,
                 suggested_action="Send DEREGISTER from the agent that leaves.",
             )
-        entry = LogEntry(
-            ctx.epoch, "agent.deregistered", {"agent_id": target}, agent_id=target, ts=ctx.now
+        # its tasks go back to the pool and it leaves its sessions, then it is gone
+        entries = tasks.release_tasks(
+            self.state,
+            target,
+            reason="assignee deregistered",
+            epoch=ctx.epoch,
+            actor=target,
+            ts=ctx.now,
+        )
+        reassigned = len(entries)
+        entries += sessions.leave_all(
+            self.state, target, reason="agent deregistered", epoch=ctx.epoch, ts=ctx.now
+        )
+        entries.append(
+            LogEntry(
+                ctx.epoch, "agent.deregistered", {"agent_id": target}, agent_id=target, ts=ctx.now
+            )
         )
         response = {
             "status": "ok",
             "cleanup": {
                 "units_orphaned": self.state.units_by_agent[target],
-                "tasks_reassigned": 0,
+                "tasks_reassigned": reassigned,
             },
             "epoch": ctx.epoch,
         }
-        return Outcome(response, [entry])
+        return Outcome(response, entries)
 
     # -- RECORD ----------------------------------------------------------------
 
     def _record(self, ctx: Context) -> Outcome:
         request = validation.record_payload(ctx.envelope.payload, self.limits)
         assert ctx.agent is not None  # guaranteed by handle(): RECORD is authenticated
+        if ctx.envelope.session_id is not None:
+            sessions.require_active_member(
+                self.state, ctx.agent.id, ctx.envelope.session_id, "recording"
+            )
         for relation in request["relations"]:
             if relation["target_id"] not in self.state.units:
                 raise NotFound(

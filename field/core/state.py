@@ -19,6 +19,9 @@ Entry kinds and their ``data``:
 ``conflict.detected`` ``{conflict}``: the full Conflict
 ``subscription.created``   ``{subscription}``
 ``subscription.cancelled`` ``{subscription_id, reason}``
+``session.*``         ``{session, ...}``: see :mod:`field.core.sessions`
+``task.*``            ``{task, ...}``: see :mod:`field.core.tasks`
+``handoff.incoming``  ``{task_id, handoff}``: no state of its own
 ===================== ===============================================
 
 Deregistering an agent cancels its subscriptions too.
@@ -34,6 +37,7 @@ from typing import Any
 from ..model import Limits
 from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.registry import SubscriptionRegistry
+from . import sessions, tasks
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
 from .relevance import UnitIndex
@@ -82,6 +86,11 @@ class FieldState:
     conflicts: dict[str, dict[str, Any]] = field(default_factory=dict)
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per agent, the ids of its open tasks and of the sessions it belongs to
+    open_tasks_by_agent: dict[str, set[str]] = field(default_factory=dict)
+    sessions_by_member: dict[str, set[str]] = field(default_factory=dict)
+    #: per task, the tasks that depend on it
+    dependent_tasks: dict[str, list[str]] = field(default_factory=dict)
     subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)
     active_subscriptions: dict[str, set[str]] = field(default_factory=dict)
     registry: SubscriptionRegistry = field(default_factory=SubscriptionRegistry)
@@ -197,6 +206,11 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "conflict.detected": FieldState._conflict_detected,
     "subscription.created": FieldState._subscription_created,
     "subscription.cancelled": FieldState._subscription_cancelled,
+    **dict.fromkeys(sessions.ENTRY_KIND.values(), sessions.apply_session),
+    **dict.fromkeys(
+        ("task.created", "task.assigned", "task.state_changed", "task.completed"),
+        tasks.apply_task,
+    ),
 }
 
 #: The operator: the holder of the operator token, at authority 10 (spec 11.2).
