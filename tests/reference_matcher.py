@@ -24,7 +24,11 @@ Relevance:
   scores;
 * ``agent.joined``: role, interest and task alignment of the subscriber
   with the joining agent's role and interest keywords; no type, no
-  confidence, recency weight 0.
+  confidence, recency weight 0;
+* task, handoff and session events: 1.0 for the agents the event
+  concerns (``event.agents``; ``requires_action`` for ``event.acting``),
+  otherwise the alignment of the subscriber with the event's topic
+  keywords and task, as for ``agent.joined`` but with no role of its own.
 """
 
 from __future__ import annotations
@@ -62,7 +66,10 @@ def _combine(factors: list[tuple[float, float]], recency: float, recency_weight:
 
 
 def _alignment(
-    agent: dict[str, Any], other_role: str, other_words: frozenset[str], other_task: str | None
+    agent: dict[str, Any],
+    other_role: str | None,
+    other_words: frozenset[str],
+    other_task: str | None,
 ) -> list[tuple[float, float]]:
     """The role, interest and task factors of ``agent`` towards something (a unit or agent)."""
     role_words, interest_words = agent_words(agent)
@@ -107,6 +114,12 @@ def agent_score(agent: dict[str, Any], joining: dict[str, Any]) -> float:
     return _combine(factors, 1.0, 0.0)
 
 
+def topic_score(agent: dict[str, Any], event: FieldEvent) -> float:
+    """Alignment of a subscriber's ``agent`` with a task, handoff or session event."""
+    factors = _alignment(agent, None, frozenset(keywords(event.topic)), event.task_id)
+    return _combine(factors, 1.0, 0.0)
+
+
 def eligible(subscription: dict[str, Any], event: FieldEvent) -> bool:
     """Active, created before the event, listing it, and not the subscriber's own action."""
     return (
@@ -126,7 +139,13 @@ def relevance_of(
     """(relevance, requires_action) of ``event`` for one subscription, before any filter."""
     if event.name in ("agent.joined", "agent.failed"):
         assert event.agent is not None
+        if subscription["agent_id"] in event.agents:
+            return 1.0, subscription["agent_id"] in event.acting
         return agent_score(agent, event.agent), False
+    if event.topic is not None:
+        if subscription["agent_id"] in event.agents:
+            return 1.0, subscription["agent_id"] in event.acting
+        return topic_score(agent, event), False
     by_id = {u["id"]: u for u in units}
     if event.name in MUST_ACT_EVENTS and any(
         by_id[unit_id]["source"]["agent_id"] == subscription["agent_id"] for unit_id in event.units

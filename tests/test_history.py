@@ -249,20 +249,31 @@ def test_conflict_at_each_depth() -> None:
 
 def test_task_and_session_at_each_depth() -> None:
     h = make()
-    x = h.send("RECORD", "a", unit_payload("in session", task_id="t-9"), session_id="s-1")
-    h.send("RECORD", "b", unit_payload("also in session"), session_id="s-1")
+    session_id = h.send("SESSION", "a", {"action": "create", "name": "launch"})["session"]["id"]
+    h.send("SESSION", "b", {"action": "join", "session_id": session_id})
+    created = h.send(
+        "COORDINATE", "a", {"action": "create", "title": "size it"}, session_id=session_id
+    )
+    task_id = created["task"]["id"]
+    x = h.send("RECORD", "a", unit_payload("in session", task_id=task_id), session_id=session_id)
+    h.send("RECORD", "b", unit_payload("also in session"), session_id=session_id)
     y = h.record("b", "builds on x", relations=[rel("elaborates", x["memory_unit_id"])])
     h.record("a", "builds on y", relations=[rel("supports", y["memory_unit_id"])])
     h.record("a", "elsewhere")
-    task = {d: replay(h, "task", "t-9", d) for d in ("summary", "detailed", "full_trace")}
-    assert task["detailed"]["total_events"] == 1  # its unit x
-    assert task["full_trace"]["total_events"] == 3  # and y linked to x, and the unit on y
-    assert task["summary"]["timeline"][0]["task_id"] == "t-9"
-    session = {d: replay(h, "session", "s-1", d) for d in ("summary", "detailed", "full_trace")}
-    assert session["detailed"]["total_events"] == 2
-    assert session["full_trace"]["total_events"] == 4
+    task = {d: replay(h, "task", task_id, d) for d in ("summary", "detailed", "full_trace")}
+    kinds = [e["event_type"] for e in task["detailed"]["timeline"]]
+    assert kinds == ["task.created", "memory.recorded"]  # the task and its unit x
+    assert task["full_trace"]["total_events"] == 4  # and y linked to x, and the unit on y
+    assert task["summary"]["total_events"] == 4
+    assert task["summary"]["timeline"][0]["task_id"] == task_id
+    session = {
+        d: replay(h, "session", session_id, d) for d in ("summary", "detailed", "full_trace")
+    }
+    kinds = [e["event_type"] for e in session["detailed"]["timeline"]]
+    assert kinds == ["session.created", "session.joined", "memory.recorded", "memory.recorded"]
+    assert session["full_trace"]["total_events"] == 6  # with y and the unit on y
     assert session["summary"]["agents_involved"] == ["a", "b"]
-    assert len(session["summary"]["timeline"]) == 2  # the session's own events
+    assert len(session["summary"]["timeline"]) == 4  # the session's own events
 
 
 def unit_payload(content: str, task_id: str | None = None) -> dict[str, Any]:
@@ -442,10 +453,11 @@ def test_max_age_epochs_is_inclusive_of_the_boundary() -> None:
 
 def test_session_types_and_status_filters_must_all_match() -> None:
     h = make()
-    in_session = h.send("RECORD", "a", unit_payload("in s-1"), session_id="s-1")
-    h.send("RECORD", "a", {**unit_payload("decision in s-1"), "type": "decision"}, session_id="s-1")
+    s1 = h.send("SESSION", "a", {"action": "create", "name": "s-1"})["session"]["id"]
+    in_session = h.send("RECORD", "a", unit_payload("in s-1"), session_id=s1)
+    h.send("RECORD", "a", {**unit_payload("decision in s-1"), "type": "decision"}, session_id=s1)
     h.record("a", "no session")
-    response = compact(h, "archive", session_id="s-1", types=["finding"], status=["active"])
+    response = compact(h, "archive", session_id=s1, types=["finding"], status=["active"])
     assert response["units_affected"] == 1
     archived = [u["id"] for u in h.field.state.units.values() if u["status"] == "archived"]
     assert archived == [in_session["memory_unit_id"]]

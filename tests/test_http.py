@@ -37,6 +37,9 @@ RESPONSE_SCHEMAS = {
     "/v1/field/status": "field-status.response",
     "/v1/agents": "agents.response",
     "/v1/conflicts": "conflicts.response",
+    "/v1/session": "session.response",
+    "/v1/coordinate": "coordinate.response",
+    "/v1/handoff": "handoff.response",
 }
 OPERATIONS = ["REGISTER", "DEREGISTER", "RECORD", "ATTUNE", "DETECT"]
 ENVELOPE_KEYS = [
@@ -242,7 +245,8 @@ async def test_quickstart_flow(field: CheckedClient) -> None:
         "researcher-01", "market_researcher", interests=["market size"]
     )
     strategist = await field.register("strategist-01", "strategist", interests=["market"])
-    researcher.session_id = "session-42"
+    created = await researcher.send("SESSION", {"action": "create", "name": "Market sizing"})
+    researcher.session_id = created["session"]["id"]
     recorded = await researcher.record(
         "finding",
         "EU HR SaaS market grows 23% a year.",
@@ -271,7 +275,7 @@ async def test_quickstart_flow(field: CheckedClient) -> None:
     assert unit["confidence"] == {"score": 0.8, "reasoning": "three analyst reports agree"}
     assert unit["source"]["agent_id"] == "researcher-01"
     assert unit["source"]["agent_role"] == "market_researcher"
-    assert unit["source"]["session_id"] == "session-42"  # copied from the envelope
+    assert unit["source"]["session_id"] == researcher.session_id  # copied from the envelope
     assert unit["relations"] == []
     assert context["context_budget"]["units_returned"] == 1
     assert context["context_budget"]["units_available"] == 1

@@ -19,6 +19,7 @@ from field.core.field import Field
 from field.liveness import Liveness
 from field.service import FieldService
 from field.store.memory import MemoryEventLog
+from field.subscriptions.events import event_of
 
 from .conftest import ThreadedServer
 from .core_util import Harness
@@ -203,3 +204,25 @@ async def test_an_agent_that_reconnects_within_the_grace_period_does_not_fail(
                 await ws.request("SUBSCRIBE", "flaky", {"action": "list"})
         agents = (await flaky.get("/v1/agents"))["agents"]
         assert [a["status"] for a in agents] == ["idle"]
+
+
+def test_a_failed_agents_tasks_go_back_to_pending_and_their_creators_must_act() -> None:
+    h = Harness(operator_token="operator-token-0123456789")
+    h.register("lead", "lead", authority=6, via="operator-token-0123456789")
+    h.register("worker", "analyst")
+    created = h.send(
+        "COORDINATE", "lead", {"action": "create", "title": "size it", "assignee": "worker"}
+    )
+    task_id = created["task"]["id"]
+    h.send("COORDINATE", "worker", {"action": "start", "task_id": task_id})
+    outcome = h.field.fail_agent("worker", "silent")
+    h.entries.extend(outcome.entries)
+    assert [e.kind for e in outcome.entries] == ["agent.failed", "task.state_changed"]
+    released = h.field.state.tasks[task_id]
+    assert released["status"] == "pending" and released["assignee"] is None
+    assert outcome.entries[0].data["released_tasks"] == [{"task_id": task_id, "created_by": "lead"}]
+    assert h.replayed().state.tasks[task_id]["status"] == "pending"
+    event = event_of(h.stored()[-2], h.field.state.known_units)
+    assert event is not None and event.name == "agent.failed"
+    assert event.agents == ("lead",) and event.acting == ("lead",)
+    assert "1 task(s) back to pending" in event.summary

@@ -13,6 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
+from . import coordination_cases
 from .schema_util import (
     SCHEMA_DIR,
     URN_PREFIX,
@@ -39,6 +40,7 @@ TYPES = [
     "subscription",
     "notification",
     "ws-frame",
+    *coordination_cases.SCHEMAS["types"],
 ]
 REQUESTS = [
     "register.request",
@@ -49,6 +51,7 @@ REQUESTS = [
     "subscribe.request",
     "replay.request",
     "compact.request",
+    *coordination_cases.SCHEMAS["requests"],
 ]
 RESPONSES = [
     "register.response",
@@ -62,6 +65,7 @@ RESPONSES = [
     "conflicts.response",
     "replay.response",
     "compact.response",
+    *coordination_cases.SCHEMAS["responses"],
 ]
 ALL = TYPES + REQUESTS + RESPONSES
 
@@ -995,7 +999,7 @@ VALID = [
     case("notification", JOINED, "agent-joined"),
     case(
         "notification",
-        {**JOINED, "event": "task.assigned", "entity": {"type": "task", "id": "task-1"}},
+        {**JOINED, "event": "agent.failed", "entity": {"type": "agent", "id": "carol"}},
         "future-event",
     ),
     case("notification", {**RECORDED, "agent_id": None}, "no-actor"),
@@ -1737,6 +1741,8 @@ INVALID += [
     case("scope", {"role": "r", "max_units": 1, "include_archived": 1}, "include-archived"),
     case("memory-unit", {**UNIT, "status": "purged"}, "purged"),
 ]
+VALID += coordination_cases.VALID
+INVALID += coordination_cases.INVALID
 
 
 @pytest.mark.parametrize(("name", "instance"), VALID)

@@ -10,7 +10,12 @@ the whole policy reads as one table of ``require`` calls.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import AuthError, Code
+
+if TYPE_CHECKING:
+    from .state import AgentRecord, FieldState
 
 #: The agent id the operator sends its envelopes under; no agent may register it.
 OPERATOR_ID = "operator"
@@ -59,3 +64,22 @@ MIN_AUTHORITY: dict[str, int] = {
     "HANDOFF": STANDARD,
     "COMPACT": SENIOR,
 }
+
+
+def effective_authority(state: FieldState, agent: AgentRecord, session_id: str | None) -> int:
+    """The level ``agent`` acts at within session ``session_id`` (None: outside any).
+
+    The creator of a session acts at :data:`SESSION_CREATOR` within it while
+    it is a member (leaving, or deregistering, gives that up); everyone else
+    at its own level.
+    """
+    level = agent.authority
+    if session_id is not None:
+        session = state.sessions.get(session_id)
+        if (
+            session is not None
+            and session["created_by"] == agent.id
+            and agent.id in session["members"]
+        ):
+            level = max(level, SESSION_CREATOR)
+    return level

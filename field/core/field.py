@@ -15,6 +15,7 @@ committed, so it changes nothing and consumes no epoch.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import math
@@ -34,7 +35,7 @@ from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits
 from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.stream import format_cursor
-from . import authority, history, relevance, validation
+from . import authority, coordination, history, relevance, sessions, tasks, validation
 from .authority import OPERATOR_ID, STANDARD
 from .context import Context, Outcome
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
@@ -49,6 +50,9 @@ SUPPORTED_OPERATIONS: tuple[str, ...] = (
     "SUBSCRIBE",
     "REPLAY",
     "COMPACT",
+    "COORDINATE",
+    "HANDOFF",
+    "SESSION",
 )
 CONFORMANCE_LEVEL = 1
 SUMMARY_CHARS = 240
@@ -101,6 +105,9 @@ class Field:
             "SUBSCRIBE": self._subscribe,
             "REPLAY": lambda ctx: history.replay(self, ctx),
             "COMPACT": lambda ctx: history.compact(self, ctx),
+            "COORDINATE": functools.partial(coordination.coordinate, self),
+            "HANDOFF": functools.partial(coordination.handoff, self),
+            "SESSION": functools.partial(coordination.session, self),
         }
 
     # -- life cycle ------------------------------------------------------------
@@ -119,9 +126,9 @@ class Field:
         self.state.apply(entry)
         return [entry]
 
-    def new_suffix(self) -> str:
-        """A fresh suffix for an identifier (``mem-<suffix>``)."""
-        return self._ids.suffix()
+    def new_id(self, prefix: str) -> str:
+        """A fresh Field-assigned id: ``<prefix>-`` and 20 hex digits."""
+        return f"{prefix}-{self._ids.suffix()}"
 
     @property
     def epoch(self) -> int:
@@ -210,8 +217,20 @@ class Field:
             return Outcome({"status": "unchanged"})
         epoch = self.state.clock.next(0)
         now = max(self.state.last_ts, self._now())
-        data = {"agent_id": agent_id, "reason": reason, "agent": agent.to_wire()}
-        entries = [LogEntry(epoch, "agent.failed", data, agent_id, now)]
+        released = tasks.release_tasks(
+            self.state, agent_id, reason=f"{agent_id} failed", epoch=epoch, actor=agent_id, ts=now
+        )
+        data = {
+            "agent_id": agent_id,
+            "reason": reason,
+            "agent": agent.to_wire(),
+            # the tasks flagged for reassignment and who created them
+            "released_tasks": [
+                {"task_id": e.data["task"]["id"], "created_by": e.data["task"]["created_by"]}
+                for e in released
+            ],
+        }
+        entries = [LogEntry(epoch, "agent.failed", data, agent_id, now), *released]
         self._commit(epoch, entries)
         return Outcome({"status": "failed", "epoch": epoch}, entries)
 
@@ -330,24 +349,43 @@ class Field:
                 recoverable=False,
                 suggested_action="Send DEREGISTER from the agent that leaves.",
             )
-        entry = LogEntry(
-            ctx.epoch, "agent.deregistered", {"agent_id": target}, agent_id=target, ts=ctx.now
+        # its tasks go back to the pool and it leaves its sessions, then it is gone
+        entries = tasks.release_tasks(
+            self.state,
+            target,
+            reason="assignee deregistered",
+            epoch=ctx.epoch,
+            actor=target,
+            ts=ctx.now,
+        )
+        reassigned = len(entries)
+        entries += sessions.leave_all(
+            self.state, target, reason="agent deregistered", epoch=ctx.epoch, ts=ctx.now
+        )
+        entries.append(
+            LogEntry(
+                ctx.epoch, "agent.deregistered", {"agent_id": target}, agent_id=target, ts=ctx.now
+            )
         )
         response = {
             "status": "ok",
             "cleanup": {
                 "units_orphaned": self.state.units_by_agent[target],
-                "tasks_reassigned": 0,
+                "tasks_reassigned": reassigned,
             },
             "epoch": ctx.epoch,
         }
-        return Outcome(response, [entry])
+        return Outcome(response, entries)
 
     # -- RECORD ----------------------------------------------------------------
 
     def _record(self, ctx: Context) -> Outcome:
         request = validation.record_payload(ctx.envelope.payload, self.limits)
         assert ctx.agent is not None  # guaranteed by handle(): RECORD is authenticated
+        if ctx.envelope.session_id is not None:
+            sessions.require_active_member(
+                self.state, ctx.agent.id, ctx.envelope.session_id, "recording"
+            )
         for relation in request["relations"]:
             if relation["target_id"] not in self.state.units:
                 raise NotFound(

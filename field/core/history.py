@@ -377,7 +377,7 @@ def _synthesis(field: Field, ctx: Context, group: list[dict[str, Any]]) -> dict[
     )
     content = f"Summary of {len(group)} {first['type']} units{where}:\n" + "\n".join(lines)
     return {
-        "id": f"mem-{field.new_suffix()}",
+        "id": field.new_id("mem"),
         "mode": "committed",
         "type": "synthesis",
         "content": content[: field.limits.max_content_chars],

@@ -23,6 +23,9 @@ Entry kinds and their ``data``:
 ``subscription.cancelled`` ``{subscription_id, reason}``
 ``memory.archived``   ``{memory_unit_id, reason}`` (COMPACT)
 ``memory.purged``     ``{memory_unit_id, reason, purged_at}`` (COMPACT)
+``session.*``         ``{session, ...}``: see :mod:`field.core.sessions`
+``task.*``            ``{task, ...}``: see :mod:`field.core.tasks`
+``handoff.incoming``  ``{task_id, handoff}``: no state of its own
 ===================== ===============================================
 
 Every entry is also indexed by the entities it is about
@@ -45,6 +48,7 @@ from typing import Any
 from ..model import Limits
 from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.registry import SubscriptionRegistry
+from . import sessions, tasks
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
 from .entities import EntityIndex
@@ -94,6 +98,11 @@ class FieldState:
     conflicts: dict[str, dict[str, Any]] = field(default_factory=dict)
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: per agent, the ids of its open tasks and of the sessions it belongs to
+    open_tasks_by_agent: dict[str, set[str]] = field(default_factory=dict)
+    sessions_by_member: dict[str, set[str]] = field(default_factory=dict)
+    #: per task, the tasks that depend on it
+    dependent_tasks: dict[str, list[str]] = field(default_factory=dict)
     subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)
     active_subscriptions: dict[str, set[str]] = field(default_factory=dict)
     registry: SubscriptionRegistry = field(default_factory=SubscriptionRegistry)
@@ -245,6 +254,11 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "subscription.cancelled": FieldState._subscription_cancelled,
     "memory.archived": FieldState._memory_archived,
     "memory.purged": FieldState._memory_purged,
+    **dict.fromkeys(sessions.ENTRY_KIND.values(), sessions.apply_session),
+    **dict.fromkeys(
+        ("task.created", "task.assigned", "task.state_changed", "task.completed"),
+        tasks.apply_task,
+    ),
 }
 
 

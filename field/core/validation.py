@@ -638,3 +638,142 @@ def subscribe_payload(
         "debounce_ms": int(debounce or 0),
         "include_own": include_own,
     }
+
+
+# -- SESSION, COORDINATE, HANDOFF (Coordination Extension) --------------------
+
+#: Longest session name or task title.
+TITLE_CHARS = 256
+#: Most units a HANDOFF packages (``context.max_units`` and ``context.include_units``).
+MAX_HANDOFF_UNITS = 50
+DEFAULT_HANDOFF_UNITS = 10
+_SESSION_KEYS = frozenset({"action", "session_id", "name", "purpose", "reason"})
+_COORDINATE_KEYS = frozenset(
+    {
+        "action",
+        "task_id",
+        "title",
+        "description",
+        "assignee",
+        "depends_on",
+        "priority",
+        "reason",
+        "result",
+    }
+)
+_HANDOFF_KEYS = frozenset({"task_id", "to_agent_id", "notes", "context"})
+_HANDOFF_CONTEXT_KEYS = frozenset({"max_units", "include_units"})
+
+
+def _action(payload: dict[str, Any], actions: tuple[str, ...], operation: str) -> str:
+    action = payload.get("action")
+    if not _member(action, actions):
+        raise _fail(f"{operation} action must be one of {', '.join(actions)}")
+    return str(action)
+
+
+def _text(payload: dict[str, Any], key: str, limits: Limits) -> str | None:
+    return _optional_string(
+        payload.get(key), key, max_chars=limits.max_text_chars, allow_empty=True
+    )
+
+
+def _title(value: Any, where: str) -> str:
+    return _string(value, where, max_chars=TITLE_CHARS, nonblank=True)
+
+
+def _new_or_existing(
+    payload: dict[str, Any], key: str, action: str, limits: Limits, *, new: bool
+) -> str | None:
+    """An id that ``create`` must leave out (the Field assigns it) and other actions need."""
+    value = _optional_string(payload.get(key), key, max_chars=limits.max_id_chars)
+    if new and value is not None:
+        raise _fail(f"{key} is assigned by the Field; leave it out or null for {action}")
+    if not new and value is None:
+        raise _fail(f"{action} needs {key}")
+    return value
+
+
+def session_payload(
+    payload: dict[str, Any], limits: Limits, actions: tuple[str, ...]
+) -> dict[str, Any]:
+    """Validate a SESSION payload (schema ``session.request``)."""
+    _closed(payload, _SESSION_KEYS, "SESSION payload")
+    action = _action(payload, actions, "SESSION")
+    name = payload.get("name")
+    if action == "list":  # reads no session: an id that is given is only type-checked
+        session_id = _optional_string(
+            payload.get("session_id"), "session_id", max_chars=limits.max_id_chars
+        )
+    else:
+        session_id = _new_or_existing(payload, "session_id", action, limits, new=action == "create")
+    return {
+        "action": action,
+        "session_id": session_id,
+        "name": _title(name, "name") if "name" in payload or action == "create" else None,
+        "purpose": _text(payload, "purpose", limits),
+        "reason": _text(payload, "reason", limits),
+    }
+
+
+def coordinate_payload(
+    payload: dict[str, Any], limits: Limits, actions: tuple[str, ...], priorities: tuple[str, ...]
+) -> dict[str, Any]:
+    """Validate a COORDINATE payload (schema ``coordinate.request``)."""
+    _closed(payload, _COORDINATE_KEYS, "COORDINATE payload")
+    action = _action(payload, actions, "COORDINATE")
+    title = payload.get("title")
+    assignee = payload.get("assignee")
+    priority = payload.get("priority", "normal")
+    if not _member(priority, priorities):
+        raise _fail(f"priority must be one of {', '.join(priorities)}")
+    depends_on = _string_list(
+        payload.get("depends_on", []),
+        "depends_on",
+        max_items=limits.max_list_items,
+        max_chars=limits.max_id_chars,
+    )
+    task_id = (
+        _optional_string(payload.get("task_id"), "task_id", max_chars=limits.max_id_chars)
+        if action == "list"
+        else _new_or_existing(payload, "task_id", action, limits, new=action == "create")
+    )
+    if action == "assign" and assignee is None:
+        raise _fail("assign needs assignee: the agent to assign the task to")
+    return {
+        "action": action,
+        "task_id": task_id,
+        "title": _title(title, "title") if "title" in payload or action == "create" else None,
+        "description": _text(payload, "description", limits),
+        "assignee": None if assignee is None else agent_id(assignee, "assignee"),
+        "depends_on": list(dict.fromkeys(depends_on)),
+        "priority": priority,
+        "reason": _text(payload, "reason", limits),
+        "result": _text(payload, "result", limits),
+    }
+
+
+def handoff_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """Validate a HANDOFF payload (schema ``handoff.request``)."""
+    _closed(payload, _HANDOFF_KEYS, "HANDOFF payload")
+    if "task_id" not in payload or "to_agent_id" not in payload:
+        raise _fail("HANDOFF payload needs task_id and to_agent_id")
+    raw = payload.get("context")
+    context = {} if raw is None else _object(raw, "context")
+    _closed(context, _HANDOFF_CONTEXT_KEYS, "context")
+    max_units = context.get("max_units", DEFAULT_HANDOFF_UNITS)
+    if not _is_int(max_units) or not 0 <= max_units <= MAX_HANDOFF_UNITS:
+        raise _fail(f"context.max_units must be an integer from 0 to {MAX_HANDOFF_UNITS}")
+    include = _string_list(
+        context.get("include_units", []),
+        "context.include_units",
+        max_items=MAX_HANDOFF_UNITS,
+        max_chars=limits.max_id_chars,
+    )
+    return {
+        "task_id": _string(payload["task_id"], "task_id", max_chars=limits.max_id_chars),
+        "to_agent_id": agent_id(payload["to_agent_id"], "to_agent_id"),
+        "notes": _text(payload, "notes", limits),
+        "max_units": int(max_units),
+        "include_units": list(dict.fromkeys(include)),
+    }

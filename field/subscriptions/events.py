@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..core.tasks import handoff_wire
 from ..store.base import StoredEntry
 
 #: The 13 SubscriptionEvent names of spec 6.7, in a fixed order (bit i = name i).
@@ -34,7 +35,7 @@ SUBSCRIPTION_EVENTS: tuple[str, ...] = (
 EVENT_BIT: dict[str, int] = {name: 1 << i for i, name in enumerate(SUBSCRIPTION_EVENTS)}
 
 #: Log entry kind → the event it is, where they differ.
-_EVENT_OF_KIND = {"agent.registered": "agent.joined"}
+_EVENT_OF_KIND = {"agent.registered": "agent.joined", "task.created": "task.state_changed"}
 
 SUMMARY_CHARS = 160
 
@@ -57,6 +58,16 @@ class FieldEvent:
     units: tuple[str, ...] = ()
     #: The joining agent's record, for agent.joined.
     agent: dict[str, Any] | None = None
+    #: Agents the event concerns (relevance 1 for their subscriptions) ...
+    agents: tuple[str, ...] = ()
+    #: ... and those of them who must act on it (``requires_action``).
+    acting: tuple[str, ...] = ()
+    #: Task, handoff and session events: what they are about, in words, and the
+    #: task, for the relevance to everyone else (role, interest, task alignment).
+    topic: str | None = None
+    task_id: str | None = None
+    #: The task, handoff or session as of the event (the notification's ``detail``).
+    detail: dict[str, Any] | None = None
 
     @property
     def entity_key(self) -> str:
@@ -129,12 +140,104 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
         )
     if name == "agent.failed":
         agent = data["agent"]
+        released = data.get("released_tasks", [])
+        creators = tuple(dict.fromkeys(t["created_by"] for t in released))
         return FieldEvent(
             *at,
             actor=actor,
             entity_type="agent",
             entity_id=agent["id"],
             agent=agent,
-            summary=f"agent {agent['id']} ({agent['role']}) failed: {data['reason']}",
+            summary=f"agent {agent['id']} ({agent['role']}) failed: {data['reason']}"
+            + (f"; {len(released)} task(s) back to pending" if released else ""),
+            # whoever created its tasks must reassign them
+            agents=creators,
+            acting=creators,
+        )
+    if name.startswith(("task.", "handoff.")):
+        return _task_event(entry, name, units)
+    if name in ("session.paused", "session.ended"):
+        session = data["session"]
+        verb = name.removeprefix("session.")
+        reason = data.get("reason")
+        return FieldEvent(
+            *at,
+            actor=actor,
+            entity_type="session",
+            entity_id=session["id"],
+            agents=tuple(session["members"]),
+            topic=f"{session['name']} {session.get('purpose') or ''}",
+            detail={"session": session, "reason": reason},
+            summary=f"session {session['id']} ({_short(session['name'], 80)}) {verb}"
+            + (f": {_short(reason, 80)}" if reason else ""),
         )
     return None  # events of operations this Field does not implement yet
+
+
+def _task_event(
+    entry: StoredEntry, name: str, units: Mapping[str, dict[str, Any]]
+) -> FieldEvent | None:
+    """``task.state_changed``, ``task.assigned``, ``task.completed``, ``handoff.incoming``."""
+    data = entry.data
+    task = data["task"]
+    at = (entry.position, entry.epoch, entry.ts, name)
+    about = {
+        "topic": f"{task['title']} {task.get('description') or ''}",
+        "task_id": task["id"],
+    }
+    title = f"task {task['id']} ({_short(task['title'], 80)})"
+    concerned = [task["created_by"], task["assignee"], data.get("previous_assignee")]
+    acting: list[str | None] = []
+    if name == "task.state_changed":
+        before = data.get("from")
+        detail = {"task": task, "from": before, "action": data.get("action", "create")}
+        summary = f"{title}: {before or 'new'} -> {task['status']}"
+    elif name == "task.assigned":
+        detail = {"task": task, "previous_assignee": data.get("previous_assignee")}
+        acting = [task["assignee"]]
+        summary = f"{title} assigned to {task['assignee']}"
+    elif name == "task.completed":
+        dependents = data["dependents"]
+        detail = {"task": task, "dependents": dependents}
+        concerned += [d["assignee"] for d in dependents]
+        acting = [d["assignee"] for d in dependents if d["ready"]]
+        summary = f"{title} completed" + (f": {_short(task['result'])}" if task["result"] else "")
+    elif name == "handoff.incoming":
+        record = data["handoff"]
+        concerned = [record["to_agent_id"], record["from_agent_id"], task["created_by"]]
+        acting = [record["to_agent_id"]]
+        detail = {"handoff": handoff_wire(record, units), "task": task}
+        summary = f"{title} handed off by {record['from_agent_id']} to {record['to_agent_id']}"
+        if record["notes"]:
+            summary += f": {_short(record['notes'])}"
+        return FieldEvent(
+            *at,
+            actor=entry.agent_id,
+            entity_type="handoff",
+            entity_id=record["id"],
+            agents=_ids(concerned),
+            acting=_ids(acting),
+            detail=detail,
+            summary=summary,
+            **about,
+        )
+    else:
+        return None
+    if data.get("reason"):
+        detail["reason"] = data["reason"]
+    return FieldEvent(
+        *at,
+        actor=entry.agent_id,
+        entity_type="task",
+        entity_id=task["id"],
+        agents=_ids(concerned + acting),
+        acting=_ids(acting),
+        detail=detail,
+        summary=summary,
+        **about,
+    )
+
+
+def _ids(agents: list[str | None]) -> tuple[str, ...]:
+    """The agent ids, without None and repeats, in order."""
+    return tuple(dict.fromkeys(a for a in agents if a is not None))

@@ -20,10 +20,16 @@ Relevance (documented in ``protocol/README.md``, "Relevance of events"):
 * ``conflict.detected``: 1.0 when the subscriber wrote either unit,
   otherwise the better of the two units' scores;
 * ``agent.joined``, ``agent.failed``: role, interest and task alignment between the
-  subscriber and the joining agent.
+  subscriber and the joining agent;
+* task, handoff and session events: 1.0 for the agents the event
+  concerns (:attr:`FieldEvent.agents`), otherwise role, interest and
+  task alignment with the event's topic (task title and description, or
+  session name and purpose) and task.
 
 ``requires_action`` is true when the subscriber's own unit is contested
-or in a new conflict.
+or in a new conflict, or when the subscriber is one of the event's
+``acting`` agents (a task assigned or handed off to it, a dependency of
+its task completed).
 """
 
 from __future__ import annotations
@@ -47,7 +53,18 @@ FEW_PROFILES = 4
 RECENCY_WEIGHT = 0.25
 
 # reason flags
-_SAME_ROLE, _INTERESTS, _TASK, _OWN_UNIT = 1, 2, 4, 8
+_SAME_ROLE, _INTERESTS, _TASK, _OWN_UNIT, _CONCERNS_YOU, _YOUR_MOVE = 1, 2, 4, 8, 16, 32
+#: Events about tasks, handoffs and sessions (scored by topic, not by units).
+TOPIC_EVENTS = frozenset(
+    {
+        "task.state_changed",
+        "task.assigned",
+        "task.completed",
+        "handoff.incoming",
+        "session.paused",
+        "session.ended",
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,13 +92,22 @@ def reason_text(event: str, flags: int) -> str:
         parts = []
         if flags & _OWN_UNIT:
             parts.append("it involves your unit")
+        if flags & _YOUR_MOVE:
+            parts.append("it needs your action")
+        elif flags & _CONCERNS_YOU:
+            parts.append("it concerns you")
         if flags & _SAME_ROLE:
             parts.append("same role as you")
         if flags & _INTERESTS:
             parts.append("matches your interests")
         if flags & _TASK:
             parts.append("serves your task")
-        detail = "; ".join(parts) if parts else "general relevance (type, confidence, recency)"
+        general = (
+            "no match with your role, interests or task"
+            if event in TOPIC_EVENTS
+            else "general relevance (type, confidence, recency)"
+        )
+        detail = "; ".join(parts) if parts else general
         text = _REASONS[key] = f"{event}: {detail}"
     return text
 
@@ -140,6 +166,8 @@ class Matcher:
         relevance = np.zeros(eligible.shape, dtype=np.float64)
         flags = np.zeros(eligible.shape, dtype=np.int64)
         authored = np.zeros(eligible.shape, dtype=bool)
+        concerned = np.zeros(eligible.shape, dtype=bool)
+        acting = np.zeros(eligible.shape, dtype=bool)
         wanted = eligible.any(axis=1).tolist()
         scored: dict[tuple[str, int], tuple[Any, Any]] = {}
         if len(profiles) <= FEW_PROFILES:  # e.g. replaying one stream: score across events
@@ -169,9 +197,15 @@ class Matcher:
         for i, event in enumerate(events):
             if not wanted[i]:
                 continue
-            if event.agent is not None:
-                score, score_flags = self._agent_relevance(event.agent, profiles)
+            if event.agent is not None or event.topic is not None:
+                if event.agent is not None:  # agent.joined, agent.failed
+                    score, score_flags = self._agent_relevance(event.agent, profiles)
+                else:  # task, handoff and session events
+                    score, score_flags = self._topic_relevance(event, profiles)
                 relevance[i], flags[i] = score[of_row], score_flags[of_row]
+                subscribers = reg.agent.view[rows]
+                concerned[i] = np.isin(subscribers, [reg.agents.find(a) for a in event.agents])
+                acting[i] = np.isin(subscribers, [reg.agents.find(a) for a in event.acting])
                 continue
             best = np.full(len(profiles), -1.0)
             best_flags = np.zeros(len(profiles), dtype=np.int64)
@@ -192,8 +226,13 @@ class Matcher:
                 :, None
             ]
         )
-        relevance = np.where(involves_own, 1.0, relevance)
-        flags |= np.where(involves_own, _OWN_UNIT, 0)
+        relevance = np.where(involves_own | concerned, 1.0, relevance)
+        flags |= (
+            np.where(involves_own, _OWN_UNIT, 0)
+            | np.where(concerned, _CONCERNS_YOU, 0)
+            | np.where(acting, _YOUR_MOVE, 0)
+        )
+        requires_action = involves_own | acting
         notify = eligible & (relevance >= reg.min_relevance.view[rows][None, :])
 
         matches = []
@@ -204,7 +243,7 @@ class Matcher:
                 continue
             hit = columns[bounds[i] : bounds[i + 1]]
             matches.append(
-                Match(event, rows[hit], relevance[i, hit], involves_own[i, hit], flags[i, hit])
+                Match(event, rows[hit], relevance[i, hit], requires_action[i, hit], flags[i, hit])
             )
         return matches
 
@@ -235,7 +274,7 @@ class Matcher:
     def _alignment(
         self,
         profiles: npt.NDArray[np.intp],
-        role: str,
+        role: str | None,
         words: frozenset[str],
         task_id: str | None,
     ) -> tuple[Any, Any, Any, npt.NDArray[np.int64]]:
@@ -316,6 +355,27 @@ class Matcher:
         role, interest, task, flags = self._alignment(
             profiles, agent["role"], words, agent.get("current_task_id")
         )
+        score = combine(
+            role=role,
+            interest=interest,
+            type_weight=None,
+            task=task,
+            confidence=None,
+            recency=1.0,
+            recency_weight=0.0,
+        )
+        return score, flags
+
+    def _topic_relevance(
+        self, event: FieldEvent, profiles: npt.NDArray[np.intp]
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """Alignment of each agent profile with a task, handoff or session event.
+
+        The topic has no role of its own: role counts through the share of
+        the subscriber's role words in the topic.
+        """
+        words = frozenset(keywords(event.topic))
+        role, interest, task, flags = self._alignment(profiles, None, words, event.task_id)
         score = combine(
             role=role,
             interest=interest,

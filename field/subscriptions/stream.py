@@ -127,18 +127,19 @@ def parse_cursor(cursor: str, field_tag: str) -> tuple[int | None, str | None]:
 
 def encode_event(event: FieldEvent, cursor: str) -> bytes:
     """The part of a notification every subscriber shares, encoded once per event."""
-    return orjson.dumps(
-        {
-            "event": event.name,
-            "epoch": event.epoch,
-            "summary": event.summary,
-            "memory_unit_id": event.memory_unit_id,
-            "conflict_id": event.conflict_id,
-            "cursor": cursor,
-            "entity": {"type": event.entity_type, "id": event.entity_id},
-            "agent_id": event.actor,
-        }
-    )
+    body = {
+        "event": event.name,
+        "epoch": event.epoch,
+        "summary": event.summary,
+        "memory_unit_id": event.memory_unit_id,
+        "conflict_id": event.conflict_id,
+        "cursor": cursor,
+        "entity": {"type": event.entity_type, "id": event.entity_id},
+        "agent_id": event.actor,
+    }
+    if event.detail is not None:  # task, handoff and session events
+        body["detail"] = event.detail
+    return orjson.dumps(body)
 
 
 def encode_notification(notification: Notification) -> bytes:

@@ -1,0 +1,151 @@
+"""Sessions (Coordination Extension): the session state machine and its projection.
+
+A session is a bounded period of coordinated work with a name, a purpose
+and members. Its life is one table, :data:`TRANSITIONS` (status x action
+-> status)::
+
+    active --pause--> paused --resume--> active
+    active|paused --end--> ended            (terminal)
+    join / leave: active -> active, paused -> paused
+
+Every change is one log entry whose ``data["session"]`` is the whole
+session after the change (see :data:`ENTRY_KIND`); applying an entry
+replaces the session, so the projection is the last entry of each
+session. ``session.paused`` and ``session.ended`` are also events.
+
+This module holds no handler (those are in :mod:`field.core.coordination`)
+and imports the state only for type checking, so the state can import it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AuthError, Code, NotFound, StateError
+from ..store.base import LogEntry
+
+if TYPE_CHECKING:
+    from .state import FieldState
+
+SESSION_STATUSES: tuple[str, ...] = ("active", "paused", "ended")
+
+#: The session state machine: status -> {action: status after}.
+TRANSITIONS: dict[str, dict[str, str]] = {
+    "active": {"join": "active", "leave": "active", "pause": "paused", "end": "ended"},
+    "paused": {"join": "paused", "leave": "paused", "resume": "active", "end": "ended"},
+    "ended": {},
+}
+#: SESSION actions: ``create`` starts a session, ``list`` reads, the rest are transitions.
+ACTIONS: tuple[str, ...] = ("create", "join", "leave", "pause", "resume", "end", "list")
+#: Actions that need effective authority 8 (the creator, the operator, a level-8 agent).
+PRIVILEGED: frozenset[str] = frozenset({"pause", "resume", "end"})
+#: The log entry kind each action writes.
+ENTRY_KIND: dict[str, str] = {
+    "create": "session.created",
+    "join": "session.joined",
+    "leave": "session.left",
+    "pause": "session.paused",
+    "resume": "session.resumed",
+    "end": "session.ended",
+}
+
+
+def allowed_actions(status: str) -> list[str]:
+    return sorted(TRANSITIONS[status])
+
+
+def find(state: FieldState, session_id: str) -> dict[str, Any]:
+    """The session ``session_id`` or SESSION_NOT_FOUND."""
+    session = state.sessions.get(session_id)
+    if session is None:
+        raise NotFound(
+            f"no session {session_id!r} in this Field",
+            code=Code.SESSION_NOT_FOUND,
+            suggested_action='Create one with SESSION "create", or list yours with "list".',
+        )
+    return session
+
+
+def require_active_member(state: FieldState, agent_id: str, session_id: str, what: str) -> None:
+    """Refuse ``what`` in ``session_id`` unless it exists, is active and has the agent."""
+    session = find(state, session_id)
+    if agent_id not in session["members"]:
+        raise AuthError(
+            f"{agent_id!r} is not a member of session {session_id!r}",
+            code=Code.FORBIDDEN,
+            recoverable=True,
+            suggested_action=f'Join the session first (SESSION "join") before {what}.',
+        )
+    if session["status"] != "active":
+        raise StateError(
+            f"session {session_id!r} is {session['status']}; {what} needs an active session",
+            code=Code.INVALID_TRANSITION,
+            recoverable=session["status"] == "paused",
+            suggested_action="Wait until the session is resumed."
+            if session["status"] == "paused"
+            else "Work outside the ended session, or in another one.",
+            details={"session_id": session_id, "status": session["status"]},
+        )
+
+
+def transition(session: dict[str, Any], action: str) -> str:
+    """The status after ``action``, or INVALID_TRANSITION naming the allowed actions."""
+    status = session["status"]
+    after = TRANSITIONS[status].get(action)
+    if after is None:
+        allowed = allowed_actions(status)
+        raise StateError(
+            f"session {session['id']} is {status}; {action!r} is not allowed"
+            + (f" (allowed: {', '.join(allowed)})" if allowed else " (it has ended)"),
+            code=Code.INVALID_TRANSITION,
+            recoverable=False,
+            suggested_action="Read the session's status and choose an allowed action.",
+            details={
+                "session_id": session["id"],
+                "from": status,
+                "action": action,
+                "allowed_actions": allowed,
+            },
+        )
+    return after
+
+
+def member_sessions(state: FieldState, agent_id: str) -> list[dict[str, Any]]:
+    """The sessions ``agent_id`` belongs to, oldest first."""
+    ids = state.sessions_by_member.get(agent_id, ())
+    return sorted((state.sessions[i] for i in ids), key=lambda s: (s["created_epoch"], s["id"]))
+
+
+def leave_all(
+    state: FieldState, agent_id: str, *, reason: str, epoch: int, ts: float
+) -> list[LogEntry]:
+    """Entries that take ``agent_id`` out of every session it belongs to that has not ended."""
+    entries = []
+    for session in member_sessions(state, agent_id):
+        if session["status"] == "ended":
+            continue
+        left = {
+            **session,
+            "members": [m for m in session["members"] if m != agent_id],
+            "updated_epoch": epoch,
+        }
+        data = {"session": left, "agent_id": agent_id, "reason": reason}
+        entries.append(LogEntry(epoch, "session.left", data, agent_id, ts))
+    return entries
+
+
+# -- the projection ------------------------------------------------------------
+
+
+def apply_session(state: FieldState, data: dict[str, Any]) -> None:
+    """Any session entry: the session as it is after the change replaces the old one."""
+    session = {**data["session"], "members": list(data["session"]["members"])}
+    session_id = session["id"]
+    old = state.sessions.get(session_id)
+    before = set(old["members"]) if old is not None else set()
+    after = set(session["members"])
+    for member in before - after:
+        state.sessions_by_member[member].discard(session_id)
+    for member in after - before:
+        state.sessions_by_member.setdefault(member, set()).add(session_id)
+    state.sessions[session_id] = session
