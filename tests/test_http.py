@@ -339,7 +339,7 @@ async def test_register_errors(field: CheckedClient, alice: AgentClient) -> None
     assert body["recoverable"] is True
 
     body = await fails(
-        field.register("carol", "planner", required_operations=["RECORD", "MERGE", "REPLAY"]),
+        field.register("carol", "planner", required_operations=["RECORD", "REPLAY", "COMPACT"]),
         422,
         "UNSUPPORTED_OPERATION",
     )
@@ -347,7 +347,7 @@ async def test_register_errors(field: CheckedClient, alice: AgentClient) -> None
     assert body["recoverable"] is False
     details = body["details"]
     assert details["status"] == "rejected"
-    assert details["missing_operations"] == ["MERGE", "REPLAY"]
+    assert details["missing_operations"] == ["REPLAY", "COMPACT"]
     assert details["rejection_reason"]
     assert details["field_capabilities"] == alice.registration["field_capabilities"]
 
@@ -725,7 +725,7 @@ async def test_record_supersedes_hides_target(
 async def test_failed_requests_leave_the_field_unchanged(
     field: CheckedClient, alice: AgentClient, bob: AgentClient
 ) -> None:
-    target = await note(alice, "Something true.")
+    await note(alice, "Something true.")
     before = await snapshot(field)
     status_before = await field.status()
     cur = status_before["epoch"]
@@ -758,21 +758,14 @@ async def test_failed_requests_leave_the_field_unchanged(
             alice.token,
             0,
         ),
-        ("/v1/detect", "DETECT", "alice", {"mode": "scan"}, alice.token, 0),
-        (
-            "/v1/detect",
-            "DETECT",
-            "alice",
-            {"mode": "check", "target_id": target["memory_unit_id"]},
-            alice.token,
-            0,
-        ),
+        ("/v1/detect", "DETECT", "alice", {"mode": "check"}, alice.token, 0),
+        ("/v1/detect", "DETECT", "alice", {"mode": "check", "target_id": "mem-no"}, alice.token, 0),
         ("/v1/register", "REGISTER", "alice", {"id": "alice", "role": "r"}, None, 0),
         (
             "/v1/register",
             "REGISTER",
             "carol",
-            {"id": "carol", "role": "r", "required_operations": ["MERGE"]},
+            {"id": "carol", "role": "r", "required_operations": ["REPLAY"]},
             None,
             0,
         ),
@@ -1184,14 +1177,10 @@ async def test_detect_list_filters(
         )
 
     before = await snapshot(field)
-    for mode in ("check", "scan"):
-        body = await fails(alice.detect(mode), 422, "UNSUPPORTED_OPERATION")
-        assert body["operation"] == "DETECT"
-        assert body["recoverable"] is False
+    body = await fails(alice.detect("check"), 422, "INVALID_PAYLOAD")  # no target_id
+    assert body["operation"] == "DETECT"
     body = await fails(
-        alice.send("DETECT", {"mode": "check", "target_id": a1["memory_unit_id"]}),
-        422,
-        "UNSUPPORTED_OPERATION",
+        alice.send("DETECT", {"mode": "check", "target_id": "mem-nope"}), 404, "UNIT_NOT_FOUND"
     )
     for payload in (
         {},

@@ -77,6 +77,11 @@ VALID: dict[str, dict[str, Any]] = {
         "target_id": None,
         "filter": {"status": ["detected"], "types": ["factual"], "involving_agents": ["a-1"]},
     },
+    "merge.request": {
+        "conflict_id": "conflict-1",
+        "strategy": "vote",
+        "resolution": {"winner_id": "mem-1", "synthesis": None, "rationale": "r", "quorum": 3},
+    },
 }
 
 CHECKS: dict[str, Callable[[Any], Any]] = {
@@ -86,6 +91,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "record.request": lambda v: validation.record_payload(v, LIMITS),
     "attune.request": lambda v: validation.attune_payload(v, LIMITS),
     "detect.request": lambda v: validation.detect_payload(v, LIMITS),
+    "merge.request": lambda v: validation.merge_payload(v, LIMITS),
 }
 
 #: Values that probe types, emptiness, bounds and enums. Whole-number floats
@@ -113,6 +119,11 @@ ODD_VALUES: list[Any] = [
     "supersedes",
     "list",
     "scan",
+    "check",
+    "vote",
+    "synthesis",
+    "authority",
+    "human_escalation",
     "full",
     "ids_only",
     "present",

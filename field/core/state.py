@@ -14,12 +14,19 @@ Entry kinds and their ``data``:
 ``agent.registered``  ``{agent, token_hash}``
 ``agent.deregistered````{agent_id}``
 ``memory.recorded``   ``{unit}``: the full MemoryUnit
-``memory.superseded`` ``{memory_unit_id, by}``
+``memory.superseded`` ``{memory_unit_id, by}`` (+ ``conflict_id`` from MERGE)
 ``memory.contested``  ``{memory_unit_id, conflict_id}``
 ``conflict.detected`` ``{conflict}``: the full Conflict
 ``subscription.created``   ``{subscription}``
 ``subscription.cancelled`` ``{subscription_id, reason}``
+``conflict.transitioned``  ``{conflict_id, from, to, strategy, by, rationale, epoch}``
+                           (+ ``quorum`` when a vote opens)
+``conflict.vote_cast``     ``{conflict_id, ballot}``
+``conflict.resolved``      ``{conflict, from}``: the resolved Conflict
+``memory.reinstated``      ``{memory_unit_id, conflict_id}``: contested → active
 ===================== ===============================================
+
+The conflict lifecycle and what MERGE writes are in :mod:`field.core.conflicts`.
 
 Deregistering an agent cancels its subscriptions too.
 """
@@ -167,6 +174,32 @@ class FieldState:
         conflict = data["conflict"]
         self.conflicts[conflict["id"]] = conflict
 
+    # conflicts are replaced, never changed in place: an entry's data stays as logged
+    def _conflict_transitioned(self, data: dict[str, Any]) -> None:
+        conflict = {**self.conflicts[data["conflict_id"]], "status": data["to"]}
+        if data["to"] == "escalated":
+            conflict["escalation"] = {
+                "escalated_by": data["by"],
+                "rationale": data["rationale"],
+                "epoch": data["epoch"],
+            }
+        if data.get("quorum") is not None:
+            conflict["vote"] = {"quorum": data["quorum"], "opened_by": data["by"], "ballots": []}
+        self.conflicts[conflict["id"]] = conflict
+
+    def _conflict_vote_cast(self, data: dict[str, Any]) -> None:
+        conflict = self.conflicts[data["conflict_id"]]
+        vote = conflict["vote"]
+        ballots = [*vote["ballots"], data["ballot"]]
+        self.conflicts[conflict["id"]] = {**conflict, "vote": {**vote, "ballots": ballots}}
+
+    def _conflict_resolved(self, data: dict[str, Any]) -> None:
+        conflict = data["conflict"]
+        self.conflicts[conflict["id"]] = dict(conflict)
+
+    def _memory_reinstated(self, data: dict[str, Any]) -> None:
+        self._set_unit_status(data["memory_unit_id"], "active")
+
     def _subscription_created(self, data: dict[str, Any]) -> None:
         subscription = dict(data["subscription"])
         self.subscriptions[subscription["id"]] = subscription
@@ -197,6 +230,10 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "conflict.detected": FieldState._conflict_detected,
     "subscription.created": FieldState._subscription_created,
     "subscription.cancelled": FieldState._subscription_cancelled,
+    "conflict.transitioned": FieldState._conflict_transitioned,
+    "conflict.vote_cast": FieldState._conflict_vote_cast,
+    "conflict.resolved": FieldState._conflict_resolved,
+    "memory.reinstated": FieldState._memory_reinstated,
 }
 
 #: The operator: the holder of the operator token, at authority 10 (spec 11.2).

@@ -17,13 +17,14 @@ Relevance (documented in ``protocol/README.md``, "Relevance of events"):
 * memory events: the ATTUNE score of the unit for the subscriber, as of
   the event (:func:`field.core.relevance.combine`); 1.0 for
   ``memory.contested`` when the subscriber wrote the unit;
-* ``conflict.detected``: 1.0 when the subscriber wrote either unit,
-  otherwise the better of the two units' scores;
+* ``conflict.detected`` and ``conflict.resolved``: 1.0 when the
+  subscriber wrote either unit, otherwise the better of the two units'
+  scores;
 * ``agent.joined``: role, interest and task alignment between the
   subscriber and the joining agent.
 
 ``requires_action`` is true when the subscriber's own unit is contested
-or in a new conflict.
+or in a new conflict (not when a conflict is resolved: nothing is left to do).
 """
 
 from __future__ import annotations
@@ -47,6 +48,10 @@ RECENCY_WEIGHT = 0.25
 
 # reason flags
 _SAME_ROLE, _INTERESTS, _TASK, _OWN_UNIT = 1, 2, 4, 8
+#: Events of relevance 1 to the authors of the units they involve ...
+OWN_UNIT_EVENTS = frozenset({"memory.contested", "conflict.detected", "conflict.resolved"})
+#: ... and those of them that require the author's action.
+MUST_ACT_EVENTS = frozenset({"memory.contested", "conflict.detected"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,12 +190,8 @@ class Matcher:
                 author = reg.agents.find(self.units[unit_id]["source"]["agent_id"])
                 authored[i] |= reg.agent.view[rows] == author
             relevance[i], flags[i] = best[of_row], best_flags[of_row]
-        involves_own = (
-            authored
-            & np.array([e.name in ("memory.contested", "conflict.detected") for e in events])[
-                :, None
-            ]
-        )
+        involves_own = authored & np.array([e.name in OWN_UNIT_EVENTS for e in events])[:, None]
+        must_act = involves_own & np.array([e.name in MUST_ACT_EVENTS for e in events])[:, None]
         relevance = np.where(involves_own, 1.0, relevance)
         flags |= np.where(involves_own, _OWN_UNIT, 0)
         notify = eligible & (relevance >= reg.min_relevance.view[rows][None, :])
@@ -203,7 +204,7 @@ class Matcher:
                 continue
             hit = columns[bounds[i] : bounds[i + 1]]
             matches.append(
-                Match(event, rows[hit], relevance[i, hit], involves_own[i, hit], flags[i, hit])
+                Match(event, rows[hit], relevance[i, hit], must_act[i, hit], flags[i, hit])
             )
         return matches
 
