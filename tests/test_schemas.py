@@ -739,6 +739,8 @@ MERGED = {
     },
     "epoch": 12,
 }
+RESOLVED_EVENT = {**NOTIFICATION, "event": "conflict.resolved", "requires_action": False}
+SUPERSEDED_EVENT = {**RECORDED, "event": "memory.superseded", "conflict_id": CONFLICT["id"]}
 NOTHING_YET = {"superseded_units": [], "new_unit_id": None, "notified_agents": []}
 MERGE_VALID = [
     case("merge.request", MERGE, "authority"),
@@ -800,6 +802,9 @@ MERGE_VALID = [
     case("conflict", VOTE_CONFLICT, "vote"),
     case("conflict", ESCALATED_CONFLICT, "escalation"),
     case("conflict", SYNTHESIZED, "synthesis"),
+    case("notification", RESOLVED_EVENT, "conflict-resolved"),
+    case("notification", {**SUPERSEDED_EVENT, "conflict_id": None}, "superseded"),
+    case("notification", SUPERSEDED_EVENT, "superseded-by-merge"),
 ]
 MERGE_INVALID = [
     case("merge.request", drop(MERGE, "resolution"), "missing-resolution"),
@@ -827,6 +832,9 @@ MERGE_INVALID = [
     case("conflict", put(VOTE_CONFLICT, "vote.quorum", 1), "vote-quorum-1"),
     case("conflict", put(VOTE_CONFLICT, "vote.ballots", [{"agent_id": "a"}]), "ballot-partial"),
     case("conflict", put(ESCALATED_CONFLICT, "escalation.by", "x"), "escalation-extra"),
+    case("notification", {**RESOLVED_EVENT, "conflict_id": None}, "resolved-without-conflict"),
+    case("notification", {**RESOLVED_EVENT, "memory_unit_id": UNIT["id"]}, "resolved-with-unit"),
+    case("notification", {**SUPERSEDED_EVENT, "memory_unit_id": None}, "superseded-no-unit"),
 ]
 
 
