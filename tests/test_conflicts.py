@@ -200,8 +200,11 @@ def test_merges_the_table_forbids_are_refused(h: Harness, source: str, strategy:
 
 
 def test_unknown_conflict_is_404(h: Harness) -> None:
-    payload = {"conflict_id": "conflict-nope", "strategy": "vote", "resolution": {"rationale": "r",
-               "winner_id": "m"}}  # fmt: skip
+    payload = {
+        "conflict_id": "conflict-nope",
+        "strategy": "vote",
+        "resolution": {"rationale": "r", "winner_id": "m"},
+    }
     error = fails(Code.CONFLICT_NOT_FOUND, h.send, "MERGE", "lead", payload)
     assert error.http_status == 404
 
@@ -223,8 +226,11 @@ def test_only_the_operator_resolves_an_escalated_conflict(h: Harness) -> None:
     conflict = h.field.state.conflicts[cid]
     assert conflict["escalation"]["escalated_by"] == "lead"
     assert (status(h, a), status(h, b)) == ("contested", "contested")
-    payload = {"conflict_id": cid, "strategy": "authority",
-               "resolution": {"rationale": "r", "winner_id": a}}  # fmt: skip
+    payload = {
+        "conflict_id": cid,
+        "strategy": "authority",
+        "resolution": {"rationale": "r", "winner_id": a},
+    }
     error = fails(Code.INSUFFICIENT_AUTHORITY, h.send, "MERGE", "lead", payload)
     assert "needs authority 10" in error.message
     response = merge(h, "operator", cid, "authority", winner_id=a)
@@ -267,8 +273,11 @@ def test_last_write_wins_goes_through_resolving_in_one_merge(h: Harness) -> None
 
 def test_a_winner_named_for_a_computed_strategy_is_a_check(h: Harness) -> None:
     a, b, cid = pair(h)
-    payload = {"conflict_id": cid, "strategy": "last_write_wins",
-               "resolution": {"rationale": "r", "winner_id": a}}  # fmt: skip
+    payload = {
+        "conflict_id": cid,
+        "strategy": "last_write_wins",
+        "resolution": {"rationale": "r", "winner_id": a},
+    }
     error = fails(Code.MERGE_FAILED, h.send, "MERGE", "lead", payload)
     assert error.recoverable and error.details == {"computed_winner_id": b}
     assert merge(h, "lead", cid, "last_write_wins", winner_id=b)["status"] == "resolved"
@@ -280,8 +289,11 @@ def test_confidence_weighted_and_its_tie(h: Harness) -> None:
     assert response["conflict"]["resolution"]["winner_id"] == a
     assert (status(h, a), status(h, b)) == ("active", "superseded")
     a2, b2, tied = pair(h, "Latency is 20 ms.", "Latency is 80 ms.", scores=(0.7, 0.7))
-    payload = {"conflict_id": tied, "strategy": "confidence_weighted",
-               "resolution": {"rationale": "r"}}  # fmt: skip
+    payload = {
+        "conflict_id": tied,
+        "strategy": "confidence_weighted",
+        "resolution": {"rationale": "r"},
+    }
     error = fails(Code.MERGE_FAILED, h.send, "MERGE", "lead", payload)
     assert error.recoverable and error.http_status == 409
     assert error.details == {"scores": {a2: 0.7, b2: 0.7}}
@@ -372,8 +384,11 @@ def test_synthesis_creates_a_unit_superseding_both(h: Harness) -> None:
 )
 def test_strategy_fields_are_validated(h: Harness, strategy: str, resolution: Any) -> None:
     _, _, cid = pair(h)
-    payload = {"conflict_id": cid, "strategy": strategy,
-               "resolution": {"rationale": "r", **resolution}}  # fmt: skip
+    payload = {
+        "conflict_id": cid,
+        "strategy": strategy,
+        "resolution": {"rationale": "r", **resolution},
+    }
     fails(Code.INVALID_PAYLOAD, h.send, "MERGE", "lead", payload)
 
 
@@ -401,16 +416,24 @@ def test_human_escalation_then_the_operator(h: Harness) -> None:
 
 def test_vote_reaches_quorum(h: Harness) -> None:
     a, b, cid = pair(h)
-    payload = {"conflict_id": cid, "strategy": "vote",
-               "resolution": {"rationale": "r", "winner_id": a}}  # fmt: skip
+    payload = {
+        "conflict_id": cid,
+        "strategy": "vote",
+        "resolution": {"rationale": "r", "winner_id": a},
+    }
     fails(Code.INSUFFICIENT_AUTHORITY, h.send, "MERGE", "v1", payload)  # opening needs 6
     opened = merge(h, "lead", cid, "vote", winner_id=a, rationale="let the reviewers decide")
     assert opened["status"] == "pending_vote"
     assert opened["conflict"]["status"] == "resolving"
     assert opened["conflict"]["vote"]["quorum"] == conflicts.DEFAULT_QUORUM == 3
     assert merge(h, "v1", cid, "vote", winner_id=b)["status"] == "pending_vote"
-    fails(Code.MERGE_FAILED, h.send, "MERGE", "v1", {**payload, "resolution":
-          {"rationale": "again", "winner_id": a}})  # fmt: skip
+    fails(
+        Code.MERGE_FAILED,
+        h.send,
+        "MERGE",
+        "v1",
+        {**payload, "resolution": {"rationale": "again", "winner_id": a}},
+    )
     fails(Code.INSUFFICIENT_AUTHORITY, h.send, "MERGE", "watcher", payload)  # ballots need 4
     start = len(h.entries)
     closed = merge(h, "v2", cid, "vote", winner_id=a)
@@ -529,8 +552,10 @@ def detect(h: Harness, agent: str, mode: str, **payload: Any) -> Any:
     return response
 
 
-NUMBERS = ("The payments API rate limit is 100 requests per minute.",
-           "The payments API rate limit is 500 requests per minute.")  # fmt: skip
+NUMBERS = (
+    "The payments API rate limit is 100 requests per minute.",
+    "The payments API rate limit is 500 requests per minute.",
+)
 NEGATION = ("The cache client is thread-safe.", "The cache client is not thread-safe.")
 
 
@@ -564,14 +589,16 @@ def test_scan_finds_similar_units_that_disagree(h: Harness, texts: tuple[str, st
 @pytest.mark.parametrize(
     "texts",
     [
-        ("The payments API rate limit is 100 requests per minute.",
-         "The payments API rate limit is 100 requests per minute, per key."),
+        (
+            "The payments API rate limit is 100 requests per minute.",
+            "The payments API rate limit is 100 requests per minute, per key.",
+        ),
         ("Deploys happen on Tuesdays.", "Deploys happen on Tuesdays and Thursdays."),
         ("Churn fell to 2% in March.", "The cache holds 500 entries."),
         ("The cache client is not thread-safe.", "The cache client is not thread safe at all."),
     ],
     ids=["agree-on-number", "agree-no-number", "dissimilar-numbers", "agree-on-negation"],
-)  # fmt: skip
+)
 def test_scan_leaves_agreeing_or_unrelated_units_alone(h: Harness, texts: tuple[str, str]) -> None:
     for agent, text in zip(("alice", "bob"), texts, strict=True):
         h.record(agent, text, score=0.9 if agent == "alice" else 0.5)
@@ -581,8 +608,10 @@ def test_scan_leaves_agreeing_or_unrelated_units_alone(h: Harness, texts: tuple[
     assert h.entries[start:] == []
 
 
-BACKUP = ("The nightly backup job runs at 2 am.",
-          "The nightly backup job runs at 4 am since the migration.")  # fmt: skip
+BACKUP = (
+    "The nightly backup job runs at 2 am.",
+    "The nightly backup job runs at 4 am since the migration.",
+)
 
 
 def test_temporal_detection_needs_an_established_more_confident_older_unit(h: Harness) -> None:
@@ -628,8 +657,9 @@ def test_check_compares_one_unit_with_the_field(h: Harness) -> None:
 def test_check_refusals(h: Harness) -> None:
     fails(Code.INVALID_PAYLOAD, h.send, "DETECT", "v1", {"mode": "check"})
     fails(Code.INVALID_PAYLOAD, h.send, "DETECT", "v1", {"mode": "check", "target_id": None})
-    error = fails(Code.UNIT_NOT_FOUND, h.send, "DETECT", "v1", {"mode": "check",
-                  "target_id": "mem-nope"})  # fmt: skip
+    error = fails(
+        Code.UNIT_NOT_FOUND, h.send, "DETECT", "v1", {"mode": "check", "target_id": "mem-nope"}
+    )
     assert error.http_status == 404
     fails(Code.INSUFFICIENT_AUTHORITY, h.send, "DETECT", "watcher", {"mode": "scan"})
     assert "units_in_scope" not in detect(h, "watcher", "list")["scan_coverage"]

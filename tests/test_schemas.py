@@ -778,7 +778,7 @@ MERGE_VALID = [
             },
         },
         "synthesis",
-    ),  # fmt: skip
+    ),
     case(
         "merge.response",
         {
@@ -788,7 +788,7 @@ MERGE_VALID = [
             "side_effects": NOTHING_YET,
         },
         "escalated",
-    ),  # fmt: skip
+    ),
     case(
         "merge.response",
         {
@@ -798,7 +798,7 @@ MERGE_VALID = [
             "side_effects": NOTHING_YET,
         },
         "pending-vote",
-    ),  # fmt: skip
+    ),
     case("conflict", VOTE_CONFLICT, "vote"),
     case("conflict", ESCALATED_CONFLICT, "escalation"),
     case("conflict", SYNTHESIZED, "synthesis"),

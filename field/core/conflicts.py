@@ -94,9 +94,13 @@ def check_path(conflict: dict[str, Any], strategy: str, path: list[str]) -> list
                 code=Code.INVALID_TRANSITION,
                 recoverable=False,
                 suggested_action=_transition_advice(current),
-                details={"from": current, "to": target, "strategy": strategy,
-                         "allowed": sorted(allowed)},
-            )  # fmt: skip
+                details={
+                    "from": current,
+                    "to": target,
+                    "strategy": strategy,
+                    "allowed": sorted(allowed),
+                },
+            )
         needs.append(allowed[target])
         current = target
     return needs
@@ -493,8 +497,9 @@ def detect(field: Field, ctx: Context) -> Outcome:
             involving_agents=request["involving_agents"],
         )
         coverage = {"units_scanned": 0, "new_conflicts_found": 0}
-        return Outcome({"status": "ok", "conflicts": conflicts, "scan_coverage": coverage,
-                        "epoch": ctx.epoch})  # fmt: skip
+        return Outcome(
+            {"status": "ok", "conflicts": conflicts, "scan_coverage": coverage, "epoch": ctx.epoch}
+        )
     authority.require(ctx.agent.authority, DETECTION_AUTHORITY, f"DETECT {request['mode']}")
     state = field.state
     target = request["target_id"]
@@ -522,8 +527,12 @@ def detect(field: Field, ctx: Context) -> Outcome:
         "new_conflicts_found": len(new),
         "units_in_scope": in_scope,
     }
-    response = {"status": "ok", "conflicts": conflicts, "scan_coverage": coverage,
-                "epoch": ctx.epoch}  # fmt: skip
+    response = {
+        "status": "ok",
+        "conflicts": conflicts,
+        "scan_coverage": coverage,
+        "epoch": ctx.epoch,
+    }
     return Outcome(response, entries)
 
 
