@@ -22,6 +22,7 @@ Relevance:
 * ``conflict.detected``: 1.0 (and ``requires_action``) when the
   subscriber wrote either unit, otherwise the better of the two units'
   scores;
+* ``conflict.resolved``: the same, but never ``requires_action``;
 * ``agent.joined``: role, interest and task alignment of the subscriber
   with the joining agent's role and interest keywords; no type, no
   confidence, recency weight 0;
@@ -44,6 +45,7 @@ from .reference_relevance import words_of
 
 RECENCY_WEIGHT = 0.25
 MUST_ACT_EVENTS = ("memory.contested", "conflict.detected")
+OWN_UNIT_EVENTS = (*MUST_ACT_EVENTS, "conflict.resolved")
 
 
 def agent_words(agent: dict[str, Any]) -> tuple[frozenset[str], frozenset[str]]:
@@ -147,10 +149,10 @@ def relevance_of(
             return 1.0, subscription["agent_id"] in event.acting
         return topic_score(agent, event), False
     by_id = {u["id"]: u for u in units}
-    if event.name in MUST_ACT_EVENTS and any(
+    if event.name in OWN_UNIT_EVENTS and any(
         by_id[unit_id]["source"]["agent_id"] == subscription["agent_id"] for unit_id in event.units
     ):
-        return 1.0, True
+        return 1.0, event.name in MUST_ACT_EVENTS
     best = max(unit_score(units, unit_id, agent, event.epoch) for unit_id in event.units)
     return best, False
 

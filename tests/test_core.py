@@ -65,10 +65,10 @@ def test_register_duplicate_id_is_refused(h: Harness) -> None:
 
 
 def test_register_with_unsupported_required_operations_is_rejected(h: Harness) -> None:
-    error = error_of(h.register, "carol", "x", required_operations=["RECORD", "MERGE", "NOPE"])
+    error = error_of(h.register, "carol", "x", required_operations=["RECORD", "REPLAY", "NOPE"])
     assert error.code == Code.UNSUPPORTED_OPERATION
     assert error.details is not None
-    assert error.details["missing_operations"] == ["MERGE", "NOPE"]
+    assert error.details["missing_operations"] == ["NOPE"]
     assert error.details["status"] == "rejected"
     assert "carol" not in h.field.state.agents
 
@@ -387,14 +387,14 @@ def test_detect_lists_conflicts_with_filters(h: Harness) -> None:
     assert listed(involving_agents=["bob"]) == 1
     assert listed(status=["resolved"]) == 0
     assert listed(types=["factual"], status=["detected"]) == 2
-    for mode in ("check", "scan"):
-        error = error_of(h.send, "DETECT", "alice", {"mode": mode, "target_id": a})
-        assert error.code == Code.UNSUPPORTED_OPERATION
+    error = error_of(h.send, "DETECT", "alice", {"mode": "check", "target_id": "mem-nope"})
+    assert error.code == Code.UNIT_NOT_FOUND  # check and scan: tests/test_conflicts.py
 
 
-def test_unimplemented_operations_are_unsupported(h: Harness) -> None:
-    error = error_of(h.send, "MERGE", "alice", {"conflict_id": "c"})
-    assert error.code == Code.UNSUPPORTED_OPERATION
+def test_every_operation_of_the_spec_is_supported() -> None:
+    from field.model import OPERATIONS
+
+    assert sorted(SUPPORTED_OPERATIONS) == sorted(OPERATIONS)
 
 
 # -- Lamport clock ------------------------------------------------------------

@@ -343,7 +343,7 @@ async def test_register_errors(field: CheckedClient, alice: AgentClient) -> None
     assert body["recoverable"] is True
 
     body = await fails(
-        field.register("carol", "planner", required_operations=["RECORD", "MERGE"]),
+        field.register("carol", "planner", required_operations=["RECORD", "TELEPORT"]),
         422,
         "UNSUPPORTED_OPERATION",
     )
@@ -351,7 +351,7 @@ async def test_register_errors(field: CheckedClient, alice: AgentClient) -> None
     assert body["recoverable"] is False
     details = body["details"]
     assert details["status"] == "rejected"
-    assert details["missing_operations"] == ["MERGE"]
+    assert details["missing_operations"] == ["TELEPORT"]
     assert details["rejection_reason"]
     assert details["field_capabilities"] == alice.registration["field_capabilities"]
 
@@ -729,7 +729,7 @@ async def test_record_supersedes_hides_target(
 async def test_failed_requests_leave_the_field_unchanged(
     field: CheckedClient, alice: AgentClient, bob: AgentClient
 ) -> None:
-    target = await note(alice, "Something true.")
+    await note(alice, "Something true.")
     before = await snapshot(field)
     status_before = await field.status()
     cur = status_before["epoch"]
@@ -762,21 +762,14 @@ async def test_failed_requests_leave_the_field_unchanged(
             alice.token,
             0,
         ),
-        ("/v1/detect", "DETECT", "alice", {"mode": "scan"}, alice.token, 0),
-        (
-            "/v1/detect",
-            "DETECT",
-            "alice",
-            {"mode": "check", "target_id": target["memory_unit_id"]},
-            alice.token,
-            0,
-        ),
+        ("/v1/detect", "DETECT", "alice", {"mode": "check"}, alice.token, 0),
+        ("/v1/detect", "DETECT", "alice", {"mode": "check", "target_id": "mem-no"}, alice.token, 0),
         ("/v1/register", "REGISTER", "alice", {"id": "alice", "role": "r"}, None, 0),
         (
             "/v1/register",
             "REGISTER",
             "carol",
-            {"id": "carol", "role": "r", "required_operations": ["MERGE"]},
+            {"id": "carol", "role": "r", "required_operations": ["TELEPORT"]},
             None,
             0,
         ),
@@ -1188,14 +1181,10 @@ async def test_detect_list_filters(
         )
 
     before = await snapshot(field)
-    for mode in ("check", "scan"):
-        body = await fails(alice.detect(mode), 422, "UNSUPPORTED_OPERATION")
-        assert body["operation"] == "DETECT"
-        assert body["recoverable"] is False
+    body = await fails(alice.detect("check"), 422, "INVALID_PAYLOAD")  # no target_id
+    assert body["operation"] == "DETECT"
     body = await fails(
-        alice.send("DETECT", {"mode": "check", "target_id": a1["memory_unit_id"]}),
-        422,
-        "UNSUPPORTED_OPERATION",
+        alice.send("DETECT", {"mode": "check", "target_id": "mem-nope"}), 404, "UNIT_NOT_FOUND"
     )
     for payload in (
         {},

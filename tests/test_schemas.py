@@ -52,6 +52,7 @@ REQUESTS = [
     "replay.request",
     "compact.request",
     *coordination_cases.SCHEMAS["requests"],
+    "merge.request",
 ]
 RESPONSES = [
     "register.response",
@@ -66,6 +67,7 @@ RESPONSES = [
     "replay.response",
     "compact.response",
     *coordination_cases.SCHEMAS["responses"],
+    "merge.response",
 ]
 ALL = TYPES + REQUESTS + RESPONSES
 
@@ -709,6 +711,141 @@ def case(name: str, instance: Any, label: str) -> Any:
     return pytest.param(name, instance, id=f"{name}:{label}")
 
 
+# -- MERGE (spec 6.6) ------------------------------------------------------------------
+WINNER = "mem-89abcdef0123456789ab"
+MERGE = {
+    "conflict_id": CONFLICT["id"],
+    "strategy": "authority",
+    "resolution": {"winner_id": WINNER, "synthesis": None, "rationale": "the lead decides"},
+}
+VOTE_CONFLICT = {
+    **CONFLICT,
+    "status": "resolving",
+    "vote": {
+        "quorum": 3,
+        "opened_by": "lead-1",
+        "ballots": [{"agent_id": "lead-1", "winner_id": WINNER, "rationale": "r", "epoch": 10}],
+    },
+}
+ESCALATED_CONFLICT = {
+    **CONFLICT,
+    "status": "escalated",
+    "escalation": {"escalated_by": "lead-1", "rationale": "needs a human", "epoch": 10},
+}
+SYNTHESIZED = put(
+    put(RESOLVED_CONFLICT, "resolution.strategy", "synthesis"),
+    "resolution.synthesis_unit_id",
+    "mem-00000000000000000009",
+)
+MERGED = {
+    "status": "resolved",
+    "conflict": RESOLVED_CONFLICT,
+    "side_effects": {
+        "superseded_units": [CONFLICT["unit_a"]],
+        "new_unit_id": None,
+        "notified_agents": ["analyst-1", "researcher-01"],
+    },
+    "epoch": 12,
+}
+RESOLVED_EVENT = {**NOTIFICATION, "event": "conflict.resolved", "requires_action": False}
+SUPERSEDED_EVENT = {**RECORDED, "event": "memory.superseded", "conflict_id": CONFLICT["id"]}
+NOTHING_YET = {"superseded_units": [], "new_unit_id": None, "notified_agents": []}
+MERGE_VALID = [
+    case("merge.request", MERGE, "authority"),
+    case("merge.request", put(MERGE, "strategy", "last_write_wins"), "computed-with-check"),
+    case(
+        "merge.request",
+        {"conflict_id": "c", "strategy": "confidence_weighted", "resolution": {"rationale": "r"}},
+        "computed",
+    ),
+    case(
+        "merge.request",
+        {
+            "conflict_id": "c",
+            "strategy": "synthesis",
+            "resolution": {"synthesis": "Both, per plan.", "rationale": "r", "winner_id": None},
+        },
+        "synthesis",
+    ),
+    case(
+        "merge.request",
+        {"conflict_id": "c", "strategy": "human_escalation", "resolution": {"rationale": "r"}},
+        "escalation",
+    ),
+    case("merge.request", put(put(MERGE, "strategy", "vote"), "resolution.quorum", 5), "vote"),
+    case("merge.response", MERGED, "resolved"),
+    case(
+        "merge.response",
+        {
+            **MERGED,
+            "conflict": SYNTHESIZED,
+            "side_effects": {
+                **NOTHING_YET,
+                "superseded_units": ["m1", "m2"],
+                "new_unit_id": "mem-00000000000000000009",
+            },
+        },
+        "synthesis",
+    ),
+    case(
+        "merge.response",
+        {
+            **MERGED,
+            "status": "escalated",
+            "conflict": ESCALATED_CONFLICT,
+            "side_effects": NOTHING_YET,
+        },
+        "escalated",
+    ),
+    case(
+        "merge.response",
+        {
+            **MERGED,
+            "status": "pending_vote",
+            "conflict": VOTE_CONFLICT,
+            "side_effects": NOTHING_YET,
+        },
+        "pending-vote",
+    ),
+    case("conflict", VOTE_CONFLICT, "vote"),
+    case("conflict", ESCALATED_CONFLICT, "escalation"),
+    case("conflict", SYNTHESIZED, "synthesis"),
+    case("notification", RESOLVED_EVENT, "conflict-resolved"),
+    case("notification", {**SUPERSEDED_EVENT, "conflict_id": None}, "superseded"),
+    case("notification", SUPERSEDED_EVENT, "superseded-by-merge"),
+]
+MERGE_INVALID = [
+    case("merge.request", drop(MERGE, "resolution"), "missing-resolution"),
+    case("merge.request", drop(MERGE, "resolution.rationale"), "missing-rationale"),
+    case("merge.request", put(MERGE, "resolution.rationale", " "), "blank-rationale"),
+    case("merge.request", put(MERGE, "strategy", "coin_flip"), "unknown-strategy"),
+    case("merge.request", put(MERGE, "conflict_id", ""), "conflict-empty"),
+    case("merge.request", put(MERGE, "resolution.winner_id", None), "authority-without-winner"),
+    case("merge.request", put(MERGE, "strategy", "synthesis"), "synthesis-without-text"),
+    case("merge.request", put(MERGE, "strategy", "human_escalation"), "escalation-with-winner"),
+    case("merge.request", put(MERGE, "resolution.synthesis", "x"), "synthesis-text-elsewhere"),
+    case("merge.request", put(MERGE, "resolution.quorum", 3), "quorum-without-vote"),
+    case(
+        "merge.request",
+        put(put(MERGE, "strategy", "vote"), "resolution.quorum", 1),
+        "quorum-1",
+    ),
+    case("merge.request", {**MERGE, "priority": 1}, "extra-property"),
+    case("merge.request", put(MERGE, "resolution.weight", 1), "resolution-extra"),
+    case("merge.response", {**MERGED, "status": "merged"}, "unknown-status"),
+    case("merge.response", {**MERGED, "conflict": CONFLICT}, "resolved-but-detected"),
+    case("merge.response", {**MERGED, "status": "pending_vote"}, "pending-but-resolved"),
+    case("merge.response", drop(MERGED, "side_effects.new_unit_id"), "missing-new-unit"),
+    case("merge.response", drop(MERGED, "epoch"), "missing-epoch"),
+    case("conflict", put(VOTE_CONFLICT, "vote.quorum", 1), "vote-quorum-1"),
+    case("conflict", put(VOTE_CONFLICT, "vote.ballots", [{"agent_id": "a"}]), "ballot-partial"),
+    case("conflict", put(ESCALATED_CONFLICT, "escalation.by", "x"), "escalation-extra"),
+    case("notification", {**RESOLVED_EVENT, "conflict_id": None}, "resolved-without-conflict"),
+    case("notification", {**RESOLVED_EVENT, "memory_unit_id": UNIT["id"]}, "resolved-with-unit"),
+    case("notification", {**SUPERSEDED_EVENT, "memory_unit_id": None}, "superseded-no-unit"),
+]
+
+
 VALID = [
     # envelope
     case("envelope", A1_REGISTER, "spec"),
@@ -981,6 +1118,7 @@ VALID = [
     case("agents.response", {"status": "ok", "agents": [AGENT], "epoch": 4}, "basic"),
     case("agents.response", {"status": "ok", "agents": [], "epoch": 0}, "empty"),
     case("conflicts.response", {"status": "ok", "conflicts": [CONFLICT], "epoch": 4}, "basic"),
+    *MERGE_VALID,
     # subscription
     case("subscription", SUBSCRIPTION, "active"),
     case("subscription", CANCELLED, "cancelled"),
@@ -1322,6 +1460,8 @@ INVALID = [
     ),
     # detect.request
     case("detect.request", {}, "missing-mode"),
+    case("detect.request", {"mode": "check"}, "check-without-target"),
+    case("detect.request", {"mode": "check", "target_id": None}, "check-target-null"),
     case("detect.request", {"mode": "watch"}, "unknown-mode"),
     case("detect.request", {"mode": "list", "target_id": ""}, "target-empty"),
     case("detect.request", {"mode": "list", "filter": {"status": ["open"]}}, "filter-status"),
@@ -1475,6 +1615,7 @@ INVALID = [
     ),
     case("attune.response", put(ATTUNE_RESPONSE, "record.0.relevance_score", 2), "bad-item"),
     case("attune.response", drop(ATTUNE_RESPONSE, "epoch"), "missing-epoch"),
+    *MERGE_INVALID,
     # detect.response
     case("detect.response", {"status": "ok", "conflicts": [], "epoch": 3}, "missing-coverage"),
     case(
@@ -1833,6 +1974,7 @@ ERROR_TABLE = {
     "METHOD_NOT_ALLOWED": (405, "No"),
     "AGENT_ID_TAKEN": (409, "Yes"),
     "INVALID_TRANSITION": (409, "Yes"),
+    "MERGE_FAILED": (409, "Yes"),
     "SUBSCRIPTION_LIMIT": (409, "Yes"),
     "PAYLOAD_TOO_LARGE": (413, "Yes"),
     "UNSUPPORTED_MEDIA_TYPE": (415, "Yes"),
@@ -1887,7 +2029,7 @@ def test_server_error_statuses_match_the_readme() -> None:
 
 # Codes the spec defines for features this Field does not implement: never returned, and
 # the README says so instead of listing them in the table.
-UNRETURNED_CODES = {"ENRICHMENT_FAILED", "DETECTION_TIMEOUT", "MERGE_FAILED"}
+UNRETURNED_CODES = {"ENRICHMENT_FAILED", "DETECTION_TIMEOUT"}
 
 
 def test_readme_error_table_lists_every_code_the_server_returns() -> None:

@@ -83,6 +83,11 @@ VALID: dict[str, dict[str, Any]] = {
         "strategy": "summarize",
         "filter": {"max_age_epochs": 5, "session_id": "s-1", "types": ["finding"], "status": []},
     },
+    "merge.request": {
+        "conflict_id": "conflict-1",
+        "strategy": "vote",
+        "resolution": {"winner_id": "mem-1", "synthesis": None, "rationale": "r", "quorum": 3},
+    },
 }
 
 CHECKS: dict[str, Callable[[Any], Any]] = {
@@ -94,6 +99,7 @@ CHECKS: dict[str, Callable[[Any], Any]] = {
     "detect.request": lambda v: validation.detect_payload(v, LIMITS),
     "replay.request": lambda v: validation.replay_payload(v, LIMITS),
     "compact.request": lambda v: validation.compact_payload(v, LIMITS),
+    "merge.request": lambda v: validation.merge_payload(v, LIMITS),
 }
 
 #: Values that probe types, emptiness, bounds and enums. Whole-number floats
@@ -121,6 +127,11 @@ ODD_VALUES: list[Any] = [
     "supersedes",
     "list",
     "scan",
+    "check",
+    "vote",
+    "synthesis",
+    "authority",
+    "human_escalation",
     "full",
     "ids_only",
     "present",

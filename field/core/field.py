@@ -31,11 +31,11 @@ import orjson
 
 from .. import PROTOCOL_VERSION
 from ..errors import AuthError, Code, FieldError, NotFound, StateError
-from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits
+from ..model import CONFLICT_STRATEGIES, DETECT_MODES, UNRESOLVED_CONFLICT_STATUSES, Limits
 from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.stream import format_cursor
-from . import authority, coordination, history, relevance, sessions, tasks, validation
+from . import authority, conflicts, coordination, history, relevance, sessions, tasks, validation
 from .authority import OPERATOR_ID, STANDARD
 from .context import Context, Outcome
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
@@ -47,6 +47,7 @@ SUPPORTED_OPERATIONS: tuple[str, ...] = (
     "RECORD",
     "ATTUNE",
     "DETECT",
+    "MERGE",
     "SUBSCRIBE",
     "REPLAY",
     "COMPACT",
@@ -102,6 +103,7 @@ class Field:
             "RECORD": self._record,
             "ATTUNE": self._attune,
             "DETECT": self._detect,
+            "MERGE": self._merge,
             "SUBSCRIBE": self._subscribe,
             "REPLAY": lambda ctx: history.replay(self, ctx),
             "COMPACT": lambda ctx: history.compact(self, ctx),
@@ -265,9 +267,9 @@ class Field:
             "supported_operations": list(SUPPORTED_OPERATIONS),
             "protocol_version": PROTOCOL_VERSION,
             "persistence": self.persistent,
-            "conflict_strategies": [],
+            "conflict_strategies": list(CONFLICT_STRATEGIES),
             "field_id": self.state.field_id or "",
-            "detect_modes": ["list"],
+            "detect_modes": list(DETECT_MODES),
             "limits": self.limits.as_dict(),
         }
 
@@ -677,26 +679,10 @@ class Field:
     # -- DETECT ----------------------------------------------------------------
 
     def _detect(self, ctx: Context) -> Outcome:
-        request = validation.detect_payload(ctx.envelope.payload, self.limits)
-        if request["mode"] != "list":
-            raise StateError(
-                f"DETECT mode {request['mode']!r} is not supported at conformance level "
-                f"{CONFORMANCE_LEVEL}",
-                code=Code.UNSUPPORTED_OPERATION,
-                recoverable=False,
-                suggested_action='Use mode "list".',
-            )
-        response = {
-            "status": "ok",
-            "conflicts": self.list_conflicts(
-                statuses=request["status"],
-                types=request["types"],
-                involving_agents=request["involving_agents"],
-            ),
-            "scan_coverage": {"units_scanned": 0, "new_conflicts_found": 0},
-            "epoch": ctx.epoch,
-        }
-        return Outcome(response)
+        return conflicts.detect(self, ctx)
+
+    def _merge(self, ctx: Context) -> Outcome:
+        return conflicts.merge(self, ctx)
 
     # -- reads outside the protocol (GET endpoints) ----------------------------
 

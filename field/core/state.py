@@ -13,10 +13,10 @@ Entry kinds and their ``data``:
 ``clock.reserved``    ``{until}``: epochs up to ``until`` may be used
 ``agent.registered``  ``{agent, token_hash}``
 ``agent.deregistered````{agent_id}``
-``agent.failed``      ``{agent_id, reason, agent}``: it went silent (liveness)
+``agent.failed``      ``{agent_id, reason, agent, released_tasks}``: it went silent
 ``agent.recovered``   ``{agent_id}``: a failed agent was heard from again
 ``memory.recorded``   ``{unit}``: the full MemoryUnit
-``memory.superseded`` ``{memory_unit_id, by}``
+``memory.superseded`` ``{memory_unit_id, by}`` (+ ``conflict_id`` from MERGE)
 ``memory.contested``  ``{memory_unit_id, conflict_id}``
 ``conflict.detected`` ``{conflict}``: the full Conflict
 ``subscription.created``   ``{subscription}``
@@ -26,6 +26,11 @@ Entry kinds and their ``data``:
 ``session.*``         ``{session, ...}``: see :mod:`field.core.sessions`
 ``task.*``            ``{task, ...}``: see :mod:`field.core.tasks`
 ``handoff.incoming``  ``{task_id, handoff}``: no state of its own
+``conflict.transitioned``  ``{conflict_id, from, to, strategy, by, rationale, epoch}``
+                           (+ ``quorum`` when a vote opens)
+``conflict.vote_cast``     ``{conflict_id, ballot}``
+``conflict.resolved``      ``{conflict, from}``: the resolved Conflict
+``memory.reinstated``      ``{memory_unit_id, conflict_id}``: contested → active
 ===================== ===============================================
 
 Every entry is also indexed by the entities it is about
@@ -34,6 +39,8 @@ that REPLAY can read exactly the entries of a causal chain. A purged
 unit leaves ``units`` for ``purged``, which keeps a content-free
 tombstone (id, type, source, task, epoch) for readers of old entries;
 ``known_units`` looks in both.
+
+The conflict lifecycle and what MERGE writes are in :mod:`field.core.conflicts`.
 
 Deregistering an agent cancels its subscriptions too.
 """
@@ -220,6 +227,32 @@ class FieldState:
         conflict = data["conflict"]
         self.conflicts[conflict["id"]] = conflict
 
+    # conflicts are replaced, never changed in place: an entry's data stays as logged
+    def _conflict_transitioned(self, data: dict[str, Any]) -> None:
+        conflict = {**self.conflicts[data["conflict_id"]], "status": data["to"]}
+        if data["to"] == "escalated":
+            conflict["escalation"] = {
+                "escalated_by": data["by"],
+                "rationale": data["rationale"],
+                "epoch": data["epoch"],
+            }
+        if data.get("quorum") is not None:
+            conflict["vote"] = {"quorum": data["quorum"], "opened_by": data["by"], "ballots": []}
+        self.conflicts[conflict["id"]] = conflict
+
+    def _conflict_vote_cast(self, data: dict[str, Any]) -> None:
+        conflict = self.conflicts[data["conflict_id"]]
+        vote = conflict["vote"]
+        ballots = [*vote["ballots"], data["ballot"]]
+        self.conflicts[conflict["id"]] = {**conflict, "vote": {**vote, "ballots": ballots}}
+
+    def _conflict_resolved(self, data: dict[str, Any]) -> None:
+        conflict = data["conflict"]
+        self.conflicts[conflict["id"]] = dict(conflict)
+
+    def _memory_reinstated(self, data: dict[str, Any]) -> None:
+        self._set_unit_status(data["memory_unit_id"], "active")
+
     def _subscription_created(self, data: dict[str, Any]) -> None:
         subscription = dict(data["subscription"])
         self.subscriptions[subscription["id"]] = subscription
@@ -259,6 +292,10 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
         ("task.created", "task.assigned", "task.state_changed", "task.completed"),
         tasks.apply_task,
     ),
+    "conflict.transitioned": FieldState._conflict_transitioned,
+    "conflict.vote_cast": FieldState._conflict_vote_cast,
+    "conflict.resolved": FieldState._conflict_resolved,
+    "memory.reinstated": FieldState._memory_reinstated,
 }
 
 

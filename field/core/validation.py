@@ -21,6 +21,7 @@ from ..errors import Code, InvalidEnvelope, InvalidPayload, ValidationError
 from ..model import (
     ATTUNE_FORMATS,
     CONFLICT_STATUSES,
+    CONFLICT_STRATEGIES,
     CONFLICT_TYPES,
     DETECT_MODES,
     MAX_EPOCH,
@@ -553,6 +554,8 @@ def detect_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
     if not _member(mode, DETECT_MODES):
         raise _fail('DETECT mode must be "check", "scan" or "list"')
     target = _optional_string(payload.get("target_id"), "target_id", max_chars=limits.max_id_chars)
+    if mode == "check" and target is None:
+        raise _fail('DETECT mode "check" needs target_id: the unit to check')
     raw_filter = payload.get("filter")
     flt = {} if raw_filter is None else _object(raw_filter, "filter")
     _closed(flt, _FILTER_KEYS, "filter")
@@ -570,6 +573,64 @@ def detect_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
                 max_chars=128,
             )
         ],
+    }
+
+
+# -- MERGE --------------------------------------------------------------------
+
+_MERGE_KEYS = frozenset({"conflict_id", "strategy", "resolution"})
+_RESOLUTION_KEYS = frozenset({"winner_id", "synthesis", "rationale", "quorum"})
+#: Bounds of ``resolution.quorum`` (the number of ballots that closes a vote).
+MIN_QUORUM, MAX_QUORUM = 2, 64
+_NEEDS_WINNER = ("authority", "vote")
+_NO_WINNER = ("synthesis", "human_escalation")
+
+
+def merge_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
+    """Validate a MERGE payload (spec 6.6) and the strategy-specific resolution fields."""
+    _closed(payload, _MERGE_KEYS, "MERGE payload")
+    conflict_id = _string(payload.get("conflict_id"), "conflict_id", max_chars=limits.max_id_chars)
+    strategy = payload.get("strategy")
+    if not _member(strategy, CONFLICT_STRATEGIES):
+        raise _fail(f"strategy must be one of {', '.join(CONFLICT_STRATEGIES)}")
+    if "resolution" not in payload:
+        raise _fail("resolution is required: at least its rationale")
+    resolution = _object(payload["resolution"], "resolution")
+    _closed(resolution, _RESOLUTION_KEYS, "resolution")
+    if resolution.get("rationale") is None:
+        raise _fail("resolution.rationale is required: why this resolution was chosen")
+    rationale = _string(
+        resolution["rationale"],
+        "resolution.rationale",
+        max_chars=limits.max_text_chars,
+        nonblank=True,
+    )
+    winner = _optional_string(
+        resolution.get("winner_id"), "resolution.winner_id", max_chars=limits.max_id_chars
+    )
+    synthesis = resolution.get("synthesis")
+    if synthesis is not None:
+        synthesis = _string(
+            synthesis, "resolution.synthesis", max_chars=limits.max_content_chars, nonblank=True
+        )
+    quorum = resolution.get("quorum")
+    if quorum is not None and (not _is_int(quorum) or not MIN_QUORUM <= quorum <= MAX_QUORUM):
+        raise _fail(f"resolution.quorum must be an integer from {MIN_QUORUM} to {MAX_QUORUM}")
+    if strategy in _NEEDS_WINNER and winner is None:
+        raise _fail(f"strategy {strategy} needs resolution.winner_id: the prevailing unit")
+    if strategy in _NO_WINNER and winner is not None:
+        raise _fail(f"strategy {strategy} names no winner; leave resolution.winner_id out")
+    if (strategy == "synthesis") != (synthesis is not None):
+        raise _fail("resolution.synthesis is required by strategy synthesis and only by it")
+    if strategy != "vote" and quorum is not None:
+        raise _fail("resolution.quorum belongs to strategy vote only")
+    return {
+        "conflict_id": conflict_id,
+        "strategy": strategy,
+        "winner_id": winner,
+        "synthesis": synthesis,
+        "rationale": rationale,
+        "quorum": quorum,
     }
 
 

@@ -128,6 +128,20 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
             summary=f"conflict between {conflict['unit_a']} and {conflict['unit_b']}: "
             + _short(conflict["description"]),
         )
+    if name == "conflict.resolved":
+        conflict = data["conflict"]
+        resolution = conflict["resolution"]
+        outcome = resolution["synthesis_unit_id"] or resolution["winner_id"]
+        return FieldEvent(
+            *at,
+            actor=actor,
+            entity_type="conflict",
+            entity_id=conflict["id"],
+            conflict_id=conflict["id"],
+            units=(conflict["unit_a"], conflict["unit_b"]),
+            summary=f"conflict {conflict['id']} resolved by {resolution['strategy']} "
+            f"in favour of {outcome}: " + _short(conflict["description"]),
+        )
     if name == "agent.joined":
         agent = data["agent"]
         return FieldEvent(

@@ -17,19 +17,21 @@ Relevance (documented in ``protocol/README.md``, "Relevance of events"):
 * memory events: the ATTUNE score of the unit for the subscriber, as of
   the event (:func:`field.core.relevance.combine`); 1.0 for
   ``memory.contested`` when the subscriber wrote the unit;
-* ``conflict.detected``: 1.0 when the subscriber wrote either unit,
-  otherwise the better of the two units' scores;
+* ``conflict.detected`` and ``conflict.resolved``: 1.0 when the
+  subscriber wrote either unit, otherwise the better of the two units'
+  scores;
 * ``agent.joined``, ``agent.failed``: role, interest and task alignment between the
-  subscriber and the joining agent;
+  subscriber and the joining agent (1.0 for the agents a failure concerns);
 * task, handoff and session events: 1.0 for the agents the event
   concerns (:attr:`FieldEvent.agents`), otherwise role, interest and
   task alignment with the event's topic (task title and description, or
   session name and purpose) and task.
 
 ``requires_action`` is true when the subscriber's own unit is contested
-or in a new conflict, or when the subscriber is one of the event's
-``acting`` agents (a task assigned or handed off to it, a dependency of
-its task completed).
+or in a new conflict (not when a conflict is resolved: nothing is left
+to do), or when the subscriber is one of the event's ``acting`` agents
+(a task assigned or handed off to it, a dependency of its task
+completed, a failed agent's task to reassign).
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ RECENCY_WEIGHT = 0.25
 
 # reason flags
 _SAME_ROLE, _INTERESTS, _TASK, _OWN_UNIT, _CONCERNS_YOU, _YOUR_MOVE = 1, 2, 4, 8, 16, 32
+#: Events of relevance 1 to the authors of the units they involve ...
+OWN_UNIT_EVENTS = frozenset({"memory.contested", "conflict.detected", "conflict.resolved"})
+#: ... and those of them that require the author's action.
+MUST_ACT_EVENTS = frozenset({"memory.contested", "conflict.detected"})
 #: Events about tasks, handoffs and sessions (scored by topic, not by units).
 TOPIC_EVENTS = frozenset(
     {
@@ -220,19 +226,15 @@ class Matcher:
                 author = reg.agents.find(self.units[unit_id]["source"]["agent_id"])
                 authored[i] |= reg.agent.view[rows] == author
             relevance[i], flags[i] = best[of_row], best_flags[of_row]
-        involves_own = (
-            authored
-            & np.array([e.name in ("memory.contested", "conflict.detected") for e in events])[
-                :, None
-            ]
-        )
+        involves_own = authored & np.array([e.name in OWN_UNIT_EVENTS for e in events])[:, None]
+        must_act = involves_own & np.array([e.name in MUST_ACT_EVENTS for e in events])[:, None]
         relevance = np.where(involves_own | concerned, 1.0, relevance)
         flags |= (
             np.where(involves_own, _OWN_UNIT, 0)
             | np.where(concerned, _CONCERNS_YOU, 0)
             | np.where(acting, _YOUR_MOVE, 0)
         )
-        requires_action = involves_own | acting
+        requires_action = must_act | acting
         notify = eligible & (relevance >= reg.min_relevance.view[rows][None, :])
 
         matches = []
