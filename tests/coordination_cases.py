@@ -27,6 +27,7 @@ SESSION = {
     "members": ["lead-1", "analyst-1"],
     "created_epoch": 3,
     "updated_epoch": 7,
+    "visibility": {"decision": {"roles": ["lead"], "min_authority": 0}},
 }
 TASK = {
     "id": "task-0123456789abcdef0123",

@@ -115,7 +115,9 @@ async def test_coordination_over_http(team: Team) -> None:
     assert (task["status"], task["assignee"], task["session_id"]) == ("assigned", "worker", sid)
     tid = task["id"]
     # the assignee's move only; 403 for anyone else, 409 for a move the table forbids
-    await refused(team.other, "COORDINATE", {"action": "start", "task_id": tid}, 403, "FORBIDDEN")
+    # outside the task's session, the task does not exist for you (spec 11.3)
+    start = {"action": "start", "task_id": tid}
+    await refused(team.other, "COORDINATE", start, 404, "TASK_NOT_FOUND")
     body = await refused(
         team.worker, "COORDINATE", {"action": "unblock", "task_id": tid}, 409, "INVALID_TRANSITION"
     )

@@ -457,6 +457,10 @@ def test_session_types_and_status_filters_must_all_match() -> None:
     in_session = h.send("RECORD", "a", unit_payload("in s-1"), session_id=s1)
     h.send("RECORD", "a", {**unit_payload("decision in s-1"), "type": "decision"}, session_id=s1)
     h.record("a", "no session")
+    # the lead sees nothing of a session it is not in (spec 11.3): nothing to compact
+    response = compact(h, "archive", session_id=s1, types=["finding"], status=["active"])
+    assert response["units_affected"] == 0
+    h.send("SESSION", "lead", {"action": "join", "session_id": s1})
     response = compact(h, "archive", session_id=s1, types=["finding"], status=["active"])
     assert response["units_affected"] == 1
     archived = [u["id"] for u in h.field.state.units.values() if u["status"] == "archived"]
@@ -654,7 +658,7 @@ def test_readers_of_old_entries_still_resolve_purged_units() -> None:
     assert [n[:2] for n in after] == [n[:2] for n in before]  # same events, same scores
     changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
     assert changed and all(b[2].endswith("(since purged)") for _, b in changed)
-    assert len(h.field.list_conflicts(involving_agents=["a"])) == 1
+    assert len(h.field.list_conflicts(h.field.state.agents["a"], involving_agents=["a"])) == 1
     assert h.attune("b")["conflicts"] == []
     assert_same_state(h)
 

@@ -39,14 +39,14 @@ import numpy.typing as npt
 from ..errors import Code, InvalidPayload, NotFound, StateError
 from ..model import UNRESOLVED_CONFLICT_STATUSES
 from ..store.base import LogEntry
-from . import authority, validation
+from . import authority, validation, visibility
 from .context import Context, Outcome
 from .embedding import Embedder, Vectors, default_embedder
 from .relevance import STATUS_CODE
 
 if TYPE_CHECKING:
     from .field import Field
-    from .state import FieldState
+    from .state import AgentRecord, FieldState
 
 # -- the lifecycle -------------------------------------------------------------------
 
@@ -124,7 +124,7 @@ def merge(field: Field, ctx: Context) -> Outcome:
     agent = ctx.agent
     state = field.state
     conflict = state.conflicts.get(request["conflict_id"])
-    if conflict is None:
+    if conflict is None or not visibility.conflict_visible(state, agent, conflict):
         raise NotFound(
             f"no conflict {request['conflict_id']!r} in this Field",
             code=Code.CONFLICT_NOT_FOUND,
@@ -492,6 +492,7 @@ def detect(field: Field, ctx: Context) -> Outcome:
     assert ctx.agent is not None  # guaranteed by handle(): DETECT is authenticated
     if request["mode"] == "list":
         conflicts = field.list_conflicts(
+            ctx.agent,
             statuses=request["status"],
             types=request["types"],
             involving_agents=request["involving_agents"],
@@ -503,20 +504,29 @@ def detect(field: Field, ctx: Context) -> Outcome:
     authority.require(ctx.agent.authority, DETECTION_AUTHORITY, f"DETECT {request['mode']}")
     state = field.state
     target = request["target_id"]
-    if target is not None and request["mode"] == "check" and target not in state.units:
+    if (
+        target is not None
+        and request["mode"] == "check"
+        and (
+            target not in state.units
+            or not visibility.unit_visible(state, ctx.agent, state.units[target])
+        )
+    ):
         raise NotFound(
             f"no memory unit {target!r} in this Field",
             code=Code.UNIT_NOT_FOUND,
             suggested_action="Check a unit id the Field returned.",
         )
     check = target if request["mode"] == "check" else None
-    scope, in_scope = _scope(state, exclude=check)
+    scope, in_scope = _scope(state, ctx.agent, exclude=check)
     found = _find(state, scope, check, request["involving_agents"])
     entries, new = _new_conflicts(field, ctx, found)
     if check is not None:
         known = [
             c
-            for c in field.list_conflicts(statuses=request["status"], types=request["types"])
+            for c in field.list_conflicts(
+                ctx.agent, statuses=request["status"], types=request["types"]
+            )
             if check in (c["unit_a"], c["unit_b"])
         ]
         conflicts = known + [c for c in new if _matches(c, request)]
@@ -547,8 +557,9 @@ def _standing(state: FieldState, unit_id: str) -> bool:
     return unit["status"] in STANDING and unit["type"] not in NON_CLAIM_TYPES
 
 
-def _scope(state: FieldState, *, exclude: str | None) -> tuple[list[str], int]:
-    """The newest standing claims (at most MAX_SCAN_UNITS), oldest first, and how many exist."""
+def _scope(state: FieldState, viewer: AgentRecord, *, exclude: str | None) -> tuple[list[str], int]:
+    """The newest standing claims ``viewer`` may see (at most MAX_SCAN_UNITS), oldest first,
+    and how many exist."""
     index = state.index
     codes = np.array([STATUS_CODE[s] for s in STANDING], dtype=np.int8)
     rows = np.flatnonzero(np.isin(index.status.view, codes))
@@ -556,7 +567,10 @@ def _scope(state: FieldState, *, exclude: str | None) -> tuple[list[str], int]:
     in_scope = 0
     for row in rows[::-1].tolist():  # newest first; stops once the cap is filled
         unit_id = index.ids[row]
-        if unit_id == exclude or state.units[unit_id]["type"] in NON_CLAIM_TYPES:
+        unit = state.units[unit_id]
+        if unit_id == exclude or unit["type"] in NON_CLAIM_TYPES:
+            continue
+        if not visibility.unit_visible(state, viewer, unit):
             continue
         in_scope += 1
         if len(chosen) < MAX_SCAN_UNITS:

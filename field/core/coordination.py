@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import AuthError, Code, InvalidPayload, NotFound, StateError
 from ..model import UNRESOLVED_CONFLICT_STATUSES
 from ..store.base import LogEntry
-from . import relevance, sessions, tasks, validation
+from . import relevance, sessions, tasks, validation, visibility
 from .authority import (
     SENIOR,
     SESSION_CREATOR,
@@ -63,6 +63,7 @@ def session(field: Field, ctx: Context) -> Outcome:
             "members": [agent.id],
             "created_epoch": ctx.epoch,
             "updated_epoch": ctx.epoch,
+            "visibility": request["visibility"],
         }
         entry = LogEntry(ctx.epoch, "session.created", {"session": created}, agent.id, ctx.now)
         return Outcome({"status": "ok", "session": created, "epoch": ctx.epoch}, [entry])
@@ -111,12 +112,15 @@ def coordinate(field: Field, ctx: Context) -> Outcome:
     action = request["action"]
     if action == "list":
         mine = [
-            dict(t) for t in state.tasks.values() if agent.id in (t["created_by"], t["assignee"])
+            dict(t)
+            for t in state.tasks.values()
+            if agent.id in (t["created_by"], t["assignee"])
+            and visibility.task_visible(state, agent, t)
         ]
         return Outcome({"status": "ok", "tasks": mine, "epoch": ctx.epoch})
     if action == "create":
         return _create(field, ctx, agent, request)
-    task = tasks.find(state, request["task_id"])
+    task = _visible_task(state, agent, request["task_id"])
     if action != "cancel":
         _require_session_active(state, task, action)
     level = effective_authority(state, agent, task["session_id"])
@@ -322,7 +326,7 @@ def handoff(field: Field, ctx: Context) -> Outcome:
     request = validation.handoff_payload(ctx.envelope.payload, field.limits)
     agent = _caller(ctx)
     state = field.state
-    task = tasks.find(state, request["task_id"])
+    task = _visible_task(state, agent, request["task_id"])
     _require_session_active(state, task, "a handoff")
     level = effective_authority(state, agent, task["session_id"])
     if task["assignee"] != agent.id and level < SENIOR:
@@ -339,12 +343,29 @@ def handoff(field: Field, ctx: Context) -> Outcome:
             suggested_action="Hand it off to another agent.",
         )
     status = tasks.transition(task, "assign")
-    missing = [u for u in request["include_units"] if u not in state.units]
+    missing = [
+        u
+        for u in request["include_units"]
+        if u not in state.units or not visibility.unit_visible(state, agent, state.units[u])
+    ]
     if missing:
         raise NotFound(
             f"context.include_units names unknown units: {', '.join(missing)}",
             code=Code.UNIT_NOT_FOUND,
             suggested_action="Include only units the Field returned.",
+        )
+    receiver = state.agents[target]
+    hidden = [
+        u
+        for u in request["include_units"]
+        if not visibility.unit_visible(state, receiver, state.units[u])
+    ]
+    if hidden:
+        raise AuthError(
+            f"{target!r} may not see {', '.join(hidden)} (session visibility, spec 11.3)",
+            code=Code.FORBIDDEN,
+            recoverable=True,
+            suggested_action="Leave those units out of context.include_units.",
         )
     reason = f"handoff from {agent.id}"
     changed = {
@@ -375,6 +396,18 @@ def handoff(field: Field, ctx: Context) -> Outcome:
         "epoch": ctx.epoch,
     }
     return Outcome(response, entries)
+
+
+def _visible_task(state: FieldState, agent: AgentRecord, task_id: str) -> dict[str, Any]:
+    """The task ``task_id`` if ``agent`` may see it, else TASK_NOT_FOUND."""
+    task = tasks.find(state, task_id)
+    if not visibility.task_visible(state, agent, task):  # as if unknown: no trace
+        raise NotFound(
+            f"no task {task_id!r} in this Field",
+            code=Code.TASK_NOT_FOUND,
+            suggested_action='List your tasks with COORDINATE "list".',
+        )
+    return task
 
 
 def _package(

@@ -35,7 +35,17 @@ from ..model import CONFLICT_STRATEGIES, DETECT_MODES, UNRESOLVED_CONFLICT_STATU
 from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.stream import format_cursor
-from . import authority, conflicts, coordination, history, relevance, sessions, tasks, validation
+from . import (
+    authority,
+    conflicts,
+    coordination,
+    history,
+    relevance,
+    sessions,
+    tasks,
+    validation,
+    visibility,
+)
 from .authority import OPERATOR_ID, STANDARD
 from .context import Context, Outcome
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
@@ -389,7 +399,8 @@ class Field:
                 self.state, ctx.agent.id, ctx.envelope.session_id, "recording"
             )
         for relation in request["relations"]:
-            if relation["target_id"] not in self.state.units:
+            target = self.state.units.get(relation["target_id"])
+            if target is None or not visibility.unit_visible(self.state, ctx.agent, target):
                 raise NotFound(
                     f"relation target {relation['target_id']!r} is not a memory unit in this Field",
                     code=Code.UNIT_NOT_FOUND,
@@ -510,7 +521,7 @@ class Field:
         response = {
             "status": "ok",
             "record": record,
-            "conflicts": self._conflicts_for(agent.id),
+            "conflicts": self._conflicts_for(agent),
             "context_budget": {
                 "units_returned": len(record),
                 "units_available": available,
@@ -565,11 +576,15 @@ class Field:
             return {**shown, **scored}
         return {"memory_unit": shown, **scored}
 
-    def _conflicts_for(self, agent_id: str) -> list[dict[str, Any]]:
-        """Unresolved conflicts, the agent's own first, then newest first."""
+    def _conflicts_for(self, agent: AgentRecord) -> list[dict[str, Any]]:
+        """Unresolved conflicts the agent may see, its own first, then newest first."""
         units = self.state.known_units
+        agent_id = agent.id
         unresolved = [
-            c for c in self.state.conflicts.values() if c["status"] in UNRESOLVED_CONFLICT_STATUSES
+            c
+            for c in self.state.conflicts.values()
+            if c["status"] in UNRESOLVED_CONFLICT_STATUSES
+            and visibility.conflict_visible(self.state, agent, c)
         ]
 
         def involves_agent(conflict: dict[str, Any]) -> bool:
@@ -688,12 +703,13 @@ class Field:
 
     def list_conflicts(
         self,
+        viewer: AgentRecord,
         *,
         statuses: Iterable[str] = (),
         types: Iterable[str] = (),
         involving_agents: Iterable[str] = (),
     ) -> list[dict[str, Any]]:
-        """Conflicts matching every non-empty filter, oldest first."""
+        """Conflicts ``viewer`` may see matching every non-empty filter, oldest first."""
         status_set, type_set, agent_set = set(statuses), set(types), set(involving_agents)
         units = self.state.known_units
         result = []
@@ -705,6 +721,8 @@ class Field:
             if agent_set and not agent_set & {
                 units[conflict[key]]["source"]["agent_id"] for key in ("unit_a", "unit_b")
             }:
+                continue
+            if not visibility.conflict_visible(self.state, viewer, conflict):
                 continue
             result.append(conflict)
         return result

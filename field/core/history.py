@@ -29,7 +29,7 @@ import orjson
 from ..errors import Code, NotFound, OperationalError, StateError
 from ..model import UNIT_STATUSES, UNRESOLVED_CONFLICT_STATUSES
 from ..store.base import LogEntry, StoredEntry
-from . import validation
+from . import validation, visibility
 from .authority import AUDIT, SENIOR, SESSION_CREATOR, require
 from .context import Context, Outcome
 from .entities import Entity, entities_of
@@ -71,6 +71,12 @@ _TARGET_KIND = {
     "task": "task",
     "session": "session",
 }
+_NOT_FOUND = {
+    "unit": Code.UNIT_NOT_FOUND,
+    "conflict": Code.CONFLICT_NOT_FOUND,
+    "task": Code.TASK_NOT_FOUND,
+    "session": Code.SESSION_NOT_FOUND,
+}
 _HOPS = {"detailed": 1, "full_trace": None, "summary": None}
 
 
@@ -84,6 +90,13 @@ def replay(field: Field, ctx: Context) -> Outcome:
     require(ctx.agent.authority, AUDIT, "REPLAY")
     state = field.state
     root = _root(state, request["target_type"], request["target_id"])
+    if not visibility.entity_visible(state, ctx.agent, *root):
+        raise NotFound(
+            f"no {request['target_type']} {request['target_id']!r} that you may see",
+            code=_NOT_FOUND[root[0]],
+            suggested_action="Replay what the Field shows you: sessions you are in, units "
+            "and tasks recorded in them or outside any session.",
+        )
     depth = request["depth"]
     bound = field.limits.max_replay_events
     walk_limit = bound * SUMMARY_SCALE if depth == "summary" else bound
@@ -105,6 +118,10 @@ def replay(field: Field, ctx: Context) -> Outcome:
         )
     read = positions if depth != "summary" else positions[: bound * SUMMARY_SCALE]
     entries = field.read_entries(read)
+    # what the caller may not see leaves no trace (spec 11.3), not even a count
+    hidden = len(entries)
+    entries = [e for e in entries if visibility.entry_visible(state, ctx.agent, e.data)]
+    hidden -= len(entries)
     agents = sorted({e.agent_id for e in entries if e.agent_id is not None})
     if depth == "summary":
         own = set(_key_positions(state.history.positions(root)))
@@ -122,9 +139,9 @@ def replay(field: Field, ctx: Context) -> Outcome:
     response = {
         "status": "ok",
         "timeline": [_event(entry) for entry in shown],
-        "summary": _summary(state, request, chain, entries, agents, len(positions)) + cut,
+        "summary": _summary(state, request, chain, entries, agents, len(positions) - hidden) + cut,
         "agents_involved": agents,
-        "total_events": len(positions),
+        "total_events": len(positions) - hidden,
         "epoch": ctx.epoch,
     }
     return Outcome(response)
@@ -266,7 +283,11 @@ def compact(field: Field, ctx: Context) -> Outcome:
     assert ctx.agent is not None  # guaranteed by handle(): COMPACT is authenticated
     strategy = request["strategy"]
     require(ctx.agent.authority, COMPACT_AUTHORITY[strategy], f"COMPACT {strategy}")
-    matching = _matching(field.state, request, ctx.epoch)
+    matching = [
+        unit
+        for unit in _matching(field.state, request, ctx.epoch)
+        if visibility.unit_visible(field.state, ctx.agent, unit)
+    ]
     chosen = matching[: field.limits.max_compact_units]
     entries: list[LogEntry] = []
     created = 0

@@ -140,10 +140,12 @@ def leave_all(
 def apply_session(state: FieldState, data: dict[str, Any]) -> None:
     """Any session entry: the session as it is after the change replaces the old one."""
     session = {**data["session"], "members": list(data["session"]["members"])}
+    session.setdefault("visibility", {})
     session_id = session["id"]
     old = state.sessions.get(session_id)
     before = set(old["members"]) if old is not None else set()
     after = set(session["members"])
+    state.membership.update(session_id, before, after, state.applied_position)
     for member in before - after:
         state.sessions_by_member[member].discard(session_id)
     for member in after - before:

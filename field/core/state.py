@@ -60,6 +60,7 @@ from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
 from .entities import EntityIndex
 from .relevance import UnitIndex
+from .visibility import Membership
 
 
 @dataclass(slots=True)
@@ -108,6 +109,8 @@ class FieldState:
     #: per agent, the ids of its open tasks and of the sessions it belongs to
     open_tasks_by_agent: dict[str, set[str]] = field(default_factory=dict)
     sessions_by_member: dict[str, set[str]] = field(default_factory=dict)
+    #: who was a member of which session when (for push visibility)
+    membership: Membership = field(default_factory=Membership)
     #: per task, the tasks that depend on it
     dependent_tasks: dict[str, list[str]] = field(default_factory=dict)
     subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -139,11 +142,11 @@ class FieldState:
 
     def apply(self, entry: LogEntry | StoredEntry) -> None:
         """Fold one log entry into the state."""
+        position = entry.position if isinstance(entry, StoredEntry) else self.applied_position + 1
+        self.applied_position = position  # handlers may read the position being applied
         handler = _APPLY.get(entry.kind)
         if handler is not None:
             handler(self, entry.data)
-        position = entry.position if isinstance(entry, StoredEntry) else self.applied_position + 1
-        self.applied_position = position
         self.history.note(position, entry.data)
         self.clock.value = max(self.clock.value, entry.epoch)
         self.last_ts = max(self.last_ts, entry.ts)

@@ -708,7 +708,8 @@ TITLE_CHARS = 256
 #: Most units a HANDOFF packages (``context.max_units`` and ``context.include_units``).
 MAX_HANDOFF_UNITS = 50
 DEFAULT_HANDOFF_UNITS = 10
-_SESSION_KEYS = frozenset({"action", "session_id", "name", "purpose", "reason"})
+_SESSION_KEYS = frozenset({"action", "session_id", "name", "purpose", "reason", "visibility"})
+_VISIBILITY_RULE_KEYS = frozenset({"roles", "min_authority"})
 _COORDINATE_KEYS = frozenset(
     {
         "action",
@@ -774,7 +775,39 @@ def session_payload(
         "name": _title(name, "name") if "name" in payload or action == "create" else None,
         "purpose": _text(payload, "purpose", limits),
         "reason": _text(payload, "reason", limits),
+        "visibility": _session_visibility(payload, action, limits),
     }
+
+
+def _session_visibility(
+    payload: dict[str, Any], action: str, limits: Limits
+) -> dict[str, dict[str, Any]]:
+    """A session's role-based visibility rules, per memory type (only at ``create``)."""
+    if "visibility" not in payload:
+        return {}
+    if action != "create":
+        raise _fail("visibility is set when a session is created, and only then")
+    rules = _object(payload["visibility"], "visibility")
+    normalized: dict[str, dict[str, Any]] = {}
+    for memory_type, rule in rules.items():
+        if memory_type not in MEMORY_TYPES:
+            raise _fail(f"visibility names {memory_type!r}, which is not a memory type")
+        where = f"visibility.{memory_type}"
+        rule = _object(rule, where)
+        _closed(rule, _VISIBILITY_RULE_KEYS, where)
+        roles = rule.get("roles")
+        if roles is not None:
+            if not isinstance(roles, list) or len(roles) > limits.max_list_items:
+                raise _fail(f"{where}.roles must be an array of at most {limits.max_list_items}")
+            roles = [
+                _string(r, f"{where}.roles[]", max_chars=limits.max_role_chars, nonblank=True)
+                for r in roles
+            ]
+        floor = rule.get("min_authority", 0)
+        if not _is_int(floor) or not 0 <= floor <= 10:
+            raise _fail(f"{where}.min_authority must be an integer from 0 to 10")
+        normalized[memory_type] = {"roles": roles, "min_authority": floor}
+    return normalized
 
 
 def coordinate_payload(

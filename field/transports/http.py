@@ -28,6 +28,7 @@ from .. import __version__
 from ..config import Config
 from ..core.context import Outcome
 from ..core.field import Field
+from ..core.state import AgentRecord
 from ..errors import (
     Code,
     FieldError,
@@ -141,12 +142,13 @@ class HTTPBinding:
             return error_response(error, operation)
         return json_response(absolute_urls(outcome.response, str(request.base_url).rstrip("/")))
 
-    async def _read(self, request: Request, job: Callable[[Field], dict[str, Any]]) -> Response:
+    async def _read(
+        self, request: Request, job: Callable[[Field, AgentRecord], dict[str, Any]]
+    ) -> Response:
         token = bearer_token(request)
 
         def authenticated(field: Field) -> Outcome:
-            field.authenticate(token)
-            return Outcome(job(field))
+            return Outcome(job(field, field.authenticate(token)))
 
         try:
             outcome = await self._service().execute(authenticated)
@@ -187,17 +189,18 @@ class HTTPBinding:
     async def agents(self, request: Request) -> Response:
         return await self._read(
             request,
-            lambda field: {"status": "ok", "agents": field.list_agents(), "epoch": field.epoch},
+            lambda field, _: {"status": "ok", "agents": field.list_agents(), "epoch": field.epoch},
         )
 
     async def conflicts(self, request: Request) -> Response:
         params = request.query_params
 
-        def listing(field: Field) -> dict[str, Any]:
+        def listing(field: Field, viewer: AgentRecord) -> dict[str, Any]:
             statuses = _query_values(params.getlist("status"), CONFLICT_STATUSES, "status")
             types = _query_values(params.getlist("type"), CONFLICT_TYPES, "type")
             agents = [a for v in params.getlist("involving_agent") for a in v.split(",") if a]
             conflicts = field.list_conflicts(
+                viewer,
                 statuses=statuses or sorted(UNRESOLVED_CONFLICT_STATUSES),
                 types=types,
                 involving_agents=agents,
