@@ -36,6 +36,7 @@ from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.registry import SubscriptionRegistry
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
+from .embedding import Embedder
 from .relevance import UnitIndex
 
 
@@ -78,19 +79,23 @@ class FieldState:
     units: dict[str, dict[str, Any]] = field(default_factory=dict)
     units_by_agent: Counter[str] = field(default_factory=Counter)
     unit_statuses: Counter[str] = field(default_factory=Counter)
-    index: UnitIndex = field(default_factory=UnitIndex)
+    #: embeds unit contents and subscriber profiles (None: the default embedder)
+    embedder: Embedder | None = None
+    index: UnitIndex = field(init=False)
     conflicts: dict[str, dict[str, Any]] = field(default_factory=dict)
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
     subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)
     active_subscriptions: dict[str, set[str]] = field(default_factory=dict)
-    registry: SubscriptionRegistry = field(default_factory=SubscriptionRegistry)
+    registry: SubscriptionRegistry = field(init=False)
     last_position: int = 0
     #: timestamp of the newest entry: entry timestamps never decrease
     last_ts: float = 0.0
 
     def __post_init__(self) -> None:
         self.clock = LamportClock(max_skew=self.limits.max_epoch_skew)
+        self.index = UnitIndex(self.embedder)
+        self.registry = SubscriptionRegistry(self.index.embedder)
 
     def principal(self, agent_id: str) -> AgentRecord:
         """A registered agent, or the operator (who is no registered agent)."""
