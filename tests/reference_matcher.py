@@ -38,7 +38,7 @@ from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords, semantic_
 from field.model import TYPE_IMPORTANCE
 from field.subscriptions.events import FieldEvent
 
-from .reference_relevance import closeness, words_of
+from .reference_relevance import closeness, quantized, words_of
 
 EMBEDDER = HashingEmbedder()
 
@@ -95,7 +95,9 @@ def unit_score(
     factors = _alignment(
         agent, unit["source"]["agent_role"], words_of(unit), unit["intent"].get("task_id")
     )
-    semantic = closeness(unit["content"], semantic_text(agent["interests"]), EMBEDDER)
+    semantic = closeness(
+        quantized(unit["content"], EMBEDDER), quantized(semantic_text(agent["interests"]), EMBEDDER)
+    )
     if semantic is not None:
         factors.append((WEIGHTS["semantic"], semantic))
     factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))

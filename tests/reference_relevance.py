@@ -37,26 +37,33 @@ def quantized(text: str, embedder: Embedder) -> tuple[list[int], int]:
     return vector, sum(x * x for x in vector)
 
 
-def closeness(content: str, query_text: str, embedder: Embedder) -> float | None:
-    """The semantic factor: cosine clipped at 0; None when ``query_text`` embeds to nothing."""
-    query, query_square = quantized(query_text, embedder)
+def closeness(unit: tuple[list[int], int], query: tuple[list[int], int]) -> float | None:
+    """The semantic factor: cosine clipped at 0; None when the query embeds to nothing."""
+    (unit_vector, unit_square), (query_vector, query_square) = unit, query
     if query_square == 0:
         return None
-    unit, unit_square = quantized(content, embedder)
     if unit_square == 0:
         return 0.0
-    dot = sum(a * b for a, b in zip(unit, query, strict=True))
+    dot = sum(a * b for a, b in zip(unit_vector, query_vector, strict=True))
     return max(0.0, dot / math.sqrt(unit_square * query_square))
 
 
 def reference_scores(
-    units: list[dict[str, Any]], query: Query, embedder: Embedder | None = None
+    units: list[dict[str, Any]],
+    query: Query,
+    embedder: Embedder | None = None,
+    *,
+    vectors: dict[str, tuple[list[int], int]] | None = None,
 ) -> dict[str, float]:
-    """Score of every candidate unit (``units`` in recording order), by unit id."""
+    """Score of every candidate unit (``units`` in recording order), by unit id.
+
+    ``vectors`` may give the units' quantized embeddings (as the index
+    holds them); otherwise each unit's content is embedded here.
+    """
     embedder = embedder or HashingEmbedder()
     all_words = [words_of(u) for u in units]
     n = len(units)
-    query_text = semantic_text(query.interests, query.context_hint)
+    query_vector = quantized(semantic_text(query.interests, query.context_hint), embedder)
 
     def coverage(unit_words: frozenset[str], query_words: frozenset[str]) -> float:
         return len(unit_words & query_words) / len(query_words)
@@ -78,7 +85,8 @@ def reference_scores(
         if interest_words:
             value = coverage(all_words[row], interest_words)
             factors.append((WEIGHTS["interest"], math.sqrt(value)))
-        semantic = closeness(unit["content"], query_text, embedder)
+        unit_vector = (vectors or {}).get(unit["id"]) or quantized(unit["content"], embedder)
+        semantic = closeness(unit_vector, query_vector)
         if semantic is not None:
             factors.append((WEIGHTS["semantic"], semantic))
         factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))

@@ -72,7 +72,6 @@ STATUS_CODE = {status: code for code, status in enumerate(UNIT_STATUSES)}
 _HIDDEN_CODES = np.array([STATUS_CODE["superseded"], STATUS_CODE["retracted"]], dtype=np.int8)
 
 _WORD = re.compile(r"[a-z0-9]+")
-_STOPWORDS = STOPWORDS
 
 
 def keywords(text: str | None) -> list[str]:
@@ -81,7 +80,7 @@ def keywords(text: str | None) -> list[str]:
         return []
     words = []
     for word in _WORD.findall(text.lower()):
-        if len(word) < 2 or word in _STOPWORDS:
+        if len(word) < 2 or word in STOPWORDS:
             continue
         if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
             word = word[:-1]
@@ -127,6 +126,13 @@ class Column:
             self._data = np.concatenate([self._data, np.zeros_like(self._data)])
         self._data[self.size] = value
         self.size += 1
+
+    def extend(self, values: npt.NDArray[Any]) -> None:
+        needed = self.size + len(values)
+        while needed > len(self._data):
+            self._data = np.concatenate([self._data, np.zeros_like(self._data)])
+        self._data[self.size : needed] = values
+        self.size = needed
 
     @property
     def view(self) -> npt.NDArray[Any]:
@@ -219,8 +225,7 @@ class UnitIndex:
             batch, self._queued = self._queued[:EMBED_BATCH], self._queued[EMBED_BATCH:]
             rows, squares = quantize(self.embedder.embed(batch))
             self._vectors.extend(rows)
-            for square in squares.tolist():
-                self._squares.append(square)
+            self._squares.extend(squares)
 
     @property
     def vectors(self) -> Vectors:
