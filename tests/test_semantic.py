@@ -251,7 +251,7 @@ def test_replay_embeds_in_batches_and_rebuilds_the_same_vectors() -> None:
     assert np.array_equal(index.vectors, original.vectors)
     assert np.array_equal(index.squares, original.squares)
     assert counting.calls == [relevance.EMBED_BATCH, relevance.EMBED_BATCH, 5]
-    assert index.vectors.shape == (total, 256)
+    assert index.vectors.shape == (total, 128)
     unit_id = index.ids[7]
     vector, square = index.vector(unit_id)
     assert np.array_equal(vector, original.vectors[7]) and square == original.squares[7]
@@ -269,9 +269,9 @@ def test_a_live_record_is_embedded_before_it_is_read() -> None:
     h = Harness()
     close, _ = _two_units(h)
     index = h.field.state.index
-    assert index.vectors.shape == (2, 256)
+    assert index.vectors.shape == (2, 128)
     h.record("w1", "a third unit")
-    assert index.vectors.shape == (3, 256)  # embedded on the first read
+    assert index.vectors.shape == (3, 128)  # embedded on the first read
     assert index.rows[close] == 0
 
 
@@ -365,13 +365,13 @@ def test_max_tokens_holds_with_semantic_ranking() -> None:
 def test_the_default_embedder_is_reported_in_the_capabilities() -> None:
     h = Harness()
     response = h.register("a", "analyst")
-    assert response["field_capabilities"]["embedder"] == "hashing-256"
+    assert response["field_capabilities"]["embedder"] == "hashing-128"
     assert_valid("field-capabilities", response["field_capabilities"])
     assert Field(embedder=HashingEmbedder(64)).capabilities()["embedder"] == "hashing-64"
 
 
 def test_embedder_names() -> None:
-    assert load_embedder("hashing").name == "hashing-256"
+    assert load_embedder("hashing").name == "hashing-128"
     assert load_embedder("hashing-128").dim == 128
     for bad in ("hashing-100", "word2vec", "sentence-transformers:", ""):
         with pytest.raises(EmbedderError):
