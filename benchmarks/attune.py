@@ -124,8 +124,16 @@ def main() -> None:
         include_own=False,
         since_epoch=None,
     )
+    index = field.state.index
+    vectors = {  # the embeddings the index holds (a plain scorer reads them, too)
+        u["id"]: (
+            [int(x) for x in index.vectors[index.rows[u["id"]]].tolist()],
+            int(index.squares[index.rows[u["id"]]]),
+        )
+        for u in base_units
+    }
     start = time.perf_counter()
-    reference_scores(base_units, query)
+    reference_scores(base_units, query, vectors=vectors)
     loop_ms = (time.perf_counter() - start) * 1000 * len(units) / len(base_units)
 
     print(f"\nATTUNE over {len(units):,} active units ({args.runs} runs each)")

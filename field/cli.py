@@ -18,6 +18,7 @@ from starlette.applications import Starlette
 
 from . import __version__
 from .config import Config
+from .core.embedding import EmbedderError, load_embedder
 from .errors import FieldError
 from .store import open_log
 from .transports.http import create_app
@@ -71,6 +72,11 @@ def _parser() -> argparse.ArgumentParser:
         help="file holding the operator's bearer token (or set FIELD_OPERATOR_TOKEN)",
     )
     serve.add_argument(
+        "--embedder",
+        help="semantic relevance embedder: hashing (default) or "
+        "sentence-transformers:<model or local path> (installed locally, never downloaded)",
+    )
+    serve.add_argument(
         "--log-level",
         choices=["critical", "error", "warning", "info", "debug"],
         help="log verbosity (default info)",
@@ -91,6 +97,7 @@ def _config(args: argparse.Namespace) -> Config:
         log_level=args.log_level,
         failure_grace=args.failure_grace,
         heartbeat_timeout=args.heartbeat_timeout,
+        embedder=args.embedder,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None
         ),
@@ -156,6 +163,11 @@ def serve(config: Config) -> int:
         stream=sys.stderr,
     )
     try:
+        embedder = load_embedder(config.embedder)
+    except EmbedderError as exc:
+        logger.error("%s", exc)
+        return 2
+    try:
         sock = _bind(config.host, config.port)
     except OSError as exc:
         logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
@@ -169,7 +181,7 @@ def serve(config: Config) -> int:
         logger.error("cannot open the event log in %s: %s", config.data_dir, exc.message)
         sock.close()
         return 2
-    app = create_app(config, log=log)
+    app = create_app(config, log=log, embedder=embedder)
     server = _Server(
         uvicorn.Config(
             app,

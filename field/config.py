@@ -38,6 +38,8 @@ class Config:
     heartbeat_timeout: float = 300.0
     #: The operator's bearer token (authority 10, spec 11.2); None: no operator.
     operator_token: str | None = field(default=None, repr=False)
+    #: Embedder of semantic relevance: "hashing" or "sentence-transformers:<model or path>".
+    embedder: str = "hashing"
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 

@@ -16,7 +16,8 @@ Relevance:
 
 * memory events: the ATTUNE score of the event's unit for the
   subscriber's agent, as of the event (recency weight 0.25, recency
-  counted over the units recorded up to the event's epoch);
+  counted over the units recorded up to the event's epoch; the semantic
+  factor compares the unit's content with the agent's interests);
   ``memory.contested`` gives 1.0 (and ``requires_action``) when the
   subscriber wrote the unit;
 * ``conflict.detected``: 1.0 (and ``requires_action``) when the
@@ -37,11 +38,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords
+from field.core.embedding import HashingEmbedder
+from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords, semantic_text
 from field.model import TYPE_IMPORTANCE
 from field.subscriptions.events import FieldEvent
 
-from .reference_relevance import words_of
+from .reference_relevance import closeness, quantized, words_of
+
+EMBEDDER = HashingEmbedder()
 
 RECENCY_WEIGHT = 0.25
 MUST_ACT_EVENTS = ("memory.contested", "conflict.detected")
@@ -100,6 +104,11 @@ def unit_score(
     factors = _alignment(
         agent, unit["source"]["agent_role"], words_of(unit), unit["intent"].get("task_id")
     )
+    semantic = closeness(
+        quantized(unit["content"], EMBEDDER), quantized(semantic_text(agent["interests"]), EMBEDDER)
+    )
+    if semantic is not None:
+        factors.append((WEIGHTS["semantic"], semantic))
     factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))
     confidence = (unit.get("confidence") or {}).get("score")
     factors.append((WEIGHTS["confidence"], 0.5 if confidence is None else confidence))

@@ -1,9 +1,11 @@
 """A plain, obviously-correct relevance scorer: one Python loop over units.
 
 It restates the formula of ``field.core.relevance`` from the unit dicts
-alone, with no columns and no numpy, so the vectorized scorer can be
+alone, with no columns and no matrices, so the vectorized scorer can be
 checked against it (``tests/test_relevance.py``) and timed against it
-(``benchmarks/attune.py``).
+(``benchmarks/attune.py``). Embeddings come from the embedder and its
+quantized form (the inputs of the formula); the cosine is a plain sum
+over coordinates.
 """
 
 from __future__ import annotations
@@ -11,12 +13,14 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from field.core.embedding import Embedder, HashingEmbedder, quantize
 from field.core.relevance import (
     DIVERSITY_DECAY,
     RECENCY_HALF_LIFE,
     WEIGHTS,
     Query,
     keywords,
+    semantic_text,
     unit_keywords,
 )
 from field.model import HIDDEN_UNIT_STATUSES, TYPE_IMPORTANCE
@@ -26,10 +30,40 @@ def words_of(unit: dict[str, Any]) -> frozenset[str]:
     return unit_keywords(unit) | frozenset(keywords(unit["source"]["agent_role"]))
 
 
-def reference_scores(units: list[dict[str, Any]], query: Query) -> dict[str, float]:
-    """Score of every candidate unit (``units`` in recording order), by unit id."""
+def quantized(text: str, embedder: Embedder) -> tuple[list[int], int]:
+    """A text's quantized embedding as integers, and its squared norm."""
+    rows, _ = quantize(embedder.embed([text]))
+    vector = [int(x) for x in rows[0].tolist()]
+    return vector, sum(x * x for x in vector)
+
+
+def closeness(unit: tuple[list[int], int], query: tuple[list[int], int]) -> float | None:
+    """The semantic factor: cosine clipped at 0; None when the query embeds to nothing."""
+    (unit_vector, unit_square), (query_vector, query_square) = unit, query
+    if query_square == 0:
+        return None
+    if unit_square == 0:
+        return 0.0
+    dot = sum(a * b for a, b in zip(unit_vector, query_vector, strict=True))
+    return max(0.0, dot / math.sqrt(unit_square * query_square))
+
+
+def reference_scores(
+    units: list[dict[str, Any]],
+    query: Query,
+    embedder: Embedder | None = None,
+    *,
+    vectors: dict[str, tuple[list[int], int]] | None = None,
+) -> dict[str, float]:
+    """Score of every candidate unit (``units`` in recording order), by unit id.
+
+    ``vectors`` may give the units' quantized embeddings (as the index
+    holds them); otherwise each unit's content is embedded here.
+    """
+    embedder = embedder or HashingEmbedder()
     all_words = [words_of(u) for u in units]
     n = len(units)
+    query_vector = quantized(semantic_text(query.interests, query.context_hint), embedder)
 
     def coverage(unit_words: frozenset[str], query_words: frozenset[str]) -> float:
         return len(unit_words & query_words) / len(query_words)
@@ -51,6 +85,10 @@ def reference_scores(units: list[dict[str, Any]], query: Query) -> dict[str, flo
         if interest_words:
             value = coverage(all_words[row], interest_words)
             factors.append((WEIGHTS["interest"], math.sqrt(value)))
+        unit_vector = (vectors or {}).get(unit["id"]) or quantized(unit["content"], embedder)
+        semantic = closeness(unit_vector, query_vector)
+        if semantic is not None:
+            factors.append((WEIGHTS["semantic"], semantic))
         factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))
         if query.task_id is not None:
             factors.append((WEIGHTS["task"], float(unit["intent"]["task_id"] == query.task_id)))

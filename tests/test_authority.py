@@ -121,7 +121,7 @@ def test_require_names_the_needed_level() -> None:
 def test_hashing_embedder_is_deterministic_and_unit_length() -> None:
     texts = ["The API rate limit is 100 per minute", "the api rate limit is 500 per minute", ""]
     first, second = HashingEmbedder().embed(texts), HashingEmbedder().embed(texts)
-    assert first.dtype == np.float32 and first.shape == (3, 256)
+    assert first.dtype == np.float32 and first.shape == (3, HashingEmbedder().dim)
     assert np.array_equal(first, second)
     assert np.allclose(np.linalg.norm(first[:2], axis=1), 1.0)
     assert not first[2].any()

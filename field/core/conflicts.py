@@ -41,7 +41,7 @@ from ..model import UNRESOLVED_CONFLICT_STATUSES
 from ..store.base import LogEntry
 from . import authority, validation, visibility
 from .context import Context, Outcome
-from .embedding import Embedder, Vectors, default_embedder
+from .embedding import Vectors
 from .relevance import STATUS_CODE
 
 if TYPE_CHECKING:
@@ -435,7 +435,7 @@ def _timestamp(ts: float) -> str:
 #: Cosine similarity from which two units are the same claim (semantic detection).
 SEMANTIC_THRESHOLD = 0.80
 #: Lower bar when the older unit is established and more confident (temporal detection).
-TEMPORAL_THRESHOLD = 0.70
+TEMPORAL_THRESHOLD = 0.65
 #: Confidence from which an active unit is established.
 ESTABLISHED_CONFIDENCE = 0.7
 #: Most units one check or scan compares (the newest ones in scope).
@@ -452,19 +452,19 @@ _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 _WORD = re.compile(r"[a-z]+(?:'t)?")
 _NEGATIONS = frozenset({"not", "no", "never", "cannot", "none", "neither", "nor", "without"})
 
-_embedder: Embedder | None = None
-
 
 def vectors_for(state: FieldState, unit_ids: list[str]) -> Vectors:
     """Unit-length content vectors of ``unit_ids`` (one row each, in order).
 
-    Embedded on the fly for now; the one place to read stored vectors from
-    once the unit index keeps them.
+    Read from the unit index's stored embeddings; rows with no features
+    stay zero (they are similar to nothing).
     """
-    global _embedder
-    if _embedder is None:
-        _embedder = default_embedder()
-    return _embedder.embed([state.units[unit_id]["content"] for unit_id in unit_ids])
+    index = state.index
+    rows = np.array([index.rows[unit_id] for unit_id in unit_ids], dtype=np.intp)
+    vectors = index.vectors[rows].astype(np.float32)
+    norms = np.sqrt(index.squares[rows]).astype(np.float32)[:, None]
+    np.divide(vectors, norms, out=vectors, where=norms > 0)
+    return vectors
 
 
 def numbers_of(text: str) -> frozenset[float]:

@@ -3,19 +3,33 @@
 An :class:`Embedder` turns texts into unit-length float32 vectors, so the
 cosine similarity of two texts is the dot product of their rows. The
 default, :class:`HashingEmbedder`, needs no model and no download: it is
-feature hashing of the text's words and character trigrams (each feature
-lands in one of ``dim`` buckets with a sign from the same hash), which
-makes texts that share words and word pieces close. It is deterministic
-across processes and machines, so embeddings never need to be stored:
-the Field recomputes them when it replays the log.
+feature hashing of the text's words and character trigrams (stop words
+left out; each feature lands in one of ``dim`` buckets with a sign from
+the same hash), which makes texts that share words and word pieces close.
+It is deterministic across processes and machines, so embeddings never
+need to be stored: the Field recomputes them when it replays the log.
+
+:func:`quantize` turns embeddings into the integer-valued rows the Field
+stores and scores with (see its docstring): dot products of such rows are
+exact in float32, whatever order a matrix product sums them in, so a
+score is the same whether it is computed for one unit, a page of them or
+an (agents x events) matrix, live or at replay.
+
+:func:`load_embedder` chooses an embedder by name (config ``embedder``):
+``hashing`` (the default), ``hashing-<dim>``, or
+``sentence-transformers:<model name or local path>``, which loads a
+locally installed ``sentence-transformers`` package and model and never
+downloads anything.
 """
 
 from __future__ import annotations
 
+import math
+import os
 import re
 import zlib
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -27,6 +41,20 @@ _WORD = re.compile(r"[^\W_]+")
 TRIGRAM_WEIGHT = 0.5
 #: word -> (bucket, sign) memo; bounded, cleared when full
 _MEMO_LIMIT = 1 << 18
+#: words that carry no topic: left out of embeddings and of keywords
+STOPWORDS = frozenset(
+    "a an and are as at be by for from has have in is it its of on or that the this to was "
+    "were will with about into than then there these those our your their not no yes".split()
+)
+#: width of the default embedder: ATTUNE multiplies every unit's row, so width is latency
+#: (at 100,000 units, 128 dimensions cost about 3 ms per full ATTUNE, 256 about 5 ms)
+DEFAULT_DIM = 128
+#: largest sum of squares a quantized row may reach: float32 holds every integer below it
+_EXACT_LIMIT = 1 << 24
+
+
+class EmbedderError(ValueError):
+    """An embedder that cannot be loaded (unknown name, missing package or model)."""
 
 
 class Embedder(Protocol):
@@ -46,7 +74,7 @@ class Embedder(Protocol):
 class HashingEmbedder:
     """Signed feature hashing of words and character trigrams (the default)."""
 
-    def __init__(self, dim: int = 256) -> None:
+    def __init__(self, dim: int = DEFAULT_DIM) -> None:
         if dim < 8 or dim & (dim - 1):
             raise ValueError("dim must be a power of two, at least 8")
         self._dim = dim
@@ -61,41 +89,160 @@ class HashingEmbedder:
         return self._dim
 
     def embed(self, texts: Sequence[str]) -> Vectors:
-        out = np.zeros((len(texts), self._dim), dtype=np.float32)
-        for i, text in enumerate(texts):
-            self._embed_into(text, out[i])
-        norms = np.linalg.norm(out, axis=1, keepdims=True)
-        np.divide(out, norms, out=out, where=norms > 0)
-        return out
+        """All texts at once: one weighted bincount over the features of the batch.
 
-    def _embed_into(self, text: str, row: npt.NDArray[np.float32]) -> None:
-        words = _WORD.findall(text.lower())
-        if not words:
-            return
+        Every feature weighs +-1 or +-0.5, so the sums are exact in any
+        order and a text embeds to the same row alone or in a batch.
+        """
+        dim, mask = self._dim, self._dim - 1
         memo = self._words
         if len(memo) > _MEMO_LIMIT:
             memo.clear()
-        mask = self._dim - 1
-        for word in words:
-            hashed = memo.get(word)
-            if hashed is None:
-                h = zlib.crc32(word.encode())
-                hashed = memo[word] = (h & mask, 1.0 if h & 0x80000000 else -1.0)
-            row[hashed[0]] += hashed[1]
-        # character trigrams of " word word ... ", all at once
-        data = np.frombuffer((" " + " ".join(words) + " ").encode(), dtype=np.uint8)
-        if len(data) >= 3:
-            grams = (
-                data[:-2].astype(np.uint32) << 16
-                | data[1:-1].astype(np.uint32) << 8
-                | data[2:].astype(np.uint32)
-            )
-            mixed = grams * np.uint32(0x9E3779B1)  # Fibonacci hashing, wraps mod 2**32
-            mixed ^= mixed >> np.uint32(15)
-            buckets = (mixed & np.uint32(mask)).astype(np.intp)
-            signs = np.where(mixed & np.uint32(0x80000000), TRIGRAM_WEIGHT, -TRIGRAM_WEIGHT)
-            np.add.at(row, buckets, signs.astype(np.float32))
+        word_cells: list[int] = []
+        word_signs: list[float] = []
+        padded: list[bytes] = []
+        for row, text in enumerate(texts):
+            words = [w for w in _WORD.findall(text.lower()) if w not in STOPWORDS]
+            for word in words:
+                hashed = memo.get(word)
+                if hashed is None:
+                    h = zlib.crc32(word.encode())
+                    hashed = memo[word] = (h & mask, 1.0 if h & 0x80000000 else -1.0)
+                word_cells.append(row * dim + hashed[0])
+                word_signs.append(hashed[1])
+            padded.append((" " + " ".join(words) + " ").encode() if words else b"")
+        cells, signs = self._trigrams(padded)
+        counts = np.bincount(
+            np.concatenate([np.array(word_cells, dtype=np.intp), cells]),
+            weights=np.concatenate([np.array(word_signs, dtype=np.float64), signs]),
+            minlength=len(texts) * dim,
+        )
+        out = counts.reshape(len(texts), dim).astype(np.float32)
+        norms = np.sqrt(np.einsum("ij,ij->i", out, out))[:, None]  # exact: sums of quarters
+        np.divide(out, norms, out=out, where=norms > 0)
+        return out
+
+    def _trigrams(
+        self, padded: list[bytes]
+    ) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]]:
+        """(cell, sign) of every character trigram of the padded texts, row by row."""
+        lengths = np.array([len(p) for p in padded], dtype=np.intp)
+        data = np.frombuffer(b"".join(padded), dtype=np.uint8)
+        if len(data) < 3:
+            return np.empty(0, dtype=np.intp), np.empty(0, dtype=np.float64)
+        row_of = np.repeat(np.arange(len(padded)), lengths)
+        within = np.flatnonzero(row_of[:-2] == row_of[2:])  # trigrams inside one text
+        grams = (
+            data[within].astype(np.uint32) << 16
+            | data[within + 1].astype(np.uint32) << 8
+            | data[within + 2].astype(np.uint32)
+        )
+        mixed = grams * np.uint32(0x9E3779B1)  # Fibonacci hashing, wraps mod 2**32
+        mixed ^= mixed >> np.uint32(15)
+        buckets = (mixed & np.uint32(self._dim - 1)).astype(np.intp)
+        signs = np.where(mixed & np.uint32(0x80000000), TRIGRAM_WEIGHT, -TRIGRAM_WEIGHT)
+        return row_of[within] * self._dim + buckets, signs
+
+
+class SentenceTransformerEmbedder:
+    """A locally installed sentence-transformers model (the ``embeddings`` extra).
+
+    Loads with ``local_files_only`` and the Hugging Face hub switched to
+    offline mode: a model that is not on this machine is an error, never
+    a download.
+    """
+
+    def __init__(self, model: str) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError as exc:
+            raise EmbedderError(
+                f"embedder 'sentence-transformers:{model}' needs the sentence-transformers "
+                "package: pip install 'akashik-field[embeddings]'"
+            ) from exc
+        try:
+            self._model: Any = SentenceTransformer(model, device="cpu", local_files_only=True)
+        except Exception as exc:  # the loader raises many kinds; all mean "not here"
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise EmbedderError(
+                f"cannot load sentence-transformers model {model!r} from local files "
+                f"(nothing is downloaded): {reason}"
+            ) from exc
+        self._name = f"sentence-transformers:{model}"
+        self._dim = int(self._model.get_sentence_embedding_dimension())
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        if not texts:
+            return np.zeros((0, self._dim), dtype=np.float32)
+        vectors = self._model.encode(
+            list(texts), batch_size=64, convert_to_numpy=True, normalize_embeddings=True
+        )
+        return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self._dim)
 
 
 def default_embedder() -> Embedder:
     return HashingEmbedder()
+
+
+def load_embedder(spec: str) -> Embedder:
+    """The embedder named ``spec`` (config ``embedder``); EmbedderError if unavailable."""
+    kind, _, argument = spec.partition(":")
+    if spec == "hashing":
+        return HashingEmbedder()
+    if spec.startswith("hashing-") and spec[8:].isdigit():
+        try:
+            return HashingEmbedder(int(spec[8:]))
+        except ValueError as exc:
+            raise EmbedderError(f"embedder {spec!r}: {exc}") from exc
+    if kind == "sentence-transformers" and argument:
+        return SentenceTransformerEmbedder(argument)
+    raise EmbedderError(
+        f"unknown embedder {spec!r}: use 'hashing' or 'sentence-transformers:<model or path>'"
+    )
+
+
+# -- stored form ---------------------------------------------------------------
+
+
+def quantize_scale(dim: int) -> int:
+    """The largest coordinate of a quantized row: 127, less for very long rows."""
+    return min(127, math.isqrt(_EXACT_LIMIT // dim))
+
+
+def quantize(vectors: Vectors) -> tuple[Vectors, npt.NDArray[np.float64]]:
+    """Integer-valued rows and their squared norms.
+
+    Each row is scaled so that its largest coordinate is
+    :func:`quantize_scale` (127 up to 1,040 dimensions) and rounded to
+    integers: 8 bits of precision per coordinate, stored as float32 so
+    BLAS multiplies them. Every product and partial sum of two such rows
+    is an integer below 2**24, exact in float32, so their dot product is
+    exact. Cosine similarity is ``dot / sqrt(sq_a * sq_b)``
+    (:func:`cosine`); a zero row (a text with no features) has ``sq = 0``.
+    """
+    vectors = np.asarray(vectors, dtype=np.float32)
+    peak = np.abs(vectors).max(axis=1, keepdims=True) if vectors.size else vectors[:, :1]
+    scale = np.zeros_like(peak)
+    np.divide(np.float32(quantize_scale(vectors.shape[1])), peak, out=scale, where=peak > 0)
+    rows: Vectors = np.rint(vectors * scale).astype(np.float32)
+    squares = np.einsum("ij,ij->i", rows, rows, dtype=np.float64)
+    return rows, squares
+
+
+def cosine(dots: Any, squares_a: Any, squares_b: Any) -> npt.NDArray[np.float64]:
+    """Cosine similarity from exact dot products and squared norms (0 where a row is zero)."""
+    dots = np.asarray(dots, dtype=np.float64)
+    product = np.asarray(squares_a, dtype=np.float64) * np.asarray(squares_b, dtype=np.float64)
+    result = np.zeros(np.broadcast_shapes(dots.shape, product.shape), dtype=np.float64)
+    np.divide(dots, np.sqrt(product), out=result, where=product > 0)
+    return result

@@ -48,6 +48,7 @@ from . import (
 )
 from .authority import OPERATOR_ID, STANDARD
 from .context import Context, Outcome
+from .embedding import Embedder, default_embedder
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
 
 #: Operations implemented by this Field, in spec order.
@@ -97,12 +98,15 @@ class Field:
         ids: Ids | None = None,
         operator_token: str | None = None,
         read_entries: Callable[[Sequence[int]], list[StoredEntry]] | None = None,
+        embedder: Embedder | None = None,
     ) -> None:
         self.limits = limits or Limits()
         #: hash of the operator token (spec 11.2, level 10); None: no operator
         self._operator_hash = hash_token(operator_token) if operator_token else None
         self.persistent = persistent
-        self.state = FieldState(self.limits)
+        #: embeds unit contents for semantic relevance; recomputed at every replay
+        self.embedder = embedder or default_embedder()
+        self.state = FieldState(self.limits, embedder=self.embedder)
         self._now = now
         self._ids = ids or Ids()
         #: reads log entries by position (REPLAY); the service wires it to its log
@@ -281,6 +285,7 @@ class Field:
             "field_id": self.state.field_id or "",
             "detect_modes": list(DETECT_MODES),
             "limits": self.limits.as_dict(),
+            "embedder": self.embedder.name,
         }
 
     def _register(self, ctx: Context) -> Outcome:

@@ -5,6 +5,12 @@ units were recorded (so rows ascend by epoch), as numpy columns, plus an
 inverted index from keyword to rows. :func:`score` rates every candidate
 row at once; nothing loops over units in Python.
 
+The index also holds each unit's content embedding (``vectors``, in the
+quantized form of :func:`field.core.embedding.quantize`), computed in
+batches: :meth:`UnitIndex.add` queues the content and the first read of
+the vectors (or a full batch) embeds what is queued, so a replay of the
+whole log embeds 1,024 units per call.
+
 A score is ``rw * recency + (1 - rw) * content`` where ``rw`` is the
 scope's ``recency_weight`` and ``content`` is the weighted mean of the
 factors that apply to this request:
@@ -16,6 +22,9 @@ role       0.20    1 for a unit by an agent of the same role, else  always
                    the share of role words found in the unit
 interest   0.30    sqrt of the share of interest (and context-hint  interests
                    words) found in the unit                         or hint
+semantic   0.25    cosine of the unit's content embedding and the   the hint or
+                   embedding of the interests and hint, below 0: 0  interests
+                                                                    embed
 type       0.20    :data:`~field.model.TYPE_IMPORTANCE`             always
 task       0.20    1 when the unit serves the agent's task          a task
 confidence 0.10    confidence.score (0.5 for a draft without one)   always
@@ -42,10 +51,22 @@ import numpy as np
 import numpy.typing as npt
 
 from ..model import TYPE_IMPORTANCE, UNIT_STATUSES
+from .embedding import STOPWORDS, Embedder, Vectors, cosine, default_embedder, quantize
 
 RECENCY_HALF_LIFE = 256.0
 DIVERSITY_DECAY = 0.92
-WEIGHTS = {"role": 0.20, "interest": 0.30, "type": 0.20, "task": 0.20, "confidence": 0.10}
+WEIGHTS = {
+    "role": 0.20,
+    "interest": 0.30,
+    "semantic": 0.25,
+    "type": 0.20,
+    "task": 0.20,
+    "confidence": 0.10,
+}
+#: a semantic factor at least this high is named in ``relevance_reason``
+SEMANTIC_NOTE = 0.25
+#: units embedded per call of the embedder
+EMBED_BATCH = 1024
 
 #: "purged" is no unit status: it marks the row a purged unit leaves behind (COMPACT)
 STATUS_CODE = {status: code for code, status in enumerate((*UNIT_STATUSES, "purged"))}
@@ -55,10 +76,6 @@ _HIDDEN_CODES = np.array(
 _ARCHIVED_CODE = STATUS_CODE["archived"]
 
 _WORD = re.compile(r"[a-z0-9]+")
-_STOPWORDS = frozenset(
-    "a an and are as at be by for from has have in is it its of on or that the this to was "
-    "were will with about into than then there these those our your their not no yes".split()
-)
 
 
 def keywords(text: str | None) -> list[str]:
@@ -67,7 +84,7 @@ def keywords(text: str | None) -> list[str]:
         return []
     words = []
     for word in _WORD.findall(text.lower()):
-        if len(word) < 2 or word in _STOPWORDS:
+        if len(word) < 2 or word in STOPWORDS:
             continue
         if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
             word = word[:-1]
@@ -114,6 +131,13 @@ class Column:
         self._data[self.size] = value
         self.size += 1
 
+    def extend(self, values: npt.NDArray[Any]) -> None:
+        needed = self.size + len(values)
+        while needed > len(self._data):
+            self._data = np.concatenate([self._data, np.zeros_like(self._data)])
+        self._data[self.size : needed] = values
+        self.size = needed
+
     @property
     def view(self) -> npt.NDArray[Any]:
         return self._data[: self.size]
@@ -122,10 +146,42 @@ class Column:
         self._data[index] = value
 
 
+class Matrix:
+    """A growable float32 matrix of fixed width (amortized O(1) append of row blocks)."""
+
+    def __init__(self, width: int) -> None:
+        self._data = np.zeros((64, width), dtype=np.float32)
+        self.size = 0
+
+    def extend(self, rows: Vectors) -> None:
+        needed = self.size + len(rows)
+        if needed > len(self._data):
+            capacity = max(needed, len(self._data) * 3 // 2)
+            grown = np.zeros((capacity, self._data.shape[1]), dtype=np.float32)
+            grown[: self.size] = self._data[: self.size]
+            self._data = grown
+        self._data[self.size : needed] = rows
+        self.size = needed
+
+    @property
+    def view(self) -> Vectors:
+        return self._data[: self.size]
+
+
+def semantic_text(interests: Iterable[str], hint: str | None = None) -> str:
+    """The text whose embedding a unit's content is compared with: interests, then the hint."""
+    return "\n".join([*interests, *([hint] if hint else [])])
+
+
 class UnitIndex:
     """Column store of memory units for vectorized scoring."""
 
-    def __init__(self) -> None:
+    def __init__(self, embedder: Embedder | None = None) -> None:
+        self.embedder = embedder or default_embedder()
+        #: quantized content embeddings, one row per unit (see :attr:`vectors`)
+        self._vectors = Matrix(self.embedder.dim)
+        self._squares = Column(np.float64)
+        self._queued: list[str] = []
         self.ids: list[str] = []
         self.rows: dict[str, int] = {}
         self.row_keywords: list[frozenset[str]] = []
@@ -164,6 +220,59 @@ class UnitIndex:
             if postings is None:
                 postings = self._postings[word] = Column(np.int32)
             postings.append(row)
+        self._queued.append(unit["content"])
+        if len(self._queued) >= EMBED_BATCH:
+            self._embed_queued()
+
+    def _embed_queued(self) -> None:
+        while self._queued:
+            batch, self._queued = self._queued[:EMBED_BATCH], self._queued[EMBED_BATCH:]
+            rows, squares = quantize(self.embedder.embed(batch))
+            self._vectors.extend(rows)
+            self._squares.extend(squares)
+
+    @property
+    def vectors(self) -> Vectors:
+        """The units' content embeddings, an (n x dim) float32 matrix aligned with ``ids``.
+
+        Rows are quantized (:func:`~field.core.embedding.quantize`):
+        integer-valued, so dot products are exact; divide by the norms
+        (:attr:`squares`) for cosines, or use :meth:`similarity`.
+        """
+        if self._queued:
+            self._embed_queued()
+        return self._vectors.view
+
+    @property
+    def squares(self) -> npt.NDArray[np.float64]:
+        """Squared norms of :attr:`vectors` (0 for a content with no features)."""
+        if self._queued:
+            self._embed_queued()
+        return self._squares.view
+
+    def vector(self, unit_id: str) -> tuple[Vectors, float]:
+        """One unit's quantized embedding and its squared norm."""
+        row = self.rows[unit_id]
+        return self.vectors[row], float(self.squares[row])
+
+    def embed(self, text: str) -> tuple[Vectors, float]:
+        """A text's quantized embedding and squared norm, comparable with the rows."""
+        rows, squares = quantize(self.embedder.embed([text]))
+        return rows[0], float(squares[0])
+
+    def similarity(
+        self, vector: Vectors, square: float, rows: npt.NDArray[np.intp] | None = None
+    ) -> npt.NDArray[np.float64]:
+        """Cosine of ``vector`` (quantized, with its squared norm) with each of ``rows``.
+
+        All rows when ``rows`` is None. Exact, so equal whichever way it is
+        computed: a few rows are gathered first, most rows multiplied whole.
+        """
+        matrix, squares = self.vectors, self.squares
+        if rows is None:
+            return cosine(matrix @ vector, squares, square)
+        dots = matrix[rows] @ vector if 4 * len(rows) < len(matrix) else (matrix @ vector)[rows]
+        return cosine(dots, squares[rows], square)
 
     def set_status(self, unit_id: str, status: str) -> None:
         self.status[self.rows[unit_id]] = STATUS_CODE[status]
@@ -204,11 +313,27 @@ class Query:
     interest_words: frozenset[str] = field(init=False)
     hint_words: frozenset[str] = field(init=False)
     role_words: frozenset[str] = field(init=False)
+    _vector: tuple[Vectors, float] | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.interest_words = frozenset(w for i in self.interests for w in keywords(i))
         self.hint_words = frozenset(keywords(self.context_hint))
         self.role_words = frozenset(keywords(self.role))
+
+    def vector(self, index: UnitIndex) -> tuple[Vectors, float]:
+        """The embedding of the interests and hint (computed once per query)."""
+        if self._vector is None:
+            self._vector = index.embed(semantic_text(self.interests, self.context_hint))
+        return self._vector
+
+    def semantic(
+        self, index: UnitIndex, rows: npt.NDArray[np.intp]
+    ) -> npt.NDArray[np.float64] | None:
+        """The semantic factor of ``rows``; None when the interests and hint embed to nothing."""
+        vector, square = self.vector(index)
+        if square == 0.0:
+            return None
+        return np.maximum(index.similarity(vector, square, rows), 0.0)
 
 
 def candidates(index: UnitIndex, query: Query) -> npt.NDArray[np.intp]:
@@ -230,6 +355,7 @@ def combine(
     *,
     role: Any,
     interest: Any,
+    semantic: Any = None,
     type_weight: Any,
     task: Any,
     confidence: Any,
@@ -238,7 +364,7 @@ def combine(
 ) -> npt.NDArray[np.float64]:
     """The relevance formula (module docstring) over broadcastable factor arrays.
 
-    ``interest`` and ``task`` may be None (applies nowhere) or hold NaN
+    ``interest``, ``semantic`` and ``task`` may be None (applies nowhere) or hold NaN
     where the factor does not apply; such factors drop out of the mean.
     """
     numerator: Any = 0.0
@@ -246,6 +372,7 @@ def combine(
     for weight, values in (
         (WEIGHTS["role"], role),
         (WEIGHTS["interest"], interest),
+        (WEIGHTS["semantic"], semantic),
         (WEIGHTS["type"], type_weight),
         (WEIGHTS["task"], task),
         (WEIGHTS["confidence"], confidence),
@@ -283,6 +410,7 @@ def score(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDA
     return combine(
         role=same_role if role_words is None else np.maximum(same_role, role_words[rows]),
         interest=None if interest is None else np.sqrt(interest[rows]),
+        semantic=query.semantic(index, rows),
         type_weight=index.type_weight.view[rows],
         task=task,
         confidence=index.confidence.view[rows],
@@ -383,6 +511,11 @@ def explain(index: UnitIndex, query: Query, unit: dict[str, Any], rank_score: fl
     hint = sorted(query.hint_words & words)
     if hint:
         parts.append(f"matches your context hint ({', '.join(hint[:5])})")
+    closeness = query.semantic(index, np.array([row], dtype=np.intp))
+    if closeness is not None and closeness[0] >= SEMANTIC_NOTE:
+        given = (("interests", query.interests), ("context hint", query.context_hint))
+        about = " and ".join(name for name, value in given if value)
+        parts.append(f"close in meaning to your {about} (similarity {closeness[0]:.2f})")
     if query.task_id is not None and unit["intent"].get("task_id") == query.task_id:
         parts.append(f"serves your task {query.task_id}")
     score_value = (unit.get("confidence") or {}).get("score")

@@ -58,6 +58,7 @@ from ..subscriptions.registry import SubscriptionRegistry
 from . import sessions, tasks
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
+from .embedding import Embedder
 from .entities import EntityIndex
 from .relevance import UnitIndex
 from .visibility import Membership
@@ -102,7 +103,9 @@ class FieldState:
     units: dict[str, dict[str, Any]] = field(default_factory=dict)
     units_by_agent: Counter[str] = field(default_factory=Counter)
     unit_statuses: Counter[str] = field(default_factory=Counter)
-    index: UnitIndex = field(default_factory=UnitIndex)
+    #: embeds unit contents and subscriber profiles (None: the default embedder)
+    embedder: Embedder | None = None
+    index: UnitIndex = field(init=False)
     conflicts: dict[str, dict[str, Any]] = field(default_factory=dict)
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -115,7 +118,7 @@ class FieldState:
     dependent_tasks: dict[str, list[str]] = field(default_factory=dict)
     subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)
     active_subscriptions: dict[str, set[str]] = field(default_factory=dict)
-    registry: SubscriptionRegistry = field(default_factory=SubscriptionRegistry)
+    registry: SubscriptionRegistry = field(init=False)
     #: tombstones of purged units (no content), by id
     purged: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: ``units`` then ``purged``: for readers of entries about units that may be purged
@@ -130,6 +133,8 @@ class FieldState:
 
     def __post_init__(self) -> None:
         self.clock = LamportClock(max_skew=self.limits.max_epoch_skew)
+        self.index = UnitIndex(self.embedder)
+        self.registry = SubscriptionRegistry(self.index.embedder)
         self.known_units = ChainMap(self.units, self.purged)
 
     def principal(self, agent_id: str) -> AgentRecord:

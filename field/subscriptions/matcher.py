@@ -15,8 +15,10 @@ A subscription is notified of an event when all of these hold:
 Relevance (documented in ``protocol/README.md``, "Relevance of events"):
 
 * memory events: the ATTUNE score of the unit for the subscriber, as of
-  the event (:func:`field.core.relevance.combine`); 1.0 for
-  ``memory.contested`` when the subscriber wrote the unit;
+  the event (:func:`field.core.relevance.combine`), its semantic factor
+  the cosine of the subscriber's interests embedding with the unit's
+  content embedding (one (profiles x units) matrix product per batch);
+  1.0 for ``memory.contested`` when the subscriber wrote the unit;
 * ``conflict.detected`` and ``conflict.resolved``: 1.0 when the
   subscriber wrote either unit, otherwise the better of the two units'
   scores;
@@ -43,7 +45,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..core.relevance import UnitIndex, combine, keywords, recency
+from ..core.embedding import cosine
+from ..core.relevance import SEMANTIC_NOTE, UnitIndex, combine, keywords, recency
 from ..model import TYPE_IMPORTANCE
 from .events import EVENT_BIT, FieldEvent
 from .registry import SubscriptionRegistry
@@ -56,6 +59,7 @@ RECENCY_WEIGHT = 0.25
 
 # reason flags
 _SAME_ROLE, _INTERESTS, _TASK, _OWN_UNIT, _CONCERNS_YOU, _YOUR_MOVE = 1, 2, 4, 8, 16, 32
+_SEMANTIC = 64
 #: Events of relevance 1 to the authors of the units they involve ...
 OWN_UNIT_EVENTS = frozenset({"memory.contested", "conflict.detected", "conflict.resolved"})
 #: ... and those of them that require the author's action.
@@ -106,6 +110,8 @@ def reason_text(event: str, flags: int) -> str:
             parts.append("same role as you")
         if flags & _INTERESTS:
             parts.append("matches your interests")
+        if flags & _SEMANTIC:
+            parts.append("close in meaning to your interests")
         if flags & _TASK:
             parts.append("serves your task")
         general = (
@@ -200,6 +206,16 @@ class Matcher:
                 authored[single] = reg.agent.view[rows][None, :] == authors[:, None]
                 for i in single:
                     wanted[i] = False  # done
+        unit_ids = list(
+            dict.fromkeys(
+                unit_id
+                for e, want in zip(events, wanted, strict=True)
+                if want and e.agent is None
+                for unit_id in e.units
+            )
+        )
+        semantic = self._semantic(profiles, unit_ids)
+        column = {unit_id: k for k, unit_id in enumerate(unit_ids)}
         for i, event in enumerate(events):
             if not wanted[i]:
                 continue
@@ -218,7 +234,7 @@ class Matcher:
             for unit_id in event.units:
                 key = (unit_id, event.epoch)
                 score, unit_flags = scored.get(key) or self._unit_relevance(
-                    unit_id, event.epoch, profiles
+                    unit_id, event.epoch, profiles, semantic[:, column[unit_id]]
                 )
                 better = score > best
                 best = np.where(better, score, best)
@@ -249,8 +265,32 @@ class Matcher:
             )
         return matches
 
+    def _semantic(
+        self, profiles: npt.NDArray[np.intp], unit_ids: list[str]
+    ) -> npt.NDArray[np.float64]:
+        """The semantic factor of each (profile, unit): one matrix product.
+
+        NaN where a profile's interests embed to nothing (the factor does
+        not apply, as in an ATTUNE without interests or hint).
+        """
+        reg, index = self.registry, self.index
+        if not unit_ids:
+            return np.empty((len(profiles), 0), dtype=np.float64)
+        rows = np.array([index.rows[unit_id] for unit_id in unit_ids], dtype=np.intp)
+        whole = len(profiles) == reg.profile_count  # then profiles is arange: skip the gather
+        vectors = reg.vectors.view if whole else reg.vectors.view[profiles]
+        squares = (reg.squares.view if whole else reg.squares.view[profiles])[:, None]
+        dots = vectors @ index.vectors[rows].T  # exact: integer-valued rows
+        closeness = np.maximum(cosine(dots, squares, index.squares[rows][None, :]), 0.0)
+        semantic: npt.NDArray[np.float64] = np.where(squares > 0, closeness, np.nan)
+        return semantic
+
     def _unit_relevance(
-        self, unit_id: str, epoch: int, profiles: npt.NDArray[np.intp]
+        self,
+        unit_id: str,
+        epoch: int,
+        profiles: npt.NDArray[np.intp],
+        semantic: npt.NDArray[np.float64],
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
         """ATTUNE's score of one unit for each agent profile, as of ``epoch``."""
         index = self.index
@@ -265,13 +305,14 @@ class Matcher:
         score = combine(
             role=role,
             interest=interest,
+            semantic=semantic,
             type_weight=TYPE_IMPORTANCE.get(unit["type"], 0.5),
             task=task,
             confidence=float(index.confidence.view[row]),
             recency=recency(index.count_at(epoch) - 1 - row),
             recency_weight=RECENCY_WEIGHT,
         )
-        return score, flags
+        return score, flags | _semantic_flags(semantic)
 
     def _alignment(
         self,
@@ -334,9 +375,15 @@ class Matcher:
             task = None
             if task_id is not None:
                 task = (index.task.view[unit_rows] == index.tasks.find(task_id)).astype(np.float64)
+            square = float(reg.squares.view[profile])
+            semantic = None
+            if square > 0:
+                closeness = index.similarity(reg.vectors.view[profile], square, unit_rows)
+                semantic = np.maximum(closeness, 0.0)
             scores[:, j] = combine(
                 role=role,
                 interest=None if interest is None else np.sqrt(interest),
+                semantic=semantic,
                 task=task,
                 **common,
             )
@@ -344,7 +391,7 @@ class Matcher:
                 same_role,
                 np.zeros(len(pairs)) if interest is None else interest,
                 np.zeros(len(pairs)) if task is None else task,
-            )
+            ) | (0 if semantic is None else _semantic_flags(semantic))
         return {pair: (scores[k], flags[k]) for k, pair in enumerate(pairs)}
 
     def _agent_relevance(
@@ -396,6 +443,13 @@ def _flags(same_role: Any, interest_share: Any, task: Any) -> npt.NDArray[np.int
         | np.where(np.nan_to_num(interest_share) > 0, _INTERESTS, 0)
         | np.where(task == 1.0, _TASK, 0)
     ).astype(np.int64)
+    return flags
+
+
+def _semantic_flags(semantic: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
+    flags: npt.NDArray[np.int64] = np.where(semantic >= SEMANTIC_NOTE, _SEMANTIC, 0).astype(
+        np.int64
+    )
     return flags
 
 

@@ -5,10 +5,11 @@ needs lives here in numpy arrays: per subscription, the event bitmask,
 ``min_relevance``, ``include_own``, the creation epoch and the agent (for
 "not my own actions" and "my unit"); per agent *profile* (an agent as it
 was when it subscribed: role, task, role and interest keywords, with
-inverted indexes from keyword to profile), which many subscriptions
-share. Relevance depends only on the profile, so the matcher scores each
-profile once and gathers the scores for the subscriptions. Rows are never
-reused; a cancelled row is marked inactive and skipped by a mask.
+inverted indexes from keyword to profile, and the quantized embedding
+of its interests), which many subscriptions share. Relevance depends
+only on the profile, so the matcher scores each profile once and gathers
+the scores for the subscriptions. Rows are never reused; a cancelled row
+is marked inactive and skipped by a mask.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..core.relevance import Column, Interner, keywords
+from ..core.embedding import Embedder, default_embedder, quantize
+from ..core.relevance import Column, Interner, Matrix, keywords, semantic_text
 from .events import EVENT_BIT
 
 #: Up to this many profiles, :meth:`SubscriptionRegistry.hits` intersects word sets.
@@ -28,7 +30,8 @@ FEW_ROWS = 16
 class SubscriptionRegistry:
     """Column store of subscriptions (see the module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, embedder: Embedder | None = None) -> None:
+        self.embedder = embedder or default_embedder()
         self.ids: list[str] = []
         self.rows: dict[str, int] = {}
         self.active = Column(np.bool_)
@@ -54,6 +57,9 @@ class SubscriptionRegistry:
         #: per profile, its role and task as strings
         self.profile_role: list[str] = []
         self.profile_task: list[str | None] = []
+        #: per profile, the quantized embedding of its interests and its squared norm
+        self.vectors = Matrix(self.embedder.dim)
+        self.squares = Column(np.float64)
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -94,6 +100,9 @@ class SubscriptionRegistry:
         self.profile_words.append((role_words, interest_words))
         self.role_word_count.append(len(role_words))
         self.interest_word_count.append(len(interest_words))
+        vector, square = quantize(self.embedder.embed([semantic_text(agent["interests"])]))
+        self.vectors.extend(vector)
+        self.squares.append(square[0])
         indexes = ((role_words, self.role_words), (interest_words, self.interest_words))
         for words, postings in indexes:
             for word in words:

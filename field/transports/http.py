@@ -27,6 +27,7 @@ from starlette.websockets import WebSocket
 from .. import __version__
 from ..config import Config
 from ..core.context import Outcome
+from ..core.embedding import Embedder, load_embedder
 from ..core.field import Field
 from ..core.state import AgentRecord
 from ..errors import (
@@ -282,12 +283,15 @@ class _FieldApp(Starlette):
         await super().__call__(scope, receive, send)
 
 
-def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
+def create_app(
+    config: Config, *, log: EventLog | None = None, embedder: Embedder | None = None
+) -> Starlette:
     """The ASGI application serving one Field.
 
     Its log is ``log`` if given (the caller opened it, to report a busy data
     directory before the server starts), else the one ``config`` names,
-    opened at start-up. The app closes the log when it stops.
+    opened at start-up. The app closes the log when it stops. Likewise its
+    embedder is ``embedder`` if given, else the one ``config`` names.
     """
     binding = HTTPBinding(config)
 
@@ -296,12 +300,14 @@ def create_app(config: Config, *, log: EventLog | None = None) -> Starlette:
         nonlocal log
         if log is None:
             log = open_log(config.data_dir, synchronous=config.sync)
+        chosen = embedder or load_embedder(config.embedder)
         service = FieldService(
             log,
             lambda: Field(
                 limits=config.limits,
                 persistent=log.persistent,
                 operator_token=config.operator_token,
+                embedder=chosen,
             ),
             max_queue=config.max_queue,
             max_batch=config.max_batch,
