@@ -1,10 +1,13 @@
-"""The ``field`` command: ``field serve`` starts a Field on uvicorn."""
+"""The ``field`` command: ``field serve`` starts a Field on uvicorn; ``field mcp``
+serves a running Field's operations as MCP tools on stdio."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import logging
+import os
 import re
 import signal
 import socket
@@ -81,7 +84,53 @@ def _parser() -> argparse.ArgumentParser:
         choices=["critical", "error", "warning", "info", "debug"],
         help="log verbosity (default info)",
     )
+    mcp = commands.add_parser(
+        "mcp",
+        help="serve a running Field's operations as MCP tools on stdio (needs the mcp extra)",
+    )
+    mcp.add_argument(
+        "--url",
+        default=os.environ.get("FIELD_URL", "http://127.0.0.1:8765"),
+        help="the Field's base URL (or set FIELD_URL; default http://127.0.0.1:8765)",
+    )
+    mcp.add_argument(
+        "--agent-id", help="act for this agent, registered elsewhere; its token from --token"
+    )
+    mcp.add_argument(
+        "--token",
+        default=os.environ.get("FIELD_TOKEN"),
+        help="bearer token of --agent-id (better: set FIELD_TOKEN, which ps does not show)",
+    )
+    mcp.add_argument(
+        "--timeout", type=float, default=30.0, help="seconds to wait for the Field (30)"
+    )
+    mcp.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug"],
+        default="warning",
+        help="log verbosity on stderr (default warning)",
+    )
     return parser
+
+
+def _mcp(args: argparse.Namespace) -> int:
+    if (args.agent_id is None) != (args.token is None):
+        print("field mcp: --agent-id and --token (or FIELD_TOKEN) go together", file=sys.stderr)
+        return 2
+    if not args.timeout > 0:
+        print("field mcp: --timeout must be positive", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,  # stdout carries the MCP messages
+    )
+    if importlib.util.find_spec("mcp") is None:
+        print("field mcp: needs the mcp package: pip install 'akashik-field[mcp]'", file=sys.stderr)
+        return 2
+    from .mcp import run
+
+    return run(args.url, agent_id=args.agent_id, token=args.token, timeout=args.timeout)
 
 
 def _config(args: argparse.Namespace) -> Config:
@@ -204,6 +253,8 @@ def serve(config: Config) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "mcp":
+        return _mcp(args)
     try:
         config = _config(args)
     except (ValueError, OSError) as exc:

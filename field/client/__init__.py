@@ -10,6 +10,13 @@
         )
         context = await researcher.attune(max_units=10)
 
+There is one method per operation (``record``, ``attune``, ``detect``,
+``merge``, ``subscribe``/``unsubscribe``/``subscriptions``, ``replay``,
+``compact``, ``session``, ``coordinate``, ``handoff``, ``deregister``), each a
+thin layer over :meth:`AgentClient.send` that builds the payload of
+``protocol/README.md`` and returns the response payload as a dict. An error
+response raises :class:`FieldClientError` carrying the spec's error body.
+
 Every call sends a full envelope (spec 5.1) and keeps the agent's Lamport
 clock: the envelope carries the highest epoch the agent has seen, and
 each response's ``epoch`` moves it forward.
@@ -19,12 +26,27 @@ from __future__ import annotations
 
 import itertools
 from types import TracebackType
-from typing import Any
+from typing import Any, Final
 
 import aiohttp
 import orjson
 
 __all__ = ["AgentClient", "FieldClient", "FieldClientError"]
+
+
+class _Unset:
+    """Marker for "argument not given" where ``None`` is a meaningful value."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
+UNSET: Final = _Unset()
+
+
+def _given(**fields: Any) -> dict[str, Any]:
+    """The fields that were given (not None): optional payload fields left out."""
+    return {key: value for key, value in fields.items() if value is not None}
 
 
 class FieldClientError(Exception):
@@ -40,8 +62,16 @@ class FieldClientError(Exception):
 class FieldClient:
     """Connection to one Field; makes :class:`AgentClient` handles."""
 
-    def __init__(self, base_url: str, *, session: aiohttp.ClientSession | None = None) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        session: aiohttp.ClientSession | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        """``timeout`` bounds each request in seconds (``None``: aiohttp's default)."""
         self.base_url = base_url.rstrip("/")
+        self.timeout = timeout
         self._session = session
         self._owns_session = session is None
         self._ids = itertools.count(1)
@@ -60,7 +90,10 @@ class FieldClient:
     @property
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
-            self._session = aiohttp.ClientSession()
+            timeout = aiohttp.ClientTimeout(total=self.timeout) if self.timeout else None
+            self._session = (
+                aiohttp.ClientSession(timeout=timeout) if timeout else aiohttp.ClientSession()
+            )
         return self._session
 
     async def close(self) -> None:
@@ -112,29 +145,49 @@ class FieldClient:
         interests: list[str] | None = None,
         current_task_id: str | None = None,
         required_operations: list[str] | None = None,
+        authority: int | None = None,
+        operator_token: str | None = None,
     ) -> AgentClient:
+        """REGISTER ``agent_id``; returns its handle, holding the new token.
+
+        An ``authority`` above 4 needs the Field's ``operator_token``.
+        """
         payload: dict[str, Any] = {"id": agent_id, "role": role}
-        if interests is not None:
-            payload["interests"] = interests
-        if current_task_id is not None:
-            payload["current_task_id"] = current_task_id
-        if required_operations is not None:
-            payload["required_operations"] = required_operations
+        payload |= _given(
+            interests=interests,
+            current_task_id=current_task_id,
+            required_operations=required_operations,
+            authority=authority,
+        )
         body = self.envelope("REGISTER", agent_id, payload)
-        response = await self.request("POST", "/v1/register", body=body)
+        response = await self.request("POST", "/v1/register", body=body, token=operator_token)
         agent = AgentClient(self, agent_id, response["token"], role=role)
         agent.registration = response
         agent.epoch = response["epoch"]
         return agent
+
+    def agent(self, agent_id: str, token: str, *, role: str | None = None) -> AgentClient:
+        """A handle for an agent registered earlier (or elsewhere) whose token is known.
+
+        Without ``role``, the first call that needs it looks it up
+        (:meth:`AgentClient.refresh`).
+        """
+        return AgentClient(self, agent_id, token, role=role)
 
     async def status(self) -> dict[str, Any]:
         return await self.request("GET", "/v1/field/status")
 
 
 class AgentClient:
-    """One registered agent: its token, role and Lamport clock."""
+    """One registered agent: its token, role and Lamport clock.
 
-    def __init__(self, field: FieldClient, agent_id: str, token: str, *, role: str) -> None:
+    ``session_id`` is put in every envelope (RECORD and COORDINATE ``create``
+    use it, spec 5.1); :meth:`session` does not change it, set it yourself.
+    """
+
+    def __init__(
+        self, field: FieldClient, agent_id: str, token: str, *, role: str | None = None
+    ) -> None:
         self.field = field
         self.id = agent_id
         self.token = token
@@ -143,10 +196,23 @@ class AgentClient:
         self.session_id: str | None = None
         self.registration: dict[str, Any] = {}
 
-    async def send(self, operation: str, payload: dict[str, Any]) -> dict[str, Any]:
-        """Send one operation; returns its response payload."""
+    def __repr__(self) -> str:  # never show the token
+        return f"AgentClient({self.id!r}, role={self.role!r}, epoch={self.epoch})"
+
+    async def send(
+        self,
+        operation: str,
+        payload: dict[str, Any],
+        *,
+        session_id: str | None | _Unset = UNSET,
+    ) -> dict[str, Any]:
+        """Send one operation; returns its response payload.
+
+        ``session_id`` overrides :attr:`session_id` for this envelope only.
+        """
+        session = self.session_id if isinstance(session_id, _Unset) else session_id
         body = self.field.envelope(
-            operation, self.id, payload, epoch=self.epoch, session_id=self.session_id
+            operation, self.id, payload, epoch=self.epoch, session_id=session
         )
         path = f"/v1/{operation.lower()}"
         response = await self.field.request("POST", path, body=body, token=self.token)
@@ -167,6 +233,7 @@ class AgentClient:
         relations: list[dict[str, Any]] | None = None,
         **extra: Any,
     ) -> dict[str, Any]:
+        """RECORD a memory unit (spec 6.3); ``extra`` goes into the payload as is."""
         payload: dict[str, Any] = {
             "mode": mode,
             "type": memory_type,
@@ -175,9 +242,7 @@ class AgentClient:
             **extra,
         }
         if confidence is not None or reasoning is not None:
-            payload["confidence"] = {
-                k: v for k, v in (("score", confidence), ("reasoning", reasoning)) if v is not None
-            }
+            payload["confidence"] = _given(score=confidence, reasoning=reasoning)
         if relations:
             payload["relations"] = relations
         return await self.send("RECORD", payload)
@@ -185,8 +250,15 @@ class AgentClient:
     async def attune(
         self, *, max_units: int = 10, role: str | None = None, **options: Any
     ) -> dict[str, Any]:
-        """ATTUNE; scope fields and the payload's own fields may both be given."""
-        payload_keys = {"context_hint", "format"}
+        """ATTUNE (spec 6.4); scope fields and the payload's own fields may both be given.
+
+        ``context_hint``, ``format`` and ``since_epoch`` go into the payload,
+        everything else into the scope. To poll, pass ``since_epoch`` = the
+        ``epoch`` of the previous poll's response (0 at first).
+        """
+        payload_keys = {"context_hint", "format", "since_epoch"}
+        if role is None and self.role is None:
+            await self.refresh()
         scope = {"role": role or self.role, "max_units": max_units}
         payload: dict[str, Any] = {}
         for key, value in options.items():
@@ -194,14 +266,133 @@ class AgentClient:
         payload["scope"] = scope
         return await self.send("ATTUNE", payload)
 
-    async def detect(self, mode: str = "list", **filters: Any) -> dict[str, Any]:
-        payload: dict[str, Any] = {"mode": mode}
+    async def detect(
+        self, mode: str = "list", *, target_id: str | None = None, **filters: Any
+    ) -> dict[str, Any]:
+        """DETECT (spec 6.5): ``check`` a unit, ``scan`` the Field or ``list`` conflicts.
+
+        ``filters`` (``status``, ``types``, ``involving_agents``) form the filter.
+        """
+        payload: dict[str, Any] = {"mode": mode, **_given(target_id=target_id)}
         if filters:
             payload["filter"] = filters
         return await self.send("DETECT", payload)
 
+    async def merge(
+        self,
+        conflict_id: str,
+        strategy: str,
+        *,
+        rationale: str,
+        winner_id: str | None = None,
+        synthesis: str | None = None,
+        quorum: int | None = None,
+    ) -> dict[str, Any]:
+        """MERGE (spec 6.6): resolve, escalate or vote on a conflict."""
+        resolution = {"rationale": rationale}
+        resolution |= _given(winner_id=winner_id, synthesis=synthesis, quorum=quorum)
+        payload = {"conflict_id": conflict_id, "strategy": strategy, "resolution": resolution}
+        return await self.send("MERGE", payload)
+
+    async def subscribe(
+        self,
+        events: list[str],
+        *,
+        min_relevance: float | None = None,
+        debounce_ms: int | None = None,
+        include_own: bool | None = None,
+    ) -> dict[str, Any]:
+        """SUBSCRIBE ``subscribe`` (spec 6.7); the response names the new subscription."""
+        subscription: dict[str, Any] = {"events": events}
+        subscription |= _given(
+            min_relevance=min_relevance, debounce_ms=debounce_ms, include_own=include_own
+        )
+        return await self.send("SUBSCRIBE", {"action": "subscribe", "subscription": subscription})
+
+    async def unsubscribe(self, subscription_id: str) -> dict[str, Any]:
+        """SUBSCRIBE ``unsubscribe``: cancel one of this agent's subscriptions."""
+        payload = {"action": "unsubscribe", "subscription": {"id": subscription_id}}
+        return await self.send("SUBSCRIBE", payload)
+
+    async def subscriptions(self) -> dict[str, Any]:
+        """SUBSCRIBE ``list``: this agent's subscriptions."""
+        return await self.send("SUBSCRIBE", {"action": "list"})
+
+    async def replay(
+        self, target_type: str, target_id: str, *, depth: str = "summary"
+    ) -> dict[str, Any]:
+        """REPLAY (spec 6.8): the history of a task, unit, decision, conflict or session."""
+        payload = {"target_type": target_type, "target_id": target_id, "depth": depth}
+        return await self.send("REPLAY", payload)
+
+    async def compact(self, strategy: str, **criteria: Any) -> dict[str, Any]:
+        """COMPACT (spec 6.9); ``criteria`` (``max_age_epochs``, ``session_id``,
+        ``types``, ``status``) form the filter, which must name at least one."""
+        return await self.send("COMPACT", {"strategy": strategy, "filter": criteria})
+
+    async def session(
+        self, action: str, session_id: str | None = None, **fields: Any
+    ) -> dict[str, Any]:
+        """SESSION: ``create`` (with ``name``), ``join``, ``leave``, ``pause``,
+        ``resume``, ``end`` or ``list``; ``fields`` are ``name``, ``purpose``, ``reason``."""
+        payload = {"action": action, **_given(session_id=session_id), **fields}
+        return await self.send("SESSION", payload)
+
+    async def coordinate(
+        self,
+        action: str,
+        task_id: str | None = None,
+        *,
+        session_id: str | None | _Unset = UNSET,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """COORDINATE: ``create`` (with ``title``), ``assign`` (with ``assignee``),
+        ``start``, ``block``, ``unblock``, ``complete``, ``fail``, ``release``,
+        ``cancel`` or ``list``. A task is created in the envelope's session:
+        :attr:`session_id`, or ``session_id`` given here."""
+        payload = {"action": action, **_given(task_id=task_id), **fields}
+        return await self.send("COORDINATE", payload, session_id=session_id)
+
+    async def handoff(
+        self,
+        task_id: str,
+        to_agent_id: str,
+        *,
+        notes: str | None = None,
+        max_units: int | None = None,
+        include_units: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """HANDOFF ``task_id`` to ``to_agent_id`` with a context package."""
+        payload: dict[str, Any] = {"task_id": task_id, "to_agent_id": to_agent_id}
+        payload |= _given(notes=notes)
+        context = _given(max_units=max_units, include_units=include_units)
+        if context:
+            payload["context"] = context
+        return await self.send("HANDOFF", payload)
+
     async def deregister(self) -> dict[str, Any]:
+        """DEREGISTER (spec 6.2): the token is revoked."""
         return await self.send("DEREGISTER", {"agent_id": self.id})
 
     async def get(self, path: str) -> dict[str, Any]:
+        """A GET endpoint with this agent's token (``/v1/agents``, ``/v1/conflicts``)."""
         return await self.field.request("GET", path, token=self.token)
+
+    async def refresh(self) -> dict[str, Any]:
+        """Fetch this agent's record (``GET /v1/agents``) and take its ``role``."""
+        listing = await self.get("/v1/agents")
+        for agent in listing["agents"]:
+            if agent["id"] == self.id:
+                self.role = agent["role"]
+                record: dict[str, Any] = agent
+                return record
+        raise FieldClientError(
+            404,
+            {
+                "code": "AGENT_NOT_FOUND",
+                "message": f"agent {self.id} is not registered",
+                "operation": None,
+                "recoverable": False,
+                "suggested_action": "Register the agent again.",
+            },
+        )
