@@ -247,6 +247,8 @@ async def test_quickstart_flow(field: CheckedClient) -> None:
     strategist = await field.register("strategist-01", "strategist", interests=["market"])
     created = await researcher.send("SESSION", {"action": "create", "name": "Market sizing"})
     researcher.session_id = created["session"]["id"]
+    # units recorded in a session are seen by its members only (spec 11.3)
+    await strategist.send("SESSION", {"action": "join", "session_id": researcher.session_id})
     recorded = await researcher.record(
         "finding",
         "EU HR SaaS market grows 23% a year.",

@@ -445,7 +445,11 @@ def _package(
         include_own=True,
         since_epoch=None,
     )
-    visible = relevance.candidates(index, everyone)
+    # the package goes to the target and back to the sender: both must see it all
+    seen_by_target = visibility.both(
+        visibility.row_mask(state, agent), visibility.row_mask(state, state.principal(sender))
+    )
+    visible = relevance.candidates(index, everyone, seen_by_target)
     for row in visible[index.task.view[visible] == index.tasks.find(task["id"])][::-1].tolist():
         if room == 0:
             break
@@ -453,7 +457,7 @@ def _package(
             picked[row] = f"recorded for {task['id']}"
             room -= 1
     if room:
-        rows = relevance.candidates(index, query)
+        rows = relevance.candidates(index, query, seen_by_target)
         rows = rows[~np.isin(rows, np.array(list(picked), dtype=np.intp))]
         scores = relevance.score(index, query, rows)
         best, _, _ = relevance.best_diversified(index, rows, scores, count=room, threshold=0.0)

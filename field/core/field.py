@@ -500,7 +500,7 @@ class Field:
             include_archived=scope["include_archived"],
         )
         index = self.state.index
-        rows = relevance.candidates(index, query)
+        rows = relevance.candidates(index, query, visibility.row_mask(self.state, agent))
         scores = relevance.score(index, query, rows)
         polling = query.since_epoch is not None
         threshold = scope["relevance_threshold"]

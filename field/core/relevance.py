@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..model import TYPE_IMPORTANCE, UNIT_STATUSES
+from ..model import MEMORY_TYPES, TYPE_IMPORTANCE, UNIT_STATUSES
 from .embedding import STOPWORDS, Embedder, Vectors, cosine, default_embedder, quantize
 
 RECENCY_HALF_LIFE = 256.0
@@ -70,6 +70,7 @@ EMBED_BATCH = 1024
 
 #: "purged" is no unit status: it marks the row a purged unit leaves behind (COMPACT)
 STATUS_CODE = {status: code for code, status in enumerate((*UNIT_STATUSES, "purged"))}
+TYPE_CODE = {memory_type: code for code, memory_type in enumerate(sorted(MEMORY_TYPES))}
 _HIDDEN_CODES = np.array(
     [STATUS_CODE["superseded"], STATUS_CODE["retracted"], STATUS_CODE["purged"]], dtype=np.int8
 )
@@ -105,6 +106,9 @@ class Interner:
 
     def __init__(self) -> None:
         self._codes: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._codes)
 
     def code(self, value: str) -> int:
         code = self._codes.get(value)
@@ -192,6 +196,10 @@ class UnitIndex:
         self.agent = Column(np.int32)
         self.role = Column(np.int32)
         self.task = Column(np.int32)
+        #: the session a unit was recorded in (-1: none, or one the Field does not know)
+        self.session = Column(np.int32)
+        self.memory_type = Column(np.int8)
+        self.sessions = Interner()
         self.agents = Interner()
         self.roles = Interner()
         self.tasks = Interner()
@@ -200,7 +208,8 @@ class UnitIndex:
     def __len__(self) -> int:
         return len(self.ids)
 
-    def add(self, unit: dict[str, Any]) -> None:
+    def add(self, unit: dict[str, Any], *, session_id: str | None = None) -> None:
+        """Index ``unit``; ``session_id`` is the known session it was recorded in, if any."""
         row = len(self.ids)
         self.ids.append(unit["id"])
         self.rows[unit["id"]] = row
@@ -213,6 +222,8 @@ class UnitIndex:
         self.role.append(self.roles.code(unit["source"]["agent_role"]))
         task = unit["intent"].get("task_id")
         self.task.append(-1 if task is None else self.tasks.code(task))
+        self.session.append(-1 if session_id is None else self.sessions.code(session_id))
+        self.memory_type.append(TYPE_CODE[unit["type"]])
         words = unit_keywords(unit) | frozenset(keywords(unit["source"]["agent_role"]))
         self.row_keywords.append(words)
         for word in words:
@@ -336,10 +347,18 @@ class Query:
         return np.maximum(index.similarity(vector, square, rows), 0.0)
 
 
-def candidates(index: UnitIndex, query: Query) -> npt.NDArray[np.intp]:
-    """Rows ATTUNE may return: visible, not the caller's own, after since_epoch."""
+def candidates(
+    index: UnitIndex, query: Query, visible: npt.NDArray[np.bool_] | None = None
+) -> npt.NDArray[np.intp]:
+    """Rows ATTUNE may return: shown, not the caller's own, after since_epoch.
+
+    ``visible`` masks the rows the caller may see (session visibility);
+    None: all of them.
+    """
     n = len(index)
     mask = ~np.isin(index.status.view, _HIDDEN_CODES)
+    if visible is not None:
+        mask &= visible
     if not query.include_archived:
         mask &= index.status.view != _ARCHIVED_CODE
     if not query.include_own:

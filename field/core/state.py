@@ -202,7 +202,8 @@ class FieldState:
         self.units[unit["id"]] = unit
         self.units_by_agent[unit["source"]["agent_id"]] += 1
         self.unit_statuses[unit["status"]] += 1
-        self.index.add(unit)
+        session_id = unit["source"].get("session_id")
+        self.index.add(unit, session_id=session_id if session_id in self.sessions else None)
 
     def _set_unit_status(self, unit_id: str, status: str) -> None:
         unit = self.units[unit_id]

@@ -22,10 +22,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from .authority import OPERATOR, SESSION_CREATOR
+import numpy as np
+import numpy.typing as npt
+
+from .authority import OPERATOR, OPERATOR_ID, SESSION_CREATOR
 from .entities import entities_of
+from .relevance import TYPE_CODE
 
 if TYPE_CHECKING:
+    from ..subscriptions.events import FieldEvent
     from .state import AgentRecord, FieldState
 
 #: A membership span: from the position of the join to that of the leave (None: still in).
@@ -153,3 +158,70 @@ def entity_visible(state: FieldState, viewer: AgentRecord, kind: str, entity_id:
 def entry_visible(state: FieldState, viewer: AgentRecord, data: dict[str, Any]) -> bool:
     """Whether ``viewer`` may see a log entry: it may see everything the entry is about."""
     return all(entity_visible(state, viewer, kind, eid) for kind, eid in entities_of(data))
+
+
+def row_mask(state: FieldState, viewer: AgentRecord) -> npt.NDArray[np.bool_] | None:
+    """Which rows of the unit index ``viewer`` may see now; None: all of them."""
+    index = state.index
+    if sees_everything(viewer) or not index.sessions:
+        return None
+    codes = index.session.view
+    admitted = [-1]
+    excluded: list[tuple[int, int]] = []  # (session code, type code) hidden by a rule
+    for session_id in state.sessions_by_member.get(viewer.id, ()):
+        code = index.sessions.find(session_id)
+        if code < 0:
+            continue  # no unit recorded in it
+        admitted.append(code)
+        for memory_type in state.sessions[session_id].get("visibility", {}):
+            if not session_admits(state, viewer, session_id, memory_type):
+                excluded.append((code, TYPE_CODE[memory_type]))
+    mask = np.isin(codes, admitted)
+    for code, type_code in excluded:
+        mask &= ~((codes == code) & (index.memory_type.view == type_code))
+    return mask
+
+
+def both(
+    a: npt.NDArray[np.bool_] | None, b: npt.NDArray[np.bool_] | None
+) -> npt.NDArray[np.bool_] | None:
+    """The rows two row masks both admit (None admits all)."""
+    if a is None:
+        return b
+    return a if b is None else a & b
+
+
+def event_audience(state: FieldState, event: FieldEvent) -> set[str] | None:
+    """The agents that may be told of ``event``, as of its position; None: everyone.
+
+    An event is scoped by the sessions of what it is about: its units (with
+    their types), its task, or the session itself. The operator is always
+    in the audience.
+    """
+    scopes: list[tuple[str | None, str | None]] = []
+    for unit_id in event.units:
+        unit = state.known_units.get(unit_id)
+        if unit is not None:
+            scopes.append((unit["source"].get("session_id"), unit["type"]))
+    if event.detail:
+        task = event.detail.get("task")
+        if isinstance(task, dict):
+            scopes.append((task.get("session_id"), None))
+    if event.entity_type == "session":
+        scopes.append((event.entity_id, None))
+    audience: set[str] | None = None
+    for session_id, memory_type in scopes:
+        if session_id is None or session_id not in state.sessions:
+            continue
+        allowed = {
+            agent_id
+            for agent_id in state.membership.members_at(session_id, event.position)
+            if agent_id in state.agents
+            and session_admits(
+                state, state.agents[agent_id], session_id, memory_type, position=event.position
+            )
+        }
+        audience = allowed if audience is None else audience & allowed
+    if audience is not None:
+        audience.add(OPERATOR_ID)
+    return audience

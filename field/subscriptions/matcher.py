@@ -38,7 +38,7 @@ completed, a failed agent's task to reassign).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -132,10 +132,14 @@ class Matcher:
         registry: SubscriptionRegistry,
         index: UnitIndex,
         units: Mapping[str, dict[str, Any]],
+        *,
+        audience: Callable[[FieldEvent], set[str] | None] | None = None,
     ) -> None:
         self.registry = registry
         self.index = index
         self.units = units
+        #: the agents that may see an event (None: everyone), for session visibility
+        self.audience = audience
 
     def match(
         self, events: list[FieldEvent], *, only: npt.NDArray[np.intp] | None = None
@@ -169,6 +173,13 @@ class Matcher:
         actors = np.array([reg.agents.find(e.actor) for e in events], dtype=np.int32)[:, None]
         own = reg.agent.view[rows][None, :] == actors
         eligible &= ~own | reg.include_own.view[rows][None, :]
+        if self.audience is not None:
+            subscribers = reg.agent.view[rows]
+            for i, event in enumerate(events):
+                allowed = self.audience(event)
+                if allowed is not None:
+                    codes = [reg.agents.find(agent_id) for agent_id in allowed]
+                    eligible[i] &= np.isin(subscribers, codes)
 
         # relevance depends on the agent profile only: score each profile once
         if len(rows) == len(reg):

@@ -18,6 +18,7 @@ duplicate.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Iterator
@@ -27,6 +28,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from ..core import visibility
 from ..core.field import Field
 from ..liveness import Liveness
 from ..service import FieldService
@@ -265,8 +267,12 @@ class PushHub:
         self, binding: _Binding, entries: list[StoredEntry], rows: np.ndarray
     ) -> int:
         events = self._events(entries)
+        state = self.field.state
         matcher = Matcher(
-            self.field.state.registry, self.field.state.index, self.field.state.known_units
+            state.registry,
+            state.index,
+            state.known_units,
+            audience=functools.partial(visibility.event_audience, state),
         )
         delivered = 0
         for match in matcher.match(events, only=rows):
@@ -287,7 +293,12 @@ class PushHub:
         events = self._events(entries)
         if events:
             state = self.field.state
-            matcher = Matcher(state.registry, state.index, state.known_units)
+            matcher = Matcher(
+                state.registry,
+                state.index,
+                state.known_units,
+                audience=functools.partial(visibility.event_audience, state),
+            )
             rows = np.array([state.registry.rows[s] for s in self._by_subscription], dtype=np.intp)
             for match in matcher.match(events, only=np.sort(rows)):
                 self._route(match)
