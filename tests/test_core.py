@@ -50,7 +50,7 @@ def test_register_returns_agent_capabilities_and_token() -> None:
     assert response["agent"]["status"] == "idle"
     assert response["agent"]["interests"] == ["market size"]
     caps = response["field_capabilities"]
-    assert caps["conformance_level"] == 1
+    assert caps["conformance_level"] == 3
     assert caps["supported_operations"] == list(SUPPORTED_OPERATIONS)
     assert caps["protocol_version"] == "0.1.0"
     assert response["token"] == "token-1"

@@ -66,7 +66,10 @@ SUPPORTED_OPERATIONS: tuple[str, ...] = (
     "HANDOFF",
     "SESSION",
 )
-CONFORMANCE_LEVEL = 1
+#: Level 3 of spec section 9: every operation, the Coordination Extension, all seven
+#: MERGE strategies, embeddings, authority and session visibility, four bindings
+#: (HTTP, WebSocket, SSE push, MCP).
+CONFORMANCE_LEVEL = 3
 SUMMARY_CHARS = 240
 
 
