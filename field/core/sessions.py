@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import AuthError, Code, NotFound, StateError
 from ..store.base import LogEntry
+from .machines import step
 
 if TYPE_CHECKING:
     from .state import FieldState
@@ -48,10 +49,6 @@ ENTRY_KIND: dict[str, str] = {
     "resume": "session.resumed",
     "end": "session.ended",
 }
-
-
-def allowed_actions(status: str) -> list[str]:
-    return sorted(TRANSITIONS[status])
 
 
 def find(state: FieldState, session_id: str) -> dict[str, Any]:
@@ -90,24 +87,7 @@ def require_active_member(state: FieldState, agent_id: str, session_id: str, wha
 
 def transition(session: dict[str, Any], action: str) -> str:
     """The status after ``action``, or INVALID_TRANSITION naming the allowed actions."""
-    status = session["status"]
-    after = TRANSITIONS[status].get(action)
-    if after is None:
-        allowed = allowed_actions(status)
-        raise StateError(
-            f"session {session['id']} is {status}; {action!r} is not allowed"
-            + (f" (allowed: {', '.join(allowed)})" if allowed else " (it has ended)"),
-            code=Code.INVALID_TRANSITION,
-            recoverable=False,
-            suggested_action="Read the session's status and choose an allowed action.",
-            details={
-                "session_id": session["id"],
-                "from": status,
-                "action": action,
-                "allowed_actions": allowed,
-            },
-        )
-    return after
+    return step(TRANSITIONS, "session", session, action, terminal="it has ended")
 
 
 def member_sessions(state: FieldState, agent_id: str) -> list[dict[str, Any]]:

@@ -34,8 +34,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Code, NotFound, StateError
+from ..errors import Code, NotFound
 from ..store.base import LogEntry
+from .machines import step
 
 if TYPE_CHECKING:
     from .state import FieldState
@@ -98,10 +99,6 @@ ASSIGNEE_ACTIONS: frozenset[str] = frozenset(
 PRIORITIES: tuple[str, ...] = ("low", "normal", "high", "critical")
 
 
-def allowed_actions(status: str) -> list[str]:
-    return [action for action in TRANSITION_ACTIONS if action in TRANSITIONS[status]]
-
-
 def find(state: FieldState, task_id: str) -> dict[str, Any]:
     task = state.tasks.get(task_id)
     if task is None:
@@ -115,24 +112,7 @@ def find(state: FieldState, task_id: str) -> dict[str, Any]:
 
 def transition(task: dict[str, Any], action: str) -> str:
     """The status after ``action``, or INVALID_TRANSITION naming the allowed actions."""
-    status = task["status"]
-    after = TRANSITIONS[status].get(action)
-    if after is None:
-        allowed = allowed_actions(status)
-        raise StateError(
-            f"task {task['id']} is {status}; {action!r} is not allowed"
-            + (f" (allowed: {', '.join(allowed)})" if allowed else " (it is finished)"),
-            code=Code.INVALID_TRANSITION,
-            recoverable=False,
-            suggested_action="Read the task's status and choose an allowed action.",
-            details={
-                "task_id": task["id"],
-                "from": status,
-                "action": action,
-                "allowed_actions": allowed,
-            },
-        )
-    return after
+    return step(TRANSITIONS, "task", task, action, terminal="it is finished")
 
 
 def unfinished_dependencies(state: FieldState, task: dict[str, Any]) -> list[str]:

@@ -412,19 +412,7 @@ class Matcher:
         words = frozenset(keywords(agent["role"])) | frozenset(
             w for phrase in agent["interests"] for w in keywords(phrase)
         )
-        role, interest, task, flags = self._alignment(
-            profiles, agent["role"], words, agent.get("current_task_id")
-        )
-        score = combine(
-            role=role,
-            interest=interest,
-            type_weight=None,
-            task=task,
-            confidence=None,
-            recency=1.0,
-            recency_weight=0.0,
-        )
-        return score, flags
+        return self._aligned(profiles, agent["role"], words, agent.get("current_task_id"))
 
     def _topic_relevance(
         self, event: FieldEvent, profiles: npt.NDArray[np.intp]
@@ -434,8 +422,17 @@ class Matcher:
         The topic has no role of its own: role counts through the share of
         the subscriber's role words in the topic.
         """
-        words = frozenset(keywords(event.topic))
-        role, interest, task, flags = self._alignment(profiles, None, words, event.task_id)
+        return self._aligned(profiles, None, frozenset(keywords(event.topic)), event.task_id)
+
+    def _aligned(
+        self,
+        profiles: npt.NDArray[np.intp],
+        role_of: str | None,
+        words: frozenset[str],
+        task_of: str | None,
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """Role, interest and task alignment alone (no type, confidence or recency)."""
+        role, interest, task, flags = self._alignment(profiles, role_of, words, task_of)
         score = combine(
             role=role,
             interest=interest,

@@ -267,13 +267,7 @@ class PushHub:
         self, binding: _Binding, entries: list[StoredEntry], rows: np.ndarray
     ) -> int:
         events = self._events(entries)
-        state = self.field.state
-        matcher = Matcher(
-            state.registry,
-            state.index,
-            state.known_units,
-            audience=functools.partial(visibility.event_audience, state),
-        )
+        matcher = self._matcher()
         delivered = 0
         for match in matcher.match(events, only=rows):
             shared = encode_event(match.event, format_cursor(self.tag, match.event.position))
@@ -282,6 +276,16 @@ class PushHub:
         if entries:
             delivered += self._deliver(binding, binding.stream.advance(entries[-1].ts))
         return delivered
+
+    def _matcher(self) -> Matcher:
+        """A matcher over the Field as it is, telling events only to their audience."""
+        state = self.field.state
+        return Matcher(
+            state.registry,
+            state.index,
+            state.known_units,
+            audience=functools.partial(visibility.event_audience, state),
+        )
 
     # -- live --------------------------------------------------------------------
 
@@ -293,12 +297,7 @@ class PushHub:
         events = self._events(entries)
         if events:
             state = self.field.state
-            matcher = Matcher(
-                state.registry,
-                state.index,
-                state.known_units,
-                audience=functools.partial(visibility.event_audience, state),
-            )
+            matcher = self._matcher()
             rows = np.array([state.registry.rows[s] for s in self._by_subscription], dtype=np.intp)
             for match in matcher.match(events, only=np.sort(rows)):
                 self._route(match)
