@@ -195,12 +195,12 @@ class Field:
             epoch = self.state.clock.next(envelope.epoch)
             now = max(self.state.last_ts, self._now())  # entry timestamps never decrease
             outcome = handler(Context(envelope, agent, epoch, now))
-            if agent is not None and agent.status == "failed" and outcome.entries is not None:
+            if agent is not None and agent.status == "failed":
                 # a failed agent that is heard from again has recovered
                 data = {"agent_id": agent.id}
                 outcome.entries.insert(0, LogEntry(epoch, "agent.recovered", data, agent.id, now))
             self._commit(epoch, outcome.entries)
-            outcome.agent_id = envelope.agent_id if agent is None else agent.id
+            outcome.agent_id = envelope.agent_id if agent is None or registering else agent.id
             return outcome
         except FieldError as error:
             error.operation = error.operation or envelope.operation
