@@ -2,8 +2,11 @@
 
 :meth:`Matcher.match` takes a batch of events and returns, per event,
 the subscriptions it notifies, with relevance, ``requires_action`` and
-the reason. The work is done on (events x subscriptions) matrices: the
-only Python loops run over events and over an event's keywords.
+the reason. Relevance depends on the subscriber's agent profile only, so
+it is scored on (events x profiles) matrices; each event is then checked
+against the rows that list its name (gathered once per call), with its
+profile scores gathered to them. The only Python loops run over events
+and over an event's keywords.
 
 A subscription is notified of an event when all of these hold:
 
@@ -46,13 +49,12 @@ import numpy as np
 import numpy.typing as npt
 
 from ..core.embedding import cosine
-from ..core.relevance import SEMANTIC_NOTE, UnitIndex, combine, keywords, recency
-from ..model import TYPE_IMPORTANCE
+from ..core.relevance import SEMANTIC_NOTE, WEIGHTS, Column, UnitIndex, combine, keywords, recency
 from .events import EVENT_BIT, FieldEvent
 from .registry import SubscriptionRegistry
 
-#: Largest (events x subscriptions) matrix built at once; bigger batches are chunked.
-MATRIX_CELLS = 1 << 21
+#: Largest (events x agent profiles) matrix built at once; bigger batches are chunked.
+MATRIX_CELLS = 1 << 18
 #: Up to this many agent profiles, units are scored down the unit columns per profile.
 FEW_PROFILES = 4
 RECENCY_WEIGHT = 0.25
@@ -82,10 +84,11 @@ class Match:
     """The subscriptions one event notifies (row numbers in the registry)."""
 
     event: FieldEvent
-    rows: npt.NDArray[np.intp]
+    rows: npt.NDArray[np.int32]
     relevance: npt.NDArray[np.float64]
     requires_action: npt.NDArray[np.bool_]
-    flags: npt.NDArray[np.int64]
+    #: the reason flags (compact: a batch's matches hold one entry per notification)
+    flags: npt.NDArray[np.uint8]
 
     def reason(self, i: int) -> str:
         return reason_text(self.event.name, int(self.flags[i]))
@@ -124,6 +127,33 @@ def reason_text(event: str, flags: int) -> str:
     return text
 
 
+@dataclass(frozen=True, slots=True)
+class _Candidates:
+    """The rows of a match that are active and list one event name, with their columns."""
+
+    rows: npt.NDArray[np.int32]
+    #: each row's position in the scope's profiles
+    profile: npt.NDArray[np.intp]
+    agent: npt.NDArray[np.int32]
+    #: the subscriber where it leaves out its own actions, else -1
+    excluded: npt.NDArray[np.int32]
+    created: npt.NDArray[np.int64]
+    newest: int
+    oldest: int
+    min_relevance: npt.NDArray[np.float64]
+
+
+@dataclass(frozen=True, slots=True)
+class _Scope:
+    """The rows one :meth:`Matcher.match` call covers, and their agent profiles."""
+
+    rows: npt.NDArray[np.intp]
+    profiles: npt.NDArray[np.intp]
+    #: each row's position in ``profiles``
+    of_row: npt.NDArray[np.intp]
+    candidates: dict[str, _Candidates]
+
+
 class Matcher:
     """Scores events against a registry; reads units from a UnitIndex."""
 
@@ -149,130 +179,131 @@ class Matcher:
         ``only`` restricts matching to those registry rows (used to replay
         one subscription's stream from the log).
         """
-        n = len(self.registry)
+        reg = self.registry
+        n = len(reg)
         if n == 0 or not events:
             return []
         rows = np.arange(n) if only is None else np.asarray(only, dtype=np.intp)
-        step = max(1, MATRIX_CELLS // max(1, len(rows)))
+        # relevance depends on the agent profile only: score each profile once
+        if only is None:
+            profiles, of_row = np.arange(reg.profile_count), reg.profile.view
+        else:
+            profiles, of_row = np.unique(reg.profile.view[rows], return_inverse=True)
+        scope = _Scope(rows, profiles, of_row.astype(np.intp, copy=False), {})
+        step = max(1, MATRIX_CELLS // max(1, len(profiles)))
         matches: list[Match] = []
         for start in range(0, len(events), step):
-            matches.extend(self._match_chunk(events[start : start + step], rows))
+            matches.extend(self._match_chunk(events[start : start + step], scope))
         return matches
 
     # -- one chunk of events against the chosen rows ---------------------------
 
-    def _match_chunk(self, events: list[FieldEvent], rows: npt.NDArray[np.intp]) -> list[Match]:
-        reg = self.registry
-        bits = np.array([EVENT_BIT[e.name] for e in events], dtype=np.int64)[:, None]
-        epochs = np.array([e.epoch for e in events], dtype=np.int64)[:, None]
-        eligible = (
-            reg.active.view[rows][None, :]
-            & ((reg.event_mask.view[rows][None, :] & bits) != 0)
-            & (reg.created_epoch.view[rows][None, :] < epochs)
-        )
-        actors = np.array([reg.agents.find(e.actor) for e in events], dtype=np.int32)[:, None]
-        own = reg.agent.view[rows][None, :] == actors
-        eligible &= ~own | reg.include_own.view[rows][None, :]
-        if self.audience is not None:
-            subscribers = reg.agent.view[rows]
-            for i, event in enumerate(events):
-                allowed = self.audience(event)
-                if allowed is not None:
-                    codes = [reg.agents.find(agent_id) for agent_id in allowed]
-                    eligible[i] &= np.isin(subscribers, codes)
+    def _candidates(self, scope: _Scope, name: str) -> _Candidates:
+        """The rows of ``scope`` that are active and list event ``name`` (cached per call)."""
+        found = scope.candidates.get(name)
+        if found is None:
+            reg, rows = self.registry, scope.rows
+            whole = len(rows) == len(reg)
+            active = reg.active.view if whole else reg.active.view[rows]
+            masks = reg.event_mask.view if whole else reg.event_mask.view[rows]
+            pick = np.flatnonzero(active & ((masks & EVENT_BIT[name]) != 0))
+            chosen = rows[pick]
+            agent = reg.agent.view[chosen]
+            created = reg.created_epoch.view[chosen]
+            found = scope.candidates[name] = _Candidates(
+                rows=chosen.astype(np.int32),
+                profile=scope.of_row[pick],
+                agent=agent,
+                # the subscriber, where its own actions are left out
+                excluded=np.where(reg.include_own.view[chosen], -1, agent),
+                created=created,
+                newest=int(created.max()) if len(created) else -1,
+                oldest=int(created.min()) if len(created) else 0,
+                min_relevance=reg.min_relevance.view[chosen],
+            )
+        return found
 
-        # relevance depends on the agent profile only: score each profile once
-        if len(rows) == len(reg):
-            profiles, of_row = np.arange(reg.profile_count), reg.profile.view
-        else:
-            profiles, of_row = np.unique(reg.profile.view[rows], return_inverse=True)
-        relevance = np.zeros(eligible.shape, dtype=np.float64)
-        flags = np.zeros(eligible.shape, dtype=np.int64)
-        authored = np.zeros(eligible.shape, dtype=bool)
-        concerned = np.zeros(eligible.shape, dtype=bool)
-        acting = np.zeros(eligible.shape, dtype=bool)
-        wanted = eligible.any(axis=1).tolist()
-        scored: dict[tuple[str, int], tuple[Any, Any]] = {}
-        if len(profiles) <= FEW_PROFILES:  # e.g. replaying one stream: score across events
-            single = [
-                i
-                for i, e in enumerate(events)
-                if wanted[i] and e.agent is None and len(e.units) == 1
-            ]
-            pairs = [
-                (unit_id, e.epoch)
-                for e, want in zip(events, wanted, strict=True)
-                if want and e.agent is None
-                for unit_id in e.units
-            ]
-            scored = self._units_for_few_profiles(pairs, profiles)
-            if single:  # one unit per event: fill those rows of the matrices at once
-                keys = [(events[i].units[0], events[i].epoch) for i in single]
-                relevance[single] = np.stack([scored[k][0] for k in keys])[:, of_row]
-                flags[single] = np.stack([scored[k][1] for k in keys])[:, of_row]
-                authors = np.array(
-                    [reg.agents.find(self.units[k[0]]["source"]["agent_id"]) for k in keys],
-                    dtype=np.int32,
-                )
-                authored[single] = reg.agent.view[rows][None, :] == authors[:, None]
-                for i in single:
-                    wanted[i] = False  # done
-        unit_ids = list(
+    def _match_chunk(self, events: list[FieldEvent], scope: _Scope) -> list[Match]:
+        reg, profiles = self.registry, scope.profiles
+        wanted: list[tuple[FieldEvent, _Candidates]] = []
+        for event in events:
+            candidates = self._candidates(scope, event.name)
+            if len(candidates.rows) and candidates.oldest < event.epoch:
+                wanted.append((event, candidates))
+        pairs = list(
             dict.fromkeys(
-                unit_id
-                for e, want in zip(events, wanted, strict=True)
-                if want and e.agent is None
+                (unit_id, e.epoch)
+                for e, _ in wanted
+                if e.agent is None and e.topic is None
                 for unit_id in e.units
             )
         )
-        semantic = self._semantic(profiles, unit_ids)
-        column = {unit_id: k for k, unit_id in enumerate(unit_ids)}
-        for i, event in enumerate(events):
-            if not wanted[i]:
-                continue
+        if len(profiles) <= FEW_PROFILES:  # e.g. replaying one stream: score across events
+            scored = self._units_for_few_profiles(pairs, profiles)
+        else:
+            scored = self._units_for_many_profiles(pairs, profiles)
+        matches = []
+        for event, c in wanted:
+            concerned = acting = authored = None
             if event.agent is not None or event.topic is not None:
                 if event.agent is not None:  # agent.joined, agent.failed
                     score, score_flags = self._agent_relevance(event.agent, profiles)
                 else:  # task, handoff and session events
                     score, score_flags = self._topic_relevance(event, profiles)
-                relevance[i], flags[i] = score[of_row], score_flags[of_row]
-                subscribers = reg.agent.view[rows]
-                concerned[i] = np.isin(subscribers, [reg.agents.find(a) for a in event.agents])
-                acting[i] = np.isin(subscribers, [reg.agents.find(a) for a in event.acting])
+                if event.agents:
+                    concerned = np.isin(c.agent, [reg.agents.find(a) for a in event.agents])
+                if event.acting:
+                    acting = np.isin(c.agent, [reg.agents.find(a) for a in event.acting])
+            elif len(event.units) == 1:
+                score, score_flags = scored[(event.units[0], event.epoch)]
+            else:
+                score = np.full(len(profiles), -1.0)
+                score_flags = np.zeros(len(profiles), dtype=np.int64)
+                for unit_id in event.units:
+                    unit_score, unit_flags = scored[(unit_id, event.epoch)]
+                    better = unit_score > score
+                    score = np.where(better, unit_score, score)
+                    score_flags = np.where(better, unit_flags, score_flags)
+            if event.name in OWN_UNIT_EVENTS and event.agent is None and event.topic is None:
+                authors = [
+                    reg.agents.find(self.units[u]["source"]["agent_id"]) for u in event.units
+                ]
+                authored = np.isin(c.agent, authors)
+            relevance = score.take(c.profile)
+            special = authored if concerned is None else concerned
+            if authored is not None and concerned is not None:
+                special = authored | concerned
+            if special is not None:
+                relevance[special] = 1.0
+            notify = relevance >= c.min_relevance
+            if c.newest >= event.epoch:
+                notify &= c.created < event.epoch
+            actor = reg.agents.find(event.actor)
+            if actor >= 0:
+                notify &= c.excluded != actor
+            if self.audience is not None:
+                allowed = self.audience(event)
+                if allowed is not None:
+                    codes = [reg.agents.find(agent_id) for agent_id in allowed]
+                    notify &= np.isin(c.agent, codes)
+            hit = np.flatnonzero(notify)
+            if not len(hit):
                 continue
-            best = np.full(len(profiles), -1.0)
-            best_flags = np.zeros(len(profiles), dtype=np.int64)
-            for unit_id in event.units:
-                key = (unit_id, event.epoch)
-                score, unit_flags = scored.get(key) or self._unit_relevance(
-                    unit_id, event.epoch, profiles, semantic[:, column[unit_id]]
-                )
-                better = score > best
-                best = np.where(better, score, best)
-                best_flags = np.where(better, unit_flags, best_flags)
-                author = reg.agents.find(self.units[unit_id]["source"]["agent_id"])
-                authored[i] |= reg.agent.view[rows] == author
-            relevance[i], flags[i] = best[of_row], best_flags[of_row]
-        involves_own = authored & np.array([e.name in OWN_UNIT_EVENTS for e in events])[:, None]
-        must_act = involves_own & np.array([e.name in MUST_ACT_EVENTS for e in events])[:, None]
-        relevance = np.where(involves_own | concerned, 1.0, relevance)
-        flags |= (
-            np.where(involves_own, _OWN_UNIT, 0)
-            | np.where(concerned, _CONCERNS_YOU, 0)
-            | np.where(acting, _YOUR_MOVE, 0)
-        )
-        requires_action = must_act | acting
-        notify = eligible & (relevance >= reg.min_relevance.view[rows][None, :])
-
-        matches = []
-        event_of_hit, columns = np.nonzero(notify)
-        bounds = np.searchsorted(event_of_hit, np.arange(len(events) + 1)).tolist()
-        for i, event in enumerate(events):
-            if bounds[i] == bounds[i + 1]:
-                continue
-            hit = columns[bounds[i] : bounds[i + 1]]
+            flags = score_flags.astype(np.uint8).take(c.profile.take(hit))
+            requires_action = np.zeros(len(hit), dtype=bool)
+            if authored is not None:
+                own = authored[hit]
+                np.bitwise_or(flags, _OWN_UNIT, out=flags, where=own)
+                if event.name in MUST_ACT_EVENTS:
+                    requires_action |= own
+            if concerned is not None:
+                np.bitwise_or(flags, _CONCERNS_YOU, out=flags, where=concerned[hit])
+            if acting is not None:
+                moves = acting[hit]
+                np.bitwise_or(flags, _YOUR_MOVE, out=flags, where=moves)
+                requires_action |= moves
             matches.append(
-                Match(event, rows[hit], relevance[i, hit], requires_action[i, hit], flags[i, hit])
+                Match(event, c.rows.take(hit), relevance.take(hit), requires_action, flags)
             )
         return matches
 
@@ -291,39 +322,13 @@ class Matcher:
         whole = len(profiles) == reg.profile_count  # then profiles is arange: skip the gather
         vectors = reg.vectors.view if whole else reg.vectors.view[profiles]
         squares = (reg.squares.view if whole else reg.squares.view[profiles])[:, None]
-        dots = vectors @ index.vectors[rows].T  # exact: integer-valued rows
+        # exact: integer-valued rows; one unit as a matrix-vector product (a one-column
+        # matrix product costs far more in a threaded BLAS)
+        units = index.vectors[rows]
+        dots = (vectors @ units[0])[:, None] if len(rows) == 1 else vectors @ units.T
         closeness = np.maximum(cosine(dots, squares, index.squares[rows][None, :]), 0.0)
         semantic: npt.NDArray[np.float64] = np.where(squares > 0, closeness, np.nan)
         return semantic
-
-    def _unit_relevance(
-        self,
-        unit_id: str,
-        epoch: int,
-        profiles: npt.NDArray[np.intp],
-        semantic: npt.NDArray[np.float64],
-    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
-        """ATTUNE's score of one unit for each agent profile, as of ``epoch``."""
-        index = self.index
-        unit = self.units[unit_id]
-        row = index.rows[unit_id]
-        role, interest, task, flags = self._alignment(
-            profiles,
-            unit["source"]["agent_role"],
-            index.row_keywords[row],
-            unit["intent"].get("task_id"),
-        )
-        score = combine(
-            role=role,
-            interest=interest,
-            semantic=semantic,
-            type_weight=TYPE_IMPORTANCE.get(unit["type"], 0.5),
-            task=task,
-            confidence=float(index.confidence.view[row]),
-            recency=recency(index.count_at(epoch) - 1 - row),
-            recency_weight=RECENCY_WEIGHT,
-        )
-        return score, flags | _semantic_flags(semantic)
 
     def _alignment(
         self,
@@ -404,6 +409,103 @@ class Matcher:
                 np.zeros(len(pairs)) if task is None else task,
             ) | (0 if semantic is None else _semantic_flags(semantic))
         return {pair: (scores[k], flags[k]) for k, pair in enumerate(pairs)}
+
+    def _units_for_many_profiles(
+        self, pairs: list[tuple[str, int]], profiles: npt.NDArray[np.intp]
+    ) -> dict[tuple[str, int], tuple[Any, Any]]:
+        """ATTUNE's score of each (unit, epoch) pair for each agent profile.
+
+        One (pairs x profiles) matrix per factor, the units' keywords counted
+        into it from the inverted profile indexes in one call. The formula is
+        :func:`~field.core.relevance.combine` fused: which factors apply
+        depends on the profile only, so the weights' sum is one row, and a
+        factor that does not apply adds 0.0, as in ``combine`` (the same
+        operations in the same order, so the same bits).
+        """
+        if not pairs:
+            return {}
+        reg, index = self.registry, self.index
+        unit_ids = list(dict.fromkeys(unit_id for unit_id, _ in pairs))
+        column = {unit_id: k for k, unit_id in enumerate(unit_ids)}
+        semantic = self._semantic(profiles, unit_ids)
+        semantic = semantic[:, [column[unit_id] for unit_id, _ in pairs]].T
+        units = [self.units[unit_id] for unit_id, _ in pairs]
+        unit_rows = np.array([index.rows[unit_id] for unit_id, _ in pairs], dtype=np.intp)
+        epochs = np.array([epoch for _, epoch in pairs], dtype=np.int64)
+        words = [index.row_keywords[row] for row in unit_rows.tolist()]
+        roles = [reg.roles.find(unit["source"]["agent_role"]) for unit in units]
+        same_role = reg.role.view[profiles][None, :] == np.array(roles, dtype=np.int32)[:, None]
+        role_count = reg.role_word_count.view[profiles]
+        interest_count = reg.interest_word_count.view[profiles]
+        sub_task = reg.task.view[profiles]
+        tasks = [reg.tasks.find(unit["intent"].get("task_id")) for unit in units]
+        task = sub_task[None, :] == np.array(tasks, dtype=np.int32)[:, None]
+        task &= (sub_task >= 0)[None, :]
+        has_interest = interest_count > 0
+        has_semantic = ~np.isnan(semantic[0]) if len(semantic) else np.zeros(0, dtype=bool)
+        weight = WEIGHTS["role"] + WEIGHTS["interest"] * has_interest
+        weight = weight + WEIGHTS["semantic"] * has_semantic
+        weight = weight + WEIGHTS["type"]
+        weight = weight + WEIGHTS["task"] * (sub_task >= 0)
+        weight = weight + WEIGHTS["confidence"]
+        # role: the better of the same role and the share of role words
+        role_hits = self._hits(reg.role_words, words, profiles)
+        role = np.divide(role_hits, role_count, out=role_hits, where=role_count > 0)
+        np.maximum(role, same_role, out=role)
+        total = role
+        total *= WEIGHTS["role"]
+        interest_hits = self._hits(reg.interest_words, words, profiles)
+        flags = np.where(interest_hits > 0, _INTERESTS, 0)
+        interest = np.divide(interest_hits, interest_count, out=interest_hits, where=has_interest)
+        np.sqrt(interest, out=interest)
+        interest *= WEIGHTS["interest"]
+        total += interest
+        semantic = np.nan_to_num(semantic, nan=0.0)
+        flags |= np.where(semantic >= SEMANTIC_NOTE, _SEMANTIC, 0)
+        semantic *= WEIGHTS["semantic"]
+        total += semantic
+        total += WEIGHTS["type"] * index.type_weight.view[unit_rows][:, None]
+        total += WEIGHTS["task"] * task.astype(np.float64)
+        total += WEIGHTS["confidence"] * index.confidence.view[unit_rows][:, None]
+        total /= weight
+        total *= 1.0 - RECENCY_WEIGHT
+        fresh = RECENCY_WEIGHT * recency(index.count_at(epochs) - 1 - unit_rows)
+        scores = np.clip(np.add(fresh[:, None], total, out=total), 0.0, 1.0, out=total)
+        flags |= np.where(same_role, _SAME_ROLE, 0)
+        flags |= np.where(task, _TASK, 0)
+        return {pair: (scores[k], flags[k]) for k, pair in enumerate(pairs)}
+
+    def _hits(
+        self,
+        postings: dict[str, Column],
+        words: list[frozenset[str]],
+        profiles: npt.NDArray[np.intp],
+    ) -> npt.NDArray[np.float64]:
+        """(len(words) x profiles): how many of each word set every profile has."""
+        reg = self.registry
+        found: list[npt.NDArray[np.int32]] = []
+        lengths = []
+        for word_set in words:  # a loop over the events' words, never over subscriptions
+            total = 0
+            for word in word_set:
+                column = postings.get(word)
+                if column is not None:
+                    found.append(column.view)
+                    total += column.size
+            lengths.append(total)
+        width = len(profiles)
+        if not found:
+            return np.zeros((len(words), width), dtype=np.float64)
+        of = np.repeat(np.arange(len(words)), lengths)
+        at = np.concatenate(found).astype(np.intp)
+        if width != reg.profile_count:  # profiles is a subset: map profile -> its column
+            position = np.full(reg.profile_count, -1, dtype=np.intp)
+            position[profiles] = np.arange(width)
+            at = position[at]
+            keep = at >= 0
+            of, at = of[keep], at[keep]
+        counts = np.bincount(of * width + at, minlength=len(words) * width)
+        return counts.reshape(len(words), width).astype(np.float64)
 
     def _agent_relevance(
         self, agent: dict[str, Any], profiles: npt.NDArray[np.intp]
