@@ -166,7 +166,7 @@ def test_every_session_transition(status: str, action: str) -> None:
         error = refused(h, "SESSION", agent, payload, "INVALID_TRANSITION")
         assert error.details["from"] == status
         assert error.details["action"] == action
-        assert error.details["allowed_actions"] == sorted(sessions.TRANSITIONS[status])
+        assert error.details["allowed_actions"] == list(sessions.TRANSITIONS[status])
     else:
         assert session(h, agent, action, sid)["status"] == after
     assert_replays(h)
@@ -275,7 +275,7 @@ def test_every_task_transition(status: str, action: str) -> None:
             "task_id": task["id"],
             "from": status,
             "action": action,
-            "allowed_actions": sorted(tasks.TRANSITIONS[status]),
+            "allowed_actions": list(tasks.TRANSITIONS[status]),
         }
         return
     changed = send(h, "COORDINATE", "operator", payload)["task"]

@@ -23,7 +23,7 @@ def step(
     status = record["status"]
     after = transitions[status].get(action)
     if after is None:
-        allowed = sorted(transitions[status])
+        allowed = list(transitions[status])
         raise StateError(
             f"{kind} {record['id']} is {status}; {action!r} is not allowed"
             + (f" (allowed: {', '.join(allowed)})" if allowed else f" ({terminal})"),
