@@ -51,7 +51,7 @@ import numpy.typing as npt
 from ..core.embedding import cosine
 from ..core.relevance import SEMANTIC_NOTE, WEIGHTS, Column, UnitIndex, combine, keywords, recency
 from .events import EVENT_BIT, FieldEvent
-from .registry import SubscriptionRegistry
+from .registry import FEW_ROWS, SubscriptionRegistry
 
 #: Largest (events x agent profiles) matrix built at once; bigger batches are chunked.
 MATRIX_CELLS = 1 << 18
@@ -242,8 +242,29 @@ class Matcher:
             scored = self._units_for_few_profiles(pairs, profiles)
         else:
             scored = self._units_for_many_profiles(pairs, profiles)
-        matches = []
-        for event, c in wanted:
+        at = {pair: k for k, pair in enumerate(pairs)}
+        matches: list[tuple[int, Match]] = []
+        # events about one unit, by a few rows, for everyone: matched as one matrix per name
+        few: dict[str, list[int]] = {}
+        rest: list[int] = []
+        for i, (event, c) in enumerate(wanted):
+            simple = (
+                len(c.rows) <= FEW_ROWS
+                and len(event.units) == 1
+                and event.agent is None
+                and event.topic is None
+                and event.name not in OWN_UNIT_EVENTS
+                and (self.audience is None or self.audience(event) is None)
+            )
+            if simple:
+                few.setdefault(event.name, []).append(i)
+            else:
+                rest.append(i)
+        for chosen in few.values():
+            keys = [at[(wanted[i][0].units[0], wanted[i][0].epoch)] for i in chosen]
+            matches.extend(self._match_few_rows([wanted[i] for i in chosen], chosen, scored, keys))
+        for i in rest:
+            event, c = wanted[i]
             concerned = acting = authored = None
             if event.agent is not None or event.topic is not None:
                 if event.agent is not None:  # agent.joined, agent.failed
@@ -255,12 +276,14 @@ class Matcher:
                 if event.acting:
                     acting = np.isin(c.agent, [reg.agents.find(a) for a in event.acting])
             elif len(event.units) == 1:
-                score, score_flags = scored[(event.units[0], event.epoch)]
+                k = at[(event.units[0], event.epoch)]
+                score, score_flags = scored[0][k], scored[1][k]
             else:
                 score = np.full(len(profiles), -1.0)
                 score_flags = np.zeros(len(profiles), dtype=np.int64)
                 for unit_id in event.units:
-                    unit_score, unit_flags = scored[(unit_id, event.epoch)]
+                    k = at[(unit_id, event.epoch)]
+                    unit_score, unit_flags = scored[0][k], scored[1][k]
                     better = unit_score > score
                     score = np.where(better, unit_score, score)
                     score_flags = np.where(better, unit_flags, score_flags)
@@ -303,8 +326,43 @@ class Matcher:
                 np.bitwise_or(flags, _YOUR_MOVE, out=flags, where=moves)
                 requires_action |= moves
             matches.append(
-                Match(event, c.rows.take(hit), relevance.take(hit), requires_action, flags)
+                (i, Match(event, c.rows.take(hit), relevance.take(hit), requires_action, flags))
             )
+        if few:  # back in event order
+            matches.sort(key=lambda item: item[0])
+        return [match for _, match in matches]
+
+    def _match_few_rows(
+        self,
+        wanted: list[tuple[FieldEvent, _Candidates]],
+        order: list[int],
+        scored: tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]],
+        keys: list[int],
+    ) -> list[tuple[int, Match]]:
+        """Events of one name about one unit each, seen by everyone, against a few rows.
+
+        The rules of :meth:`_match_chunk` (no unit-author or concerned
+        overrides apply to them) on one (events x rows) matrix.
+        """
+        reg = self.registry
+        c = wanted[0][1]
+        relevance = scored[0][keys][:, c.profile]
+        flags = scored[1][keys][:, c.profile].astype(np.uint8)
+        epochs = np.array([event.epoch for event, _ in wanted], dtype=np.int64)
+        actors = np.array([reg.agents.find(event.actor) for event, _ in wanted], dtype=np.int32)
+        notify = relevance >= c.min_relevance[None, :]
+        notify &= c.created[None, :] < epochs[:, None]
+        notify &= (c.excluded[None, :] != actors[:, None]) | (actors < 0)[:, None]
+        of_hit, columns = np.nonzero(notify)
+        bounds = np.searchsorted(of_hit, np.arange(len(wanted) + 1)).tolist()
+        matches = []
+        for k, (event, _) in enumerate(wanted):
+            if bounds[k] == bounds[k + 1]:
+                continue
+            hit = columns[bounds[k] : bounds[k + 1]]
+            nothing = np.zeros(len(hit), dtype=bool)
+            match = Match(event, c.rows[hit], relevance[k, hit], nothing, flags[k, hit])
+            matches.append((order[k], match))
         return matches
 
     def _semantic(
@@ -359,15 +417,15 @@ class Matcher:
 
     def _units_for_few_profiles(
         self, pairs: list[tuple[str, int]], profiles: npt.NDArray[np.intp]
-    ) -> dict[tuple[str, int], tuple[Any, Any]]:
-        """:meth:`_unit_relevance` of many (unit, epoch) pairs for a few profiles at once.
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
+        """:meth:`_units_for_many_profiles` for a few profiles: scores and flags of the pairs.
 
         The same formula, computed down the unit columns (as ATTUNE does) for
         each profile, instead of across profiles for each unit: replaying one
         subscription then costs a few array operations per page of events.
         """
         if not pairs:
-            return {}
+            return np.empty((0, len(profiles))), np.empty((0, len(profiles)), dtype=np.int64)
         reg, index = self.registry, self.index
         unit_rows = np.array([index.rows[unit_id] for unit_id, _ in pairs], dtype=np.intp)
         epochs = np.array([epoch for _, epoch in pairs], dtype=np.int64)
@@ -408,11 +466,11 @@ class Matcher:
                 np.zeros(len(pairs)) if interest is None else interest,
                 np.zeros(len(pairs)) if task is None else task,
             ) | (0 if semantic is None else _semantic_flags(semantic))
-        return {pair: (scores[k], flags[k]) for k, pair in enumerate(pairs)}
+        return scores, flags
 
     def _units_for_many_profiles(
         self, pairs: list[tuple[str, int]], profiles: npt.NDArray[np.intp]
-    ) -> dict[tuple[str, int], tuple[Any, Any]]:
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
         """ATTUNE's score of each (unit, epoch) pair for each agent profile.
 
         One (pairs x profiles) matrix per factor, the units' keywords counted
@@ -423,7 +481,7 @@ class Matcher:
         operations in the same order, so the same bits).
         """
         if not pairs:
-            return {}
+            return np.empty((0, len(profiles))), np.empty((0, len(profiles)), dtype=np.int64)
         reg, index = self.registry, self.index
         unit_ids = list(dict.fromkeys(unit_id for unit_id, _ in pairs))
         column = {unit_id: k for k, unit_id in enumerate(unit_ids)}
@@ -473,7 +531,7 @@ class Matcher:
         scores = np.clip(np.add(fresh[:, None], total, out=total), 0.0, 1.0, out=total)
         flags |= np.where(same_role, _SAME_ROLE, 0)
         flags |= np.where(task, _TASK, 0)
-        return {pair: (scores[k], flags[k]) for k, pair in enumerate(pairs)}
+        return scores, flags
 
     def _hits(
         self,
