@@ -322,7 +322,7 @@ class _Merge:
             for k in UNIT_KEYS
         ]
         return {
-            "id": f"mem-{self.field._ids.suffix()}",
+            "id": self.field.new_id("mem"),
             "mode": "committed",
             "type": "synthesis",
             "content": content,
@@ -665,7 +665,7 @@ def _new_conflicts(
     contested: dict[str, str] = {}
     for older, newer, similarity, method in found:
         conflict: dict[str, Any] = {
-            "id": f"conflict-{field._ids.suffix()}",
+            "id": field.new_id("conflict"),
             "type": "factual",
             "status": "detected",
             "unit_a": older,

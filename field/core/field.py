@@ -139,9 +139,7 @@ class Field:
         """The entries that start a new log: the Field's identity."""
         if self.state.field_id is not None:
             return []
-        entry = LogEntry(
-            0, "field.created", {"field_id": f"field-{self._ids.suffix()}"}, ts=self._now()
-        )
+        entry = LogEntry(0, "field.created", {"field_id": self.new_id("field")}, ts=self._now())
         self.state.apply(entry)
         return [entry]
 
@@ -414,7 +412,7 @@ class Field:
                     code=Code.UNIT_NOT_FOUND,
                     suggested_action="Relate only to units the Field returned.",
                 )
-        unit_id = f"mem-{self._ids.suffix()}"
+        unit_id = self.new_id("mem")
         unit = {
             "id": unit_id,
             **request,
@@ -453,7 +451,7 @@ class Field:
                 data = {"memory_unit_id": target, "by": unit["id"]}
                 entries.append(LogEntry(ctx.epoch, "memory.superseded", data, agent_id, ctx.now))
             elif relation["type"] == "contradicts":
-                conflict_id = f"conflict-{self._ids.suffix()}"
+                conflict_id = self.new_id("conflict")
                 description = relation["description"] or (
                     f"{unit['id']} contradicts {target}: "
                     f"{_shorten(unit['content'], 80)!r} vs "
@@ -636,7 +634,7 @@ class Field:
                 code=Code.SUBSCRIPTION_LIMIT,
                 suggested_action="Unsubscribe from one first, or widen an existing one.",
             )
-        subscription_id = f"sub-{self._ids.suffix()}"
+        subscription_id = self.new_id("sub")
         subscription = {
             "id": subscription_id,
             "agent_id": agent_id,
