@@ -24,6 +24,7 @@ import pytest
 
 from field import __version__
 from field.client import AgentClient, FieldClient, FieldClientError
+from field.config import Config
 
 from .conftest import ServerProcess
 
@@ -512,3 +513,38 @@ def test_out_of_range_port_is_refused_cleanly(tmp_path: Path, port: str) -> None
     assert port in result.stderr
     assert "Traceback" not in result.stderr
     assert not (tmp_path / "data").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--operator-token-file", "/nonexistent/operator.token"], "No such file"),
+        (["--failure-grace", "0"], "failure_grace must be positive"),
+        (["--heartbeat-timeout", "-1"], "heartbeat_timeout not negative"),
+    ],
+)
+def test_bad_liveness_and_operator_settings_are_refused_cleanly(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = _run_field("serve", "--data-dir", str(tmp_path / "data"), *args)
+    assert result.returncode == 2
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (tmp_path / "data").exists()
+
+
+def test_a_short_operator_token_is_refused(tmp_path: Path) -> None:
+    token_file = tmp_path / "operator.token"
+    token_file.write_text("short\n")
+    result = _run_field(
+        "serve", "--data-dir", str(tmp_path / "data"), "--operator-token-file", str(token_file)
+    )
+    assert result.returncode == 2
+    assert "operator_token must be at least 16 characters" in result.stderr
+    assert "short" not in result.stderr  # the token itself is never printed
+
+
+def test_liveness_settings_read_the_environment() -> None:
+    config = Config.from_env({"FIELD_FAILURE_GRACE": "2.5", "FIELD_HEARTBEAT_TIMEOUT": "0"})
+    assert (config.failure_grace, config.heartbeat_timeout) == (2.5, 0.0)
+    assert "x" * 20 not in repr(Config(operator_token="x" * 20))  # never printed
