@@ -96,17 +96,43 @@ async def sse_endpoint(
     )
 
 
-async def _sse_events(hub: PushHub, connection: Connection) -> AsyncIterator[ServerSentEvent]:
+async def _sse_events(hub: PushHub, connection: Connection) -> AsyncIterator[bytes]:
+    """The outbox's frames as SSE events, what is queued joined into one body chunk."""
+    outbox = connection.outbox
     try:
         while True:
-            frame = await connection.outbox.get()
+            frame = await outbox.get()
             if frame is None:
                 return
-            yield ServerSentEvent(data=frame.body.decode(), event=frame.kind, id=frame.cursor)
+            chunk = [_sse_event(frame)]
+            if frame.kind != "end":
+                for queued in outbox.drain_now(SEND_BATCH):
+                    chunk.append(_sse_event(queued))
+                    if queued.kind == "end":
+                        frame = queued
+                        break
+            yield b"".join(chunk)
             if frame.kind == "end":
                 return
+            del frame, chunk  # an idle stream must not pin the frames it last sent
     finally:
         hub.disconnect(connection)
+
+
+def _sse_event(frame: Frame) -> bytes:
+    """``ServerSentEvent(data=body, event=kind, id=cursor).encode()``, by concatenation.
+
+    Frame bodies are JSON from orjson (no raw line breaks, so one ``data:``
+    line); anything else goes through sse-starlette's encoder.
+    """
+    body = frame.body
+    if b"\n" in body or b"\r" in body:
+        event = ServerSentEvent(data=body.decode(), event=frame.kind, id=frame.cursor)
+        return event.encode()
+    head = b"event: " + frame.kind.encode() + b"\r\ndata: "
+    if frame.cursor is not None:
+        head = b"id: " + frame.cursor.encode() + b"\r\n" + head
+    return head + body + b"\r\n\r\n"
 
 
 # -- WebSocket --------------------------------------------------------------------
