@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 import orjson
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from sse_starlette import ServerSentEvent
@@ -28,10 +29,13 @@ from field.subscriptions.stream import (
     encode_notification,
     format_cursor,
 )
+from field.transports import streaming
 from field.transports.push import PushHub
 from field.transports.streaming import _sse_event
 
+from .conftest import ThreadedServer
 from .core_util import Harness
+from .test_push import Agents, agents, field, ids, open_ws, record_many, subscribe  # noqa: F401
 
 OPERATOR_TOKEN = "operator-token-0123456789"
 
@@ -202,3 +206,38 @@ def test_replayed_and_live_frames_equal_the_notification_path() -> None:
             hub.publish([entry])
         assert queued(hub, connection) == expected, agent
         hub.disconnect(connection)
+
+
+# -- WebSocket batches: one socket write, the same text frames -----------------------------
+
+
+@pytest.mark.parametrize("batched", [True, False], ids=["one-write", "asgi"])
+async def test_a_websocket_resume_arrives_as_text_frames_whether_batched_or_not(
+    field_server: ThreadedServer,
+    agents: Agents,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+    batched: bool,
+) -> None:
+    writes: list[int] = []
+    write = streaming._FrameWriter.write
+
+    async def counted(self: streaming._FrameWriter, texts: list[bytes]) -> None:
+        writes.append(len(texts))
+        await write(self, texts)
+
+    monkeypatch.setattr(streaming._FrameWriter, "write", counted)
+    if not batched:
+        monkeypatch.setattr(streaming._FrameWriter, "of", classmethod(lambda cls, ws: None))
+    cursor = (await subscribe(agents.b, ["memory.recorded"]))["cursor"]
+    missed = await record_many(agents.a, 120, "missed")
+    async with open_ws(field_server, agents.b.token, since=[cursor]) as ws:
+        raw = []
+        while not raw or orjson.loads(raw[-1])["type"] != "live":
+            raw.append(await ws.connection.recv())
+    assert all(isinstance(text, str) for text in raw)  # text frames, not binary
+    frames = [orjson.loads(text) for text in raw]
+    assert ids([f["data"] for f in frames[1:-1]]) == missed
+    if batched:  # uvicorn's protocol: the replay went out in batches of several frames
+        assert sum(writes) == len(frames) and max(writes) > 1
+    else:
+        assert writes == []

@@ -23,6 +23,8 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.exceptions import InvalidState
+from websockets.protocol import Protocol as WebSocketsProtocol
 
 from ..core.context import Outcome
 from ..core.field import Field
@@ -225,6 +227,7 @@ def absolute_urls(response: dict[str, Any], base_http: str) -> dict[str, Any]:
 async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
     """Copy frames to the socket; close with the hub's code when it ends the connection."""
     outbox = connection.outbox
+    writer = _FrameWriter.of(websocket)
     try:
         while True:
             frame = await outbox.get()
@@ -232,11 +235,14 @@ async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
                 break
             # send what is queued in one go; the timeout bounds a consumer that stalls
             batch = [frame, *outbox.drain_now(SEND_BATCH)]
-            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                for queued in batch:
-                    await websocket.send_text(_ws_frame(queued).decode())
+            if writer is not None:
+                await writer.write([_ws_frame(queued) for queued in batch])
+            else:
+                async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                    for queued in batch:
+                        await websocket.send_text(_ws_frame(queued).decode())
             # an idle connection must not pin the frames it last sent
-            del frame, batch, queued
+            del frame, batch
         code, reason = connection.ended or (1000, "")
         await websocket.close(code=code, reason=reason)
     except TimeoutError:
@@ -246,6 +252,49 @@ async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
             await asyncio.wait_for(websocket.close(code=4008, reason="send timed out"), 1)
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass  # the client is gone; its cursors let it resume
+
+
+class _FrameWriter:
+    """Writes a batch of text frames to a WebSocket with one socket write.
+
+    ASGI takes one message per ``send``, and uvicorn writes each to the
+    socket at once: a system call per notification. When the connection
+    is uvicorn's websockets sans-I/O protocol (``field serve``'s), the
+    batch is framed by that protocol's own ``websockets`` connection, as
+    its ``send`` would frame each message, and written in one go: the
+    same bytes on the wire. Any other server goes through ASGI.
+    """
+
+    __slots__ = ("_protocol",)
+
+    def __init__(self, protocol: Any) -> None:
+        self._protocol = protocol
+
+    @classmethod
+    def of(cls, websocket: WebSocket) -> _FrameWriter | None:
+        protocol = getattr(getattr(websocket, "_send", None), "__self__", None)
+        if not isinstance(getattr(protocol, "conn", None), WebSocketsProtocol):
+            return None
+        needed = ("transport", "writable", "disconnected", "close_sent", "handshake_complete")
+        if not all(hasattr(protocol, name) for name in needed):
+            return None
+        return cls(protocol)
+
+    async def write(self, texts: list[bytes]) -> None:
+        """Send ``texts`` (UTF-8 JSON) as text frames; the timeout bounds a stalled reader."""
+        protocol = self._protocol
+        if not protocol.writable.is_set():  # the socket's buffer is full: wait, bounded
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                await protocol.writable.wait()
+        if protocol.disconnected or protocol.close_sent or not protocol.handshake_complete:
+            raise WebSocketDisconnect(1006)
+        conn = protocol.conn
+        try:
+            for text in texts:
+                conn.send_text(text)
+        except InvalidState:
+            raise WebSocketDisconnect(1006) from None
+        protocol.transport.write(b"".join(conn.data_to_send()))
 
 
 def _ws_frame(frame: Frame) -> bytes:
