@@ -38,9 +38,10 @@ class LogEntry:
     ts: float = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class StoredEntry:
-    """One state change as stored in the log."""
+    """One state change as stored in the log (never changed once read: not frozen only
+    because a frozen dataclass costs 0.5 us more to build, and replays build millions)."""
 
     position: int
     epoch: int

@@ -40,9 +40,20 @@ _EVENT_OF_KIND = {"agent.registered": "agent.joined", "task.created": "task.stat
 SUMMARY_CHARS = 160
 
 
-@dataclass(frozen=True, slots=True)
+def event_name(kind: str) -> str | None:
+    """The event a log entry of ``kind`` is, or None (checked before building one)."""
+    name = _EVENT_OF_KIND.get(kind, kind)
+    return name if name in EVENT_BIT else None
+
+
+@dataclass(slots=True)
 class FieldEvent:
-    """One notifiable change, as every subscriber sees it."""
+    """One notifiable change, as every subscriber sees it.
+
+    Never changed once built; not frozen because a frozen dataclass of
+    these fields takes 2 us to build (0.4 us plain), once per log entry
+    in every replay and every publish.
+    """
 
     position: int
     epoch: int

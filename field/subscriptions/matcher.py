@@ -355,13 +355,15 @@ class Matcher:
         notify &= (c.excluded[None, :] != actors[:, None]) | (actors < 0)[:, None]
         of_hit, columns = np.nonzero(notify)
         bounds = np.searchsorted(of_hit, np.arange(len(wanted) + 1)).tolist()
+        # gathered once for the whole page; each match holds its slice (a view)
+        rows, scores = c.rows[columns], relevance[of_hit, columns]
+        reasons, nothing = flags[of_hit, columns], np.zeros(len(columns), dtype=bool)
         matches = []
         for k, (event, _) in enumerate(wanted):
-            if bounds[k] == bounds[k + 1]:
+            a, b = bounds[k], bounds[k + 1]
+            if a == b:
                 continue
-            hit = columns[bounds[k] : bounds[k + 1]]
-            nothing = np.zeros(len(hit), dtype=bool)
-            match = Match(event, c.rows[hit], relevance[k, hit], nothing, flags[k, hit])
+            match = Match(event, rows[a:b], scores[a:b], nothing[a:b], reasons[a:b])
             matches.append((order[k], match))
         return matches
 

@@ -33,8 +33,8 @@ from ..core.field import Field
 from ..liveness import Liveness
 from ..service import FieldService
 from ..store.base import StoredEntry
-from ..subscriptions.events import FieldEvent, event_of
-from ..subscriptions.matcher import Match, Matcher
+from ..subscriptions.events import FieldEvent, event_name, event_of
+from ..subscriptions.matcher import Match, Matcher, reason_text
 from ..subscriptions.outbox import Frame, Outbox, PushLimits
 from ..subscriptions.stream import (
     Notification,
@@ -42,10 +42,26 @@ from ..subscriptions.stream import (
     encode_event,
     encode_notification,
     format_cursor,
+    own_middle,
     parse_cursor,
+    shared_tail,
+    subscription_prefix,
 )
 
 logger = logging.getLogger("field.push")
+
+#: A notification's bytes from its reason to its ``folded`` count of 0, by (event name,
+#: reason flags, requires_action): few (13 names, 7 flags, 2), so never trimmed.
+_MIDDLES: dict[tuple[str, int, bool], bytes] = {}
+
+
+def _middle(name: str, flags: int, requires_action: bool) -> bytes:
+    key = (name, flags, requires_action)
+    middle = _MIDDLES.get(key)
+    if middle is None:
+        middle = _MIDDLES[key] = own_middle(reason_text(name, flags), requires_action) + b"0"
+    return middle
+
 
 REPLAY_PAGE = 2000
 
@@ -72,6 +88,8 @@ class _Binding:
     queued: int = 0
     #: set when the subscription ended or the connection let go of it
     detached: bool = False
+    #: the subscription's part of its notifications' bytes (:func:`subscription_prefix`)
+    prefix: bytes = b""
 
 
 class PushHub:
@@ -175,7 +193,13 @@ class PushHub:
     ) -> _Binding:
         """A stream of ``subscription`` from cursor ``after``, routed to ``connection``."""
         stream = Stream(subscription["id"], window_ms=subscription["debounce_ms"], after=after)
-        binding = _Binding(stream, connection, held=[] if replaying else None, queued=after)
+        binding = _Binding(
+            stream,
+            connection,
+            held=[] if replaying else None,
+            queued=after,
+            prefix=subscription_prefix(subscription["id"]),
+        )
         connection.streams[subscription["id"]] = binding
         self._by_subscription.setdefault(subscription["id"], []).append(binding)
         return binding
@@ -210,22 +234,35 @@ class PushHub:
 
     async def _replay(self, binding: _Binding, after: int, until: int) -> None:
         """Offer the stream every event in (start, until], then release held ones."""
+        ahead: asyncio.Future[list[StoredEntry]] | None = None
         try:
             stream = binding.stream
             outbox = binding.connection.outbox
             start = await asyncio.to_thread(self._replay_start, stream, after)
-            row = self.field.state.registry.rows[stream.subscription_id]
+            state = self.field.state
+            row = np.array([state.registry.rows[stream.subscription_id]])
+            names = frozenset(state.subscriptions[stream.subscription_id]["events"])
             replayed = 0
             position = start
             while position < until and binding.connection.ended is None and not binding.detached:
                 await outbox.wait_for_room()
-                # an entry yields at most one notification: never read more than fit
-                page = max(1, min(REPLAY_PAGE, outbox.room(), until - position))
-                entries = await asyncio.to_thread(self.service.log.read, position, page)
+                if ahead is None:
+                    # an entry yields at most one notification: never read more than fit
+                    page = max(1, min(REPLAY_PAGE, outbox.room(), until - position))
+                    entries = await asyncio.to_thread(self.service.log.read, position, page)
+                else:
+                    entries, ahead = await ahead, None
                 if not entries:
                     break
                 position = entries[-1].position
-                replayed += self._offer_entries(binding, entries, np.array([row]))
+                # read the next page while this one is matched and encoded; it fits in
+                # what is left of the outbox after this page, whatever the consumer does
+                page = min(REPLAY_PAGE, outbox.room() - len(entries), until - position)
+                if page > 0:
+                    ahead = asyncio.ensure_future(
+                        asyncio.to_thread(self.service.log.read, position, page)
+                    )
+                replayed += self._offer_entries(binding, entries, row, names)
             if binding.connection.ended is not None or binding.detached:
                 return
             held, binding.held = binding.held or [], None
@@ -239,6 +276,9 @@ class PushHub:
         except Exception:
             logger.exception("replaying %s failed", binding.stream.subscription_id)
             self.end(binding.connection, 1011, "replay failed", None)
+        finally:
+            if ahead is not None:  # the replay stopped early: its read is not wanted
+                ahead.cancel()
 
     def _replay_start(self, stream: Stream, after: int) -> int:
         """Where replay must begin: the start of the debounce window holding ``after``.
@@ -264,18 +304,83 @@ class PushHub:
         return low
 
     def _offer_entries(
-        self, binding: _Binding, entries: list[StoredEntry], rows: np.ndarray
+        self,
+        binding: _Binding,
+        entries: list[StoredEntry],
+        rows: np.ndarray,
+        names: frozenset[str] | None = None,
     ) -> int:
-        events = self._events(entries)
-        matcher = self._matcher()
+        """Offer one replayed page to ``binding``'s stream (rows: its registry row).
+
+        Only entries of the ``names`` the subscription lists become events.
+        """
+        units = self.field.state.known_units
+        events = []
+        for entry in entries:
+            if names is None or event_name(entry.kind) in names:
+                event = event_of(entry, units)
+                if event is not None:
+                    events.append(event)
+        matches = self._matcher().match(events, only=rows)
+        stream = binding.stream
         delivered = 0
-        for match in matcher.match(events, only=rows):
-            shared = encode_event(match.event, format_cursor(self.tag, match.event.position))
-            for notification in self._notifications(match, shared):
-                delivered += self._deliver(binding, binding.stream.offer(notification))
+        if not stream.window_ms:  # no debounce: straight to frames
+            tag = self.tag
+            for match in matches:  # one row: this stream's
+                event = match.event
+                cursor = format_cursor(tag, event.position)
+                tail = shared_tail(encode_event(event, cursor))
+                relevance, flags = float(match.relevance[0]), int(match.flags[0])
+                action = bool(match.requires_action[0])
+                if self._direct(binding, event, cursor, tail, relevance, flags, action):
+                    delivered += 1
+                elif binding.connection.ended is not None:  # overflowed
+                    break
+        else:
+            for match in matches:
+                shared = encode_event(match.event, format_cursor(self.tag, match.event.position))
+                for notification in self._notifications(match, shared):
+                    delivered += self._deliver(binding, stream.offer(notification))
         if entries:
-            delivered += self._deliver(binding, binding.stream.advance(entries[-1].ts))
+            delivered += self._deliver(binding, stream.advance(entries[-1].ts))
         return delivered
+
+    def _direct(
+        self,
+        binding: _Binding,
+        event: FieldEvent,
+        cursor: str,
+        tail: bytes,
+        relevance: float,
+        flags: int,
+        requires_action: bool,
+    ) -> bool:
+        """Queue one notification to a stream without debounce, encoded at once.
+
+        The frame :meth:`_deliver` would queue for what :meth:`Stream.offer`
+        returns for the :class:`Notification`, with no objects in between
+        (``tail``: :func:`shared_tail` of the event's shared part). False
+        when it was not queued: already delivered, or the outbox overflowed.
+        """
+        stream = binding.stream
+        position = event.position
+        if position <= stream.after:
+            return False
+        body = b"".join(
+            (
+                binding.prefix,
+                orjson.dumps(round(relevance, 6)),
+                _middle(event.name, flags, requires_action),
+                tail,
+            )
+        )
+        if not binding.connection.outbox.put(
+            Frame(body, event.name, cursor, stream.subscription_id)
+        ):
+            self.overflow(binding.connection)
+            return False
+        stream.after = binding.queued = position
+        return True
 
     def _matcher(self) -> Matcher:
         """A matcher over the Field as it is, telling events only to their audience."""
@@ -284,7 +389,10 @@ class PushHub:
             state.registry,
             state.index,
             state.known_units,
-            audience=functools.partial(visibility.event_audience, state),
+            # with no session, every event's audience is everyone
+            audience=functools.partial(visibility.event_audience, state)
+            if state.sessions
+            else None,
         )
 
     # -- live --------------------------------------------------------------------
@@ -304,15 +412,26 @@ class PushHub:
         self.flush_due(entries[-1].ts)
 
     def _route(self, match: Match) -> None:
-        shared: bytes | None = None
+        shared = tail = b""
+        cursor = ""
+        event = match.event
         ids = self.field.state.registry.ids
+        by_subscription = self._by_subscription
+        relevance = match.relevance.tolist()
+        flags = match.flags.tolist()
+        actions = match.requires_action.tolist()
         for i, row in enumerate(match.rows.tolist()):
-            bindings = self._by_subscription.get(ids[row])
+            bindings = by_subscription.get(ids[row])
             if not bindings:
                 continue
-            if shared is None:  # encoded once per event, for every subscriber
-                shared = encode_event(match.event, format_cursor(self.tag, match.event.position))
+            if not shared:  # encoded once per event, for every subscriber
+                cursor = format_cursor(self.tag, event.position)
+                shared = encode_event(event, cursor)
+                tail = shared_tail(shared)
             for binding in bindings:
+                if binding.held is None and not binding.stream.window_ms:
+                    self._direct(binding, event, cursor, tail, relevance[i], flags[i], actions[i])
+                    continue
                 notification = self._notification(match, i, ids[row], shared)
                 if binding.held is not None:
                     self._hold(binding, notification)

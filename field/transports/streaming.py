@@ -23,6 +23,8 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.websockets import WebSocket, WebSocketDisconnect
+from websockets.exceptions import InvalidState
+from websockets.protocol import Protocol as WebSocketsProtocol
 
 from ..core.context import Outcome
 from ..core.field import Field
@@ -96,17 +98,43 @@ async def sse_endpoint(
     )
 
 
-async def _sse_events(hub: PushHub, connection: Connection) -> AsyncIterator[ServerSentEvent]:
+async def _sse_events(hub: PushHub, connection: Connection) -> AsyncIterator[bytes]:
+    """The outbox's frames as SSE events, what is queued joined into one body chunk."""
+    outbox = connection.outbox
     try:
         while True:
-            frame = await connection.outbox.get()
+            frame = await outbox.get()
             if frame is None:
                 return
-            yield ServerSentEvent(data=frame.body.decode(), event=frame.kind, id=frame.cursor)
+            chunk = [_sse_event(frame)]
+            if frame.kind != "end":
+                for queued in outbox.drain_now(SEND_BATCH):
+                    chunk.append(_sse_event(queued))
+                    if queued.kind == "end":
+                        frame = queued
+                        break
+            yield b"".join(chunk)
             if frame.kind == "end":
                 return
+            del frame, chunk  # an idle stream must not pin the frames it last sent
     finally:
         hub.disconnect(connection)
+
+
+def _sse_event(frame: Frame) -> bytes:
+    """``ServerSentEvent(data=body, event=kind, id=cursor).encode()``, by concatenation.
+
+    Frame bodies are JSON from orjson (no raw line breaks, so one ``data:``
+    line); anything else goes through sse-starlette's encoder.
+    """
+    body = frame.body
+    if b"\n" in body or b"\r" in body:
+        event = ServerSentEvent(data=body.decode(), event=frame.kind, id=frame.cursor)
+        return event.encode()
+    head = b"event: " + frame.kind.encode() + b"\r\ndata: "
+    if frame.cursor is not None:
+        head = b"id: " + frame.cursor.encode() + b"\r\n" + head
+    return head + body + b"\r\n\r\n"
 
 
 # -- WebSocket --------------------------------------------------------------------
@@ -199,6 +227,7 @@ def absolute_urls(response: dict[str, Any], base_http: str) -> dict[str, Any]:
 async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
     """Copy frames to the socket; close with the hub's code when it ends the connection."""
     outbox = connection.outbox
+    writer = _FrameWriter.of(websocket)
     try:
         while True:
             frame = await outbox.get()
@@ -206,11 +235,14 @@ async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
                 break
             # send what is queued in one go; the timeout bounds a consumer that stalls
             batch = [frame, *outbox.drain_now(SEND_BATCH)]
-            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                for queued in batch:
-                    await websocket.send_text(_ws_frame(queued).decode())
+            if writer is not None:
+                await writer.write([_ws_frame(queued) for queued in batch])
+            else:
+                async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                    for queued in batch:
+                        await websocket.send_text(_ws_frame(queued).decode())
             # an idle connection must not pin the frames it last sent
-            del frame, batch, queued
+            del frame, batch
         code, reason = connection.ended or (1000, "")
         await websocket.close(code=code, reason=reason)
     except TimeoutError:
@@ -220,6 +252,49 @@ async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
             await asyncio.wait_for(websocket.close(code=4008, reason="send timed out"), 1)
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass  # the client is gone; its cursors let it resume
+
+
+class _FrameWriter:
+    """Writes a batch of text frames to a WebSocket with one socket write.
+
+    ASGI takes one message per ``send``, and uvicorn writes each to the
+    socket at once: a system call per notification. When the connection
+    is uvicorn's websockets sans-I/O protocol (``field serve``'s), the
+    batch is framed by that protocol's own ``websockets`` connection, as
+    its ``send`` would frame each message, and written in one go: the
+    same bytes on the wire. Any other server goes through ASGI.
+    """
+
+    __slots__ = ("_protocol",)
+
+    def __init__(self, protocol: Any) -> None:
+        self._protocol = protocol
+
+    @classmethod
+    def of(cls, websocket: WebSocket) -> _FrameWriter | None:
+        protocol = getattr(getattr(websocket, "_send", None), "__self__", None)
+        if not isinstance(getattr(protocol, "conn", None), WebSocketsProtocol):
+            return None
+        needed = ("transport", "writable", "disconnected", "close_sent", "handshake_complete")
+        if not all(hasattr(protocol, name) for name in needed):
+            return None
+        return cls(protocol)
+
+    async def write(self, texts: list[bytes]) -> None:
+        """Send ``texts`` (UTF-8 JSON) as text frames; the timeout bounds a stalled reader."""
+        protocol = self._protocol
+        if not protocol.writable.is_set():  # the socket's buffer is full: wait, bounded
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                await protocol.writable.wait()
+        if protocol.disconnected or protocol.close_sent or not protocol.handshake_complete:
+            raise WebSocketDisconnect(1006)
+        conn = protocol.conn
+        try:
+            for text in texts:
+                conn.send_text(text)
+        except InvalidState:
+            raise WebSocketDisconnect(1006) from None
+        protocol.transport.write(b"".join(conn.data_to_send()))
 
 
 def _ws_frame(frame: Frame) -> bytes:
