@@ -184,3 +184,24 @@ def test_best_diversified_matches_diversifying_everything(
     assert available == len(ranked)
     assert positions.tolist() == ranked[:count]
     assert np.allclose(got, everything[ranked[:count]])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(unit_strategy, min_size=1, max_size=30),
+    st.lists(st.sampled_from([*WORDS, "absent"]), min_size=1, max_size=5),
+    st.data(),
+)
+def test_coverage_of_a_few_rows_equals_the_postings_path(
+    specs: list[dict[str, Any]], words: list[str], data: st.DataObject
+) -> None:
+    index = relevance.UnitIndex()
+    for i, spec in enumerate(specs):
+        index.add(_unit(i, spec))
+    rows = np.array(
+        data.draw(st.lists(st.integers(0, len(specs) - 1), max_size=len(specs))), dtype=np.intp
+    )
+    everywhere = index.coverage(words)
+    assert everywhere is not None
+    few = index.coverage(words, rows)  # a few rows: read from the rows' keyword sets
+    assert few is not None and np.array_equal(few, everywhere[rows])

@@ -70,6 +70,8 @@ EMBED_BATCH = 1024
 
 #: "purged" is no unit status: it marks the row a purged unit leaves behind (COMPACT)
 STATUS_CODE = {status: code for code, status in enumerate((*UNIT_STATUSES, "purged"))}
+#: Up to this many (rows x query words), coverage reads the rows' keyword sets directly.
+FEW_CELLS = 4096
 TYPE_CODE = {memory_type: code for code, memory_type in enumerate(sorted(MEMORY_TYPES))}
 _HIDDEN_CODES = np.array(
     [STATUS_CODE["superseded"], STATUS_CODE["retracted"], STATUS_CODE["purged"]], dtype=np.int8
@@ -292,15 +294,27 @@ class UnitIndex:
         column = self._postings.get(word)
         return column.view if column is not None else np.empty(0, dtype=np.int32)
 
-    def coverage(self, words: Iterable[str]) -> npt.NDArray[np.float64] | None:
-        """Per row, the share of ``words`` the unit contains (None for no words)."""
+    def coverage(
+        self, words: Iterable[str], rows: npt.NDArray[np.intp] | None = None
+    ) -> npt.NDArray[np.float64] | None:
+        """Per row (of ``rows``, or of the index), the share of ``words`` the unit contains.
+
+        None for no words. For a few rows (a poll's new units) the rows' own
+        keyword sets are read; otherwise the postings of each word, a loop
+        over query words, never over units. Both count the same words.
+        """
         unique = set(words)
         if not unique:
             return None
+        if rows is not None and len(rows) * len(unique) <= FEW_CELLS:
+            keywords_of = self.row_keywords
+            counts = [len(unique & keywords_of[row]) for row in rows.tolist()]
+            return np.array(counts, dtype=np.float64) / np.float64(len(unique))
         hits = np.zeros(len(self.ids), dtype=np.float64)
-        for word in unique:  # a loop over query words, never over units
+        for word in unique:
             hits[self.postings(word)] += 1.0
-        return hits / np.float64(len(unique))
+        share = hits / np.float64(len(unique))
+        return share if rows is None else share[rows]
 
     def count_at(self, epoch: Any) -> Any:
         """How many units had been recorded at ``epoch`` (a number or an array of them)."""
@@ -380,11 +394,14 @@ def combine(
     confidence: Any,
     recency: Any,
     recency_weight: float,
+    complete: bool = False,
 ) -> npt.NDArray[np.float64]:
     """The relevance formula (module docstring) over broadcastable factor arrays.
 
     ``interest``, ``semantic`` and ``task`` may be None (applies nowhere) or hold NaN
-    where the factor does not apply; such factors drop out of the mean.
+    where the factor does not apply; such factors drop out of the mean. A
+    caller whose factors hold no NaN says ``complete`` and skips that work
+    (the result is the same to the bit).
     """
     numerator: Any = 0.0
     denominator: Any = 0.0
@@ -399,6 +416,10 @@ def combine(
         if values is None:
             continue
         values = np.asarray(values, dtype=np.float64)
+        if complete:
+            numerator = numerator + weight * values
+            denominator = denominator + weight
+            continue
         applies = ~np.isnan(values)
         numerator = numerator + weight * np.where(applies, values, 0.0)
         denominator = denominator + weight * applies
@@ -421,20 +442,21 @@ def score(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDA
     if len(rows) == 0:
         return np.empty(0, dtype=np.float64)
     same_role = (index.role.view[rows] == index.roles.find(query.role)).astype(np.float64)
-    role_words = index.coverage(query.role_words)
-    interest = index.coverage(query.interest_words | query.hint_words)
+    role_words = index.coverage(query.role_words, rows)
+    interest = index.coverage(query.interest_words | query.hint_words, rows)
     task = None
     if query.task_id is not None:
         task = index.task.view[rows] == index.tasks.find(query.task_id)
     return combine(
-        role=same_role if role_words is None else np.maximum(same_role, role_words[rows]),
-        interest=None if interest is None else np.sqrt(interest[rows]),
+        role=same_role if role_words is None else np.maximum(same_role, role_words),
+        interest=None if interest is None else np.sqrt(interest),
         semantic=query.semantic(index, rows),
         type_weight=index.type_weight.view[rows],
         task=task,
         confidence=index.confidence.view[rows],
         recency=recency(len(index) - 1 - rows),
         recency_weight=query.recency_weight,
+        complete=True,  # every factor applies to every row, or is None
     )
 
 
