@@ -241,3 +241,28 @@ async def test_a_websocket_resume_arrives_as_text_frames_whether_batched_or_not(
         assert sum(writes) == len(frames) and max(writes) > 1
     else:
         assert writes == []
+
+
+async def test_an_open_websocket_lets_go_of_its_handshake_and_still_works(
+    field_server: ThreadedServer,
+    agents: Agents,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    kept: list[tuple[Any, Any, Any]] = []
+    release = streaming._release_handshake
+
+    def spy(websocket: Any) -> None:
+        release(websocket)
+        protocol = websocket._send.__self__  # uvicorn's websockets protocol
+        kept.append((protocol.request, protocol.response, websocket.scope["headers"]))
+
+    monkeypatch.setattr(streaming, "_release_handshake", spy)
+    await subscribe(agents.b, ["memory.recorded"])
+    async with open_ws(field_server, agents.b.token) as ws:
+        await ws.ready()
+        listed = await ws.request("SUBSCRIBE", "agent-b", {"action": "list"})
+        assert listed["status"] == 200
+        (unit,) = await record_many(agents.a, 1, "after the handshake")
+        (notification,) = await ws.notifications(1)
+    assert kept == [(None, None, [])]
+    assert notification["memory_unit_id"] == unit

@@ -181,12 +181,6 @@ class HTTPBinding:
             return error_response(FieldError("the Field is starting", code=Code.OVERLOADED))
         return await sse_endpoint(request, self.hub, error_response)
 
-    async def websocket(self, websocket: WebSocket) -> None:
-        if self.hub is None:
-            await websocket.close(code=1013)
-            return
-        await ws_endpoint(websocket, self.hub)
-
     async def agents(self, request: Request) -> Response:
         return await self._read(
             request,
@@ -278,7 +272,11 @@ class _FieldApp(Starlette):
                 return
         elif kind == "websocket" and scope["path"] == "/v1/ws":
             scope["app"] = self
-            await self._binding.websocket(WebSocket(scope, receive, send))
+            hub = self._binding.hub
+            if hub is None:  # starting or stopping: try again
+                await send({"type": "websocket.close", "code": 1013, "reason": ""})
+                return
+            await ws_endpoint(WebSocket(scope, receive, send), hub)
             return
         await super().__call__(scope, receive, send)
 

@@ -154,11 +154,13 @@ async def ws_endpoint(websocket: WebSocket, hub: PushHub) -> None:
     agent_id = outcome.response["agent_id"]
     connection = hub.connect(agent_id, "ws")
     default, each = since_cursors(websocket.query_params.getlist("since"))
+    base_http = str(websocket.base_url).replace("ws", "http", 1).rstrip("/")  # the Host header
+    _release_handshake(websocket)
     sender = asyncio.create_task(_ws_sender(websocket, connection))
     try:
         for subscription_id in sorted(hub.field.state.active_subscriptions.get(agent_id, ())):
             hub.attach(connection, subscription_id, each.get(subscription_id, default))
-        await _ws_reader(websocket, hub, connection, token)
+        await _ws_reader(websocket, hub, connection, token, base_http)
     except Exception:
         logger.exception("a WebSocket connection of %s failed", agent_id)
         hub.end(connection, 1011, "internal error", None)
@@ -171,10 +173,13 @@ async def ws_endpoint(websocket: WebSocket, hub: PushHub) -> None:
 
 
 async def _ws_reader(
-    websocket: WebSocket, hub: PushHub, connection: Connection, token: str | None
+    websocket: WebSocket,
+    hub: PushHub,
+    connection: Connection,
+    token: str | None,
+    base_http: str,
 ) -> None:
     """Run each envelope the client sends; queue each response as a frame."""
-    base_http = str(websocket.base_url).replace("ws", "http", 1).rstrip("/")
     while connection.ended is None:
         try:
             message = await websocket.receive()
@@ -252,6 +257,27 @@ async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
             await asyncio.wait_for(websocket.close(code=4008, reason="send timed out"), 1)
     except (WebSocketDisconnect, RuntimeError, OSError):
         pass  # the client is gone; its cursors let it resume
+
+
+def _release_handshake(websocket: WebSocket) -> None:
+    """Let go of what only the handshake needed, for a connection that may live for hours.
+
+    uvicorn's websockets protocol keeps the handshake's request and response
+    (their header maps, about 4 KB) for the connection's life but reads them
+    only until the handshake is complete; the scope's headers and Starlette's
+    parsed copies were read above. Another server's protocol is left alone.
+    """
+    protocol: Any = getattr(getattr(websocket, "_send", None), "__self__", None)
+    if (
+        getattr(protocol, "handshake_complete", False) is True
+        and isinstance(getattr(protocol, "conn", None), WebSocketsProtocol)
+        and hasattr(protocol, "request")
+        and hasattr(protocol, "response")
+    ):
+        protocol.request = protocol.response = None
+    websocket.scope["headers"] = []
+    for cached in ("_headers", "_query_params"):
+        websocket.__dict__.pop(cached, None)
 
 
 class _FrameWriter:
