@@ -17,7 +17,9 @@ import aiohttp
 import pytest
 
 from field.client import FieldClient
+from field.core import visibility
 from field.errors import Code, FieldError
+from field.subscriptions.events import event_of
 
 from .conftest import ThreadedServer
 from .core_util import Harness
@@ -306,3 +308,29 @@ async def test_an_outsider_is_pushed_nothing_from_inside_a_session(
         assert [r["memory_unit"]["id"] for r in polled["record"]] == [sentinel["memory_unit_id"]]
         listing = await outsider.get("/v1/conflicts")
         assert listing["conflicts"] == []
+
+
+def test_a_handoff_of_session_units_is_told_only_to_who_may_see_them() -> None:
+    h = Harness()
+    for agent in ("lead", "worker", "bystander"):
+        h.register(agent, "analyst", interests=["launch"])
+    session = h.send("SESSION", "lead", {"action": "create", "name": "s"})["session"]["id"]
+    h.send("SESSION", "worker", {"action": "join", "session_id": session})
+    payload = {
+        "type": "finding",
+        "content": "launch notes of the session",
+        "intent": {"purpose": "test"},
+        "confidence": {"score": 0.9, "reasoning": "r"},
+    }
+    secret = h.send("RECORD", "lead", payload, session_id=session)["memory_unit_id"]
+    task = h.send(  # a Field-wide task: its package holds a session unit
+        "COORDINATE", "lead", {"action": "create", "title": "launch", "assignee": "lead"}
+    )["task"]["id"]
+    handoff = {"task_id": task, "to_agent_id": "worker", "context": {"include_units": [secret]}}
+    h.send("HANDOFF", "lead", handoff)
+    (entry,) = [e for e in h.stored() if e.kind == "handoff.incoming"]
+    event = event_of(entry, h.field.state.known_units)
+    assert event is not None
+    audience = visibility.event_audience(h.field.state, event)
+    assert audience is not None
+    assert {"lead", "worker"} <= audience and "bystander" not in audience

@@ -383,7 +383,9 @@ def handoff(field: Field, ctx: Context) -> Outcome:
         "to_agent_id": target,
         "notes": request["notes"],
         "units": units,
-        "conflicts": _conflicts_of(state, [u["memory_unit_id"] for u in units]),
+        "conflicts": _conflicts_of(
+            state, [u["memory_unit_id"] for u in units], (agent, state.agents[target])
+        ),
         "epoch": ctx.epoch,
     }
     entries = _reassignment(ctx, agent.id, task, changed, "assign")
@@ -479,11 +481,15 @@ def _package(
     return units
 
 
-def _conflicts_of(state: FieldState, unit_ids: list[str]) -> list[dict[str, Any]]:
-    """The unresolved conflicts involving any of ``unit_ids``, oldest first."""
+def _conflicts_of(
+    state: FieldState, unit_ids: list[str], viewers: tuple[AgentRecord, ...]
+) -> list[dict[str, Any]]:
+    """The unresolved conflicts involving any of ``unit_ids`` that all ``viewers`` may see."""
     wanted = set(unit_ids)
     return [
         dict(c)
         for c in state.conflicts.values()
-        if c["status"] in UNRESOLVED_CONFLICT_STATUSES and {c["unit_a"], c["unit_b"]} & wanted
+        if c["status"] in UNRESOLVED_CONFLICT_STATUSES
+        and {c["unit_a"], c["unit_b"]} & wanted
+        and all(visibility.conflict_visible(state, viewer, c) for viewer in viewers)
     ]

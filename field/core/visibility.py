@@ -207,6 +207,11 @@ def event_audience(state: FieldState, event: FieldEvent) -> set[str] | None:
         task = event.detail.get("task")
         if isinstance(task, dict):
             scopes.append((task.get("session_id"), None))
+        handoff = event.detail.get("handoff")
+        if isinstance(handoff, dict):  # its package shows units: their rules apply too
+            for item in handoff["context"]["units"]:
+                unit = item["memory_unit"]
+                scopes.append((unit["source"].get("session_id"), unit["type"]))
     if event.entity_type == "session":
         scopes.append((event.entity_id, None))
     audience: set[str] | None = None
