@@ -254,6 +254,9 @@ class PushHub:
                     entries, ahead = await ahead, None
                 if not entries:
                     break
+                # each entry is at most one frame: never offer more than fits now (a page
+                # read ahead was sized earlier), the rest is read again next time
+                entries = entries[: max(1, outbox.room())]
                 position = entries[-1].position
                 # read the next page while this one is matched and encoded; it fits in
                 # what is left of the outbox after this page, whatever the consumer does

@@ -160,6 +160,7 @@ async def ws_endpoint(websocket: WebSocket, hub: PushHub) -> None:
     try:
         for subscription_id in sorted(hub.field.state.active_subscriptions.get(agent_id, ())):
             hub.attach(connection, subscription_id, each.get(subscription_id, default))
+        del outcome, default, each  # this frame lives as long as the connection
         await _ws_reader(websocket, hub, connection, token, base_http)
     except Exception:
         logger.exception("a WebSocket connection of %s failed", agent_id)
