@@ -266,6 +266,9 @@ class PushHub:
                         asyncio.to_thread(self.service.log.read, position, page)
                     )
                 replayed += self._offer_entries(binding, entries, row, names)
+            # the last page may have filled the outbox: make room for "live" (and what
+            # was held) before going live, as for any page
+            await outbox.wait_for_room()
             if binding.connection.ended is not None or binding.detached:
                 return
             held, binding.held = binding.held or [], None
