@@ -31,7 +31,13 @@ import orjson
 
 from .. import PROTOCOL_VERSION
 from ..errors import AuthError, Code, FieldError, NotFound, StateError
-from ..model import CONFLICT_STRATEGIES, DETECT_MODES, UNRESOLVED_CONFLICT_STATUSES, Limits
+from ..model import (
+    CONFLICT_STRATEGIES,
+    DETECT_MODES,
+    OPERATIONS,
+    UNRESOLVED_CONFLICT_STATUSES,
+    Limits,
+)
 from ..store.base import LogEntry, StoredEntry
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.stream import format_cursor
@@ -51,21 +57,8 @@ from .context import Context, Outcome
 from .embedding import Embedder, default_embedder
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
 
-#: Operations implemented by this Field, in spec order.
-SUPPORTED_OPERATIONS: tuple[str, ...] = (
-    "REGISTER",
-    "DEREGISTER",
-    "RECORD",
-    "ATTUNE",
-    "DETECT",
-    "MERGE",
-    "SUBSCRIBE",
-    "REPLAY",
-    "COMPACT",
-    "COORDINATE",
-    "HANDOFF",
-    "SESSION",
-)
+#: Operations implemented by this Field, in spec order: all of them.
+SUPPORTED_OPERATIONS: tuple[str, ...] = OPERATIONS
 #: Level 3 of spec section 9: every operation, the Coordination Extension, all seven
 #: MERGE strategies, embeddings, authority and session visibility, four bindings
 #: (HTTP, WebSocket, SSE push, MCP).
@@ -163,15 +156,7 @@ class Field:
         """Run one enveloped operation; ``operation`` is the endpoint's, if any."""
         envelope = validation.envelope(body, expected_operation=operation, limits=self.limits)
         try:
-            handler = self._handlers.get(envelope.operation)
-            if handler is None:
-                raise StateError(
-                    f"{envelope.operation} is not supported by this Field "
-                    f"(conformance level {CONFORMANCE_LEVEL})",
-                    code=Code.UNSUPPORTED_OPERATION,
-                    recoverable=False,
-                    suggested_action=f"Use one of {', '.join(SUPPORTED_OPERATIONS)}.",
-                )
+            handler = self._handlers[envelope.operation]  # the envelope names a known one
             if envelope.operation == "REGISTER":
                 agent = OPERATOR_RECORD if token and self._is_operator(token) else None
             else:

@@ -40,7 +40,7 @@ from ..errors import (
     internal_error,
 )
 from ..liveness import Liveness
-from ..model import CONFLICT_STATUSES, CONFLICT_TYPES, UNRESOLVED_CONFLICT_STATUSES
+from ..model import CONFLICT_STATUSES, CONFLICT_TYPES, OPERATIONS, UNRESOLVED_CONFLICT_STATUSES
 from ..service import FieldService
 from ..store import EventLog, open_log
 from .push import PushHub
@@ -48,21 +48,8 @@ from .streaming import absolute_urls, sse_endpoint, ws_endpoint
 
 logger = logging.getLogger("field.http")
 
-#: Endpoint name → protocol operation.
-OPERATION_ROUTES = {
-    "register": "REGISTER",
-    "deregister": "DEREGISTER",
-    "record": "RECORD",
-    "attune": "ATTUNE",
-    "detect": "DETECT",
-    "merge": "MERGE",
-    "subscribe": "SUBSCRIBE",
-    "replay": "REPLAY",
-    "compact": "COMPACT",
-    "coordinate": "COORDINATE",
-    "handoff": "HANDOFF",
-    "session": "SESSION",
-}
+#: Endpoint name → protocol operation: ``/v1/record`` is RECORD (spec 10.3).
+OPERATION_ROUTES = {operation.lower(): operation for operation in OPERATIONS}
 
 
 def json_response(body: Any, status: int = 200) -> Response:
