@@ -176,7 +176,7 @@ class Field:
                     envelope.operation,
                 )
             epoch = self.state.clock.next(envelope.epoch)
-            now = max(self.state.last_ts, self._now())  # entry timestamps never decrease
+            now = self._entry_time()
             outcome = handler(Context(envelope, agent, epoch, now))
             if agent is not None and agent.status == "failed":
                 # a failed agent that is heard from again has recovered
@@ -218,7 +218,7 @@ class Field:
         if agent is None or agent.status == "failed":
             return Outcome({"status": "unchanged"})
         epoch = self.state.clock.next(0)
-        now = max(self.state.last_ts, self._now())
+        now = self._entry_time()
         released = tasks.release_tasks(
             self.state, agent_id, reason=f"{agent_id} failed", epoch=epoch, actor=agent_id, ts=now
         )
@@ -242,10 +242,14 @@ class Field:
         if agent is None or agent.status != "failed":
             return Outcome({"status": "unchanged"})
         epoch = self.state.clock.next(0)
-        now = max(self.state.last_ts, self._now())
+        now = self._entry_time()
         entries = [LogEntry(epoch, "agent.recovered", {"agent_id": agent_id}, agent_id, now)]
         self._commit(epoch, entries)
         return Outcome({"status": "recovered", "epoch": epoch}, entries)
+
+    def _entry_time(self) -> float:
+        """The timestamp of the next entries: wall time, but never before the last entry's."""
+        return max(self.state.last_ts, self._now())
 
     def _is_operator(self, token: str) -> bool:
         return self._operator_hash is not None and hmac.compare_digest(
