@@ -118,7 +118,15 @@ class Liveness:
                 if outcome.entries:
                     logger.info("agent %s failed: %s", agent_id, reason)
                 self._dropped.pop(agent_id, None)
+            self.forget_departed()
             await asyncio.sleep(tick)
+
+    def forget_departed(self) -> None:
+        """Drop what is known of agents no longer registered: the tables stay bounded."""
+        agents = self.service.field.state.agents
+        for table in (self._heard, self._dropped):
+            for agent_id in [a for a in table if a not in agents]:
+                del table[agent_id]
 
     def _spawn_recovery(self, agent_id: str) -> None:
         async def recover() -> None:

@@ -226,3 +226,15 @@ def test_a_failed_agents_tasks_go_back_to_pending_and_their_creators_must_act() 
     assert event is not None and event.name == "agent.failed"
     assert event.agents == ("lead",) and event.acting == ("lead",)
     assert "1 task(s) back to pending" in event.summary
+
+
+async def test_what_is_known_of_departed_agents_is_forgotten(service: FieldService) -> None:
+    clock = Clock()
+    liveness = Liveness(service, failure_grace=30, heartbeat_timeout=300, clock=clock)
+    for agent_id in ("alice", "bob", "gone-1", "operator"):
+        liveness.seen(agent_id)
+    liveness.connected("bob")
+    liveness.disconnected("bob")
+    liveness.forget_departed()
+    assert set(liveness._heard) == {"alice", "bob"}
+    assert set(liveness._dropped) == {"bob"}
