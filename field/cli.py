@@ -16,6 +16,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -26,6 +27,7 @@ from .core.embedding import EmbedderError, load_embedder
 from .errors import FieldError
 from .store import open_log
 from .transports.http import create_app
+from .transports.wsprotocol import FieldWebSocketProtocol
 
 logger = logging.getLogger("field")
 
@@ -207,6 +209,21 @@ def _tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+def uvicorn_config(app: Any, config: Config) -> uvicorn.Config:
+    """uvicorn's settings for serving ``app``, for ``field serve`` and the tests' servers."""
+    return uvicorn.Config(
+        app,
+        log_level=config.log_level,
+        lifespan="on",
+        access_log=False,
+        timeout_graceful_shutdown=10,
+        ws=FieldWebSocketProtocol,
+        ws_max_size=config.limits.max_body_bytes,
+        ws_ping_interval=20,
+        ws_ping_timeout=20,
+    )
+
+
 def _bind(host: str, port: int) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on such sockets,
@@ -246,19 +263,7 @@ def serve(config: Config) -> int:
         sock.close()
         return 2
     app = create_app(config, log=log, embedder=embedder)
-    server = _Server(
-        uvicorn.Config(
-            app,
-            log_level=config.log_level,
-            lifespan="on",
-            access_log=False,
-            timeout_graceful_shutdown=10,
-            ws_max_size=config.limits.max_body_bytes,
-            ws_ping_interval=20,
-            ws_ping_timeout=20,
-        ),
-        app,
-    )
+    server = _Server(uvicorn_config(app, config), app)
     _tune_gc()
     try:
         server.run(sockets=[sock])

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import uvicorn
 
+from field.cli import uvicorn_config
 from field.client import FieldClient
 from field.config import Config
 from field.transports.http import create_app
@@ -52,7 +53,7 @@ def _ready_signal(app: Any, ready: threading.Event) -> Any:
 class ThreadedServer:
     """The real app on uvicorn, on a loopback port, in a background thread."""
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, *, ws: str | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(1024)
@@ -61,15 +62,10 @@ class ThreadedServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self._ready = threading.Event()
         app = _ready_signal(create_app(self.config), self._ready)
-        self.server = uvicorn.Server(
-            uvicorn.Config(
-                app,
-                lifespan="on",
-                log_level="warning",
-                access_log=False,
-                ws_max_size=self.config.limits.max_body_bytes,
-            )
-        )
+        settings = uvicorn_config(app, self.config)
+        if ws is not None:  # another of uvicorn's WebSocket protocols than field serve's
+            settings.ws = ws
+        self.server = uvicorn.Server(settings)
         self.thread = threading.Thread(target=self._run, name="field-server", daemon=True)
 
     def _run(self) -> None:
@@ -92,10 +88,10 @@ def server_factory() -> Iterator[Callable[..., ThreadedServer]]:
     """Start servers with a given config; all are stopped after the test."""
     started: list[ThreadedServer] = []
 
-    def start(**overrides: Any) -> ThreadedServer:
+    def start(*, ws: str | None = None, **overrides: Any) -> ThreadedServer:
         settings: dict[str, Any] = {"data_dir": None, "log_level": "warning", **overrides}
         config = Config(**settings)
-        server = ThreadedServer(config).start()
+        server = ThreadedServer(config, ws=ws).start()
         started.append(server)
         return server
 
@@ -105,9 +101,12 @@ def server_factory() -> Iterator[Callable[..., ThreadedServer]]:
 
 
 @pytest.fixture
-def field_server(server_factory: Callable[..., ThreadedServer]) -> ThreadedServer:
-    """A Field with an in-memory log."""
-    return server_factory()
+def field_server(
+    server_factory: Callable[..., ThreadedServer], request: pytest.FixtureRequest
+) -> ThreadedServer:
+    """A Field with an in-memory log (parametrize indirectly with a uvicorn ``ws`` protocol name
+    to serve WebSockets with it instead of ``field serve``'s)."""
+    return server_factory(ws=getattr(request, "param", None))
 
 
 @pytest.fixture

@@ -8,6 +8,8 @@ each shortcut to the encoding it replaces, byte for byte.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from typing import Any
 
 import numpy as np
@@ -29,9 +31,9 @@ from field.subscriptions.stream import (
     encode_notification,
     format_cursor,
 )
-from field.transports import streaming
 from field.transports.push import PushHub
 from field.transports.streaming import _sse_event
+from field.transports.wsprotocol import FieldWebSocketProtocol
 
 from .conftest import ThreadedServer
 from .core_util import Harness
@@ -211,23 +213,25 @@ def test_replayed_and_live_frames_equal_the_notification_path() -> None:
 # -- WebSocket batches: one socket write, the same text frames -----------------------------
 
 
-@pytest.mark.parametrize("batched", [True, False], ids=["one-write", "asgi"])
+@pytest.mark.parametrize(
+    "field_server",
+    [None, "websockets-sansio"],
+    ids=["field-protocol", "uvicorn-protocol"],
+    indirect=True,
+)
 async def test_a_websocket_resume_arrives_as_text_frames_whether_batched_or_not(
     field_server: ThreadedServer,
     agents: Agents,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
-    batched: bool,
 ) -> None:
     writes: list[int] = []
-    write = streaming._FrameWriter.write
+    send_texts = FieldWebSocketProtocol._send_texts
 
-    async def counted(self: streaming._FrameWriter, texts: list[bytes]) -> None:
+    async def counted(self: FieldWebSocketProtocol, texts: list[bytes], timeout: Any) -> None:
         writes.append(len(texts))
-        await write(self, texts)
+        await send_texts(self, texts, timeout)
 
-    monkeypatch.setattr(streaming._FrameWriter, "write", counted)
-    if not batched:
-        monkeypatch.setattr(streaming._FrameWriter, "of", classmethod(lambda cls, ws: None))
+    monkeypatch.setattr(FieldWebSocketProtocol, "_send_texts", counted)
     cursor = (await subscribe(agents.b, ["memory.recorded"]))["cursor"]
     missed = await record_many(agents.a, 120, "missed")
     async with open_ws(field_server, agents.b.token, since=[cursor]) as ws:
@@ -237,9 +241,10 @@ async def test_a_websocket_resume_arrives_as_text_frames_whether_batched_or_not(
     assert all(isinstance(text, str) for text in raw)  # text frames, not binary
     frames = [orjson.loads(text) for text in raw]
     assert ids([f["data"] for f in frames[1:-1]]) == missed
-    if batched:  # uvicorn's protocol: the replay went out in batches of several frames
+    if field_server.server.config.ws is FieldWebSocketProtocol:
+        # the replay went out in batches of several frames, a socket write each
         assert sum(writes) == len(frames) and max(writes) > 1
-    else:
+    else:  # uvicorn's own protocol: frame by frame through ASGI
         assert writes == []
 
 
@@ -248,21 +253,28 @@ async def test_an_open_websocket_lets_go_of_its_handshake_and_still_works(
     agents: Agents,  # noqa: F811
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    kept: list[tuple[Any, Any, Any]] = []
-    release = streaming._release_handshake
+    requests: list[weakref.ref[Any]] = []
+    protocols: list[FieldWebSocketProtocol] = []
+    handle_connect = FieldWebSocketProtocol.handle_connect
 
-    def spy(websocket: Any) -> None:
-        release(websocket)
-        protocol = websocket._send.__self__  # uvicorn's websockets protocol
-        kept.append((protocol.request, protocol.response, websocket.scope["headers"]))
+    def spy(self: FieldWebSocketProtocol, event: Any) -> None:
+        requests.append(weakref.ref(event))
+        protocols.append(self)
+        handle_connect(self, event)
 
-    monkeypatch.setattr(streaming, "_release_handshake", spy)
+    monkeypatch.setattr(FieldWebSocketProtocol, "handle_connect", spy)
     await subscribe(agents.b, ["memory.recorded"])
     async with open_ws(field_server, agents.b.token) as ws:
         await ws.ready()
         listed = await ws.request("SUBSCRIBE", "agent-b", {"action": "list"})
         assert listed["status"] == 200
+        gc.collect()
+        (request,) = requests
+        assert request() is None  # nothing holds the handshake's request any more
+        (protocol,) = protocols
+        assert protocol.request is None and protocol.response is None
         (unit,) = await record_many(agents.a, 1, "after the handshake")
         (notification,) = await ws.notifications(1)
-    assert kept == [(None, None, [])]
+        listed = await ws.request("SUBSCRIBE", "agent-b", {"action": "list"})
+        assert listed["status"] == 200
     assert notification["memory_unit_id"] == unit

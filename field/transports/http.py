@@ -22,7 +22,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
-from starlette.websockets import WebSocket
 
 from .. import __version__
 from ..config import Config
@@ -263,7 +262,7 @@ class _FieldApp(Starlette):
             if hub is None:  # starting or stopping: try again
                 await send({"type": "websocket.close", "code": 1013, "reason": ""})
                 return
-            await ws_endpoint(WebSocket(scope, receive, send), hub)
+            await ws_endpoint(scope, receive, send, hub)
             return
         await super().__call__(scope, receive, send)
 

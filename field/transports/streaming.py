@@ -22,15 +22,15 @@ import orjson
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
-from websockets.exceptions import InvalidState
-from websockets.protocol import Protocol as WebSocketsProtocol
 
 from ..core.context import Outcome
 from ..core.field import Field
 from ..errors import FieldError, InvalidJSON, internal_error
 from ..subscriptions.outbox import Frame
 from .push import Connection, PushHub
+from .wsprotocol import BATCH_EXTENSION
 
 logger = logging.getLogger("field.streaming")
 
@@ -140,7 +140,8 @@ def _sse_event(frame: Frame) -> bytes:
 # -- WebSocket --------------------------------------------------------------------
 
 
-async def ws_endpoint(websocket: WebSocket, hub: PushHub) -> None:
+async def ws_endpoint(scope: Scope, receive: Receive, send: Send, hub: PushHub) -> None:
+    websocket = WebSocket(scope, receive, send)
     token = token_of(websocket.headers, websocket.query_params)
     await websocket.accept()
     try:
@@ -156,7 +157,8 @@ async def ws_endpoint(websocket: WebSocket, hub: PushHub) -> None:
     default, each = since_cursors(websocket.query_params.getlist("since"))
     base_http = str(websocket.base_url).replace("ws", "http", 1).rstrip("/")  # the Host header
     _release_handshake(websocket)
-    sender = asyncio.create_task(_ws_sender(websocket, connection))
+    batched = BATCH_EXTENSION in scope.get("extensions", {})
+    sender = asyncio.create_task(_ws_sender(websocket, connection, send if batched else None))
     try:
         for subscription_id in sorted(hub.field.state.active_subscriptions.get(agent_id, ())):
             hub.attach(connection, subscription_id, each.get(subscription_id, default))
@@ -230,10 +232,13 @@ def absolute_urls(response: dict[str, Any], base_http: str) -> dict[str, Any]:
     return response
 
 
-async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
-    """Copy frames to the socket; close with the hub's code when it ends the connection."""
+async def _ws_sender(websocket: WebSocket, connection: Connection, send: Send | None) -> None:
+    """Copy frames to the socket; close with the hub's code when it ends the connection.
+
+    ``send`` is the server's ASGI send when it offers the batch extension
+    (``field serve``'s protocol): what is queued goes out in one socket write.
+    """
     outbox = connection.outbox
-    writer = _FrameWriter.of(websocket)
     try:
         while True:
             frame = await outbox.get()
@@ -241,8 +246,11 @@ async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
                 break
             # send what is queued in one go; the timeout bounds a consumer that stalls
             batch = [frame, *outbox.drain_now(SEND_BATCH)]
-            if writer is not None:
-                await writer.write([_ws_frame(queued) for queued in batch])
+            if send is not None:
+                texts = [_ws_frame(queued) for queued in batch]
+                message = {"type": BATCH_EXTENSION, "texts": texts, "timeout": SEND_TIMEOUT_SECONDS}
+                await send(message)
+                del texts, message
             else:
                 async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
                     for queued in batch:
@@ -261,67 +269,14 @@ async def _ws_sender(websocket: WebSocket, connection: Connection) -> None:
 
 
 def _release_handshake(websocket: WebSocket) -> None:
-    """Let go of what only the handshake needed, for a connection that may live for hours.
+    """Let go of the handshake's headers, for a connection that may live for hours.
 
-    uvicorn's websockets protocol keeps the handshake's request and response
-    (their header maps, about 4 KB) for the connection's life but reads them
-    only until the handshake is complete; the scope's headers and Starlette's
-    parsed copies were read above. Another server's protocol is left alone.
+    The scope's headers and Starlette's parsed copies were read above and
+    are not read again. (``field serve``'s protocol drops its own copies.)
     """
-    protocol: Any = getattr(getattr(websocket, "_send", None), "__self__", None)
-    if (
-        getattr(protocol, "handshake_complete", False) is True
-        and isinstance(getattr(protocol, "conn", None), WebSocketsProtocol)
-        and hasattr(protocol, "request")
-        and hasattr(protocol, "response")
-    ):
-        protocol.request = protocol.response = None
     websocket.scope["headers"] = []
     for cached in ("_headers", "_query_params"):
         websocket.__dict__.pop(cached, None)
-
-
-class _FrameWriter:
-    """Writes a batch of text frames to a WebSocket with one socket write.
-
-    ASGI takes one message per ``send``, and uvicorn writes each to the
-    socket at once: a system call per notification. When the connection
-    is uvicorn's websockets sans-I/O protocol (``field serve``'s), the
-    batch is framed by that protocol's own ``websockets`` connection, as
-    its ``send`` would frame each message, and written in one go: the
-    same bytes on the wire. Any other server goes through ASGI.
-    """
-
-    __slots__ = ("_protocol",)
-
-    def __init__(self, protocol: Any) -> None:
-        self._protocol = protocol
-
-    @classmethod
-    def of(cls, websocket: WebSocket) -> _FrameWriter | None:
-        protocol = getattr(getattr(websocket, "_send", None), "__self__", None)
-        if not isinstance(getattr(protocol, "conn", None), WebSocketsProtocol):
-            return None
-        needed = ("transport", "writable", "disconnected", "close_sent", "handshake_complete")
-        if not all(hasattr(protocol, name) for name in needed):
-            return None
-        return cls(protocol)
-
-    async def write(self, texts: list[bytes]) -> None:
-        """Send ``texts`` (UTF-8 JSON) as text frames; the timeout bounds a stalled reader."""
-        protocol = self._protocol
-        if not protocol.writable.is_set():  # the socket's buffer is full: wait, bounded
-            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                await protocol.writable.wait()
-        if protocol.disconnected or protocol.close_sent or not protocol.handshake_complete:
-            raise WebSocketDisconnect(1006)
-        conn = protocol.conn
-        try:
-            for text in texts:
-                conn.send_text(text)
-        except InvalidState:
-            raise WebSocketDisconnect(1006) from None
-        protocol.transport.write(b"".join(conn.data_to_send()))
 
 
 def _ws_frame(frame: Frame) -> bytes:
