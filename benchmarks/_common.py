@@ -43,3 +43,64 @@ def progress(done: int, total: int, label: str) -> None:
 def pct(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def machine_line() -> str:
+    """How fast this machine is at what the Field spends its time on, to compare runs across
+    machines: a pure-Python loop (10M additions) and a 537-byte send on loopback TCP (a
+    notification's write to one subscriber's socket), each the best of three."""
+    import multiprocessing
+    import os
+    import socket
+    import time
+
+    def loop() -> float:
+        start = time.perf_counter()
+        total = 0
+        for i in range(10_000_000):
+            total += i
+        return time.perf_counter() - start
+
+    def drain(port: int, size: int) -> None:
+        with socket.create_connection(("127.0.0.1", port)) as reader:
+            got = 0
+            while got < size:
+                data = reader.recv(1 << 20)
+                if not data:
+                    return
+                got += len(data)
+
+    def sends(count: int = 20_000, size: int = 537) -> float:
+        with socket.socket() as listener:
+            listener.bind(("127.0.0.1", 0))
+            listener.listen()
+            port = listener.getsockname()[1]
+            child = multiprocessing.get_context("fork").Process(
+                target=drain, args=(port, count * size)
+            )
+            child.start()
+            sender, _ = listener.accept()
+            with sender:
+                sender.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                data = b"x" * size
+                start = time.perf_counter()
+                for _ in range(count):
+                    sender.sendall(data)
+                elapsed = time.perf_counter() - start
+            child.join()
+        return elapsed / count
+
+    python = min(loop() for _ in range(3))
+    send = min(sends() for _ in range(3))
+    return (
+        f"machine: {os.cpu_count()} CPUs; a Python loop of 10M additions takes {python:.2f} s; "
+        f"a 537-byte loopback TCP send {send * 1e6:.1f} us"
+    )
+
+
+def bracketed(main: Any) -> None:
+    """Run a benchmark's ``main`` between two readings of :func:`machine_line`, printed after
+    its figures (a shared machine's speed can change from one minute to the next)."""
+    before = machine_line()
+    main()
+    print(f"before the run, {before}\nafter the run,  {machine_line()}")

@@ -21,7 +21,7 @@ import statistics
 import time
 from typing import Any
 
-from _common import VOCABULARY, envelope, pct, progress
+from _common import VOCABULARY, bracketed, envelope, pct, progress
 
 from field.core import relevance
 from field.core.field import Field, Ids
@@ -149,4 +149,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bracketed(main)

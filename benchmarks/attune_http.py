@@ -25,7 +25,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from _common import VOCABULARY, envelope, pct, progress
+from _common import VOCABULARY, bracketed, envelope, pct, progress
 from fanout import start_field
 
 TYPES = ["finding", "decision", "observation", "assumption", "constraint", "question"]
@@ -149,4 +149,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bracketed(main)

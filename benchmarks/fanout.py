@@ -66,7 +66,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from _common import ROLES, ROOT, VOCABULARY, envelope, pct, progress
+from _common import ROLES, ROOT, VOCABULARY, bracketed, envelope, pct, progress
 
 HOST = "127.0.0.1"
 SUBSCRIPTION = {"events": ["memory.recorded"], "min_relevance": 0, "debounce_ms": 0}
@@ -1017,4 +1017,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bracketed(main)

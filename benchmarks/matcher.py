@@ -26,7 +26,7 @@ import statistics
 import time
 from typing import Any
 
-from _common import ROLES, VOCABULARY, envelope, progress
+from _common import ROLES, VOCABULARY, bracketed, envelope, progress
 
 from field.core.field import Field, Ids
 from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords, unit_keywords
@@ -183,4 +183,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bracketed(main)

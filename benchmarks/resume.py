@@ -53,7 +53,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from _common import envelope, progress
+from _common import bracketed, envelope, progress
 from writes import FieldServer, new_loop, record_payload
 
 JSON = {"Content-Type": "application/json"}
@@ -519,4 +519,4 @@ def main() -> None:
 
 if __name__ == "__main__":
     os.environ.setdefault("PYTHONUNBUFFERED", "1")
-    main()
+    bracketed(main)

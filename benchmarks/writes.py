@@ -43,7 +43,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from _common import VOCABULARY, envelope, pct, progress
+from _common import VOCABULARY, bracketed, envelope, pct, progress
 
 TYPES = ["finding", "decision", "observation", "assumption", "constraint"]
 _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
@@ -352,4 +352,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    bracketed(main)

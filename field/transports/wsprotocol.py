@@ -80,9 +80,6 @@ class Inbox:
     def empty(self) -> bool:
         return not self._items
 
-    def qsize(self) -> int:
-        return len(self._items) if self._items else 0
-
 
 class Flag:
     """``asyncio.Event``'s ``set``, ``clear``, ``is_set`` and ``wait``; no deque while none wait."""
