@@ -13,6 +13,7 @@ from typing import Any
 from unittest import mock
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -276,6 +277,8 @@ def check_splits(h: Harness) -> None:
     whole = matcher.match(events)
     one_by_one = [m for event in events for m in matcher.match([event])]
     assert key(one_by_one) == key(whole)
+    scope = matcher.scope()  # one scope reused for every call (the push hub's way)
+    assert key([m for event in events for m in matcher.match([event], scope=scope)]) == key(whole)
     halves = matcher.match(events[: len(events) // 2]) + matcher.match(events[len(events) // 2 :])
     assert key(halves) == key(whole)
     with mock.patch.object(matcher_module, "MATRIX_CELLS", 3):  # chunks of a few events
@@ -287,6 +290,9 @@ def check_splits(h: Harness) -> None:
     if len(registry) > 2:  # a subset of rows (the live path: rows with a consumer)
         rows = np.arange(0, len(registry), 2)
         subset = matcher.match(events, only=rows)
+        scope = matcher.scope(rows)
+        reused = [m for event in events for m in matcher.match([event], scope=scope)]
+        assert key(reused) == key(subset)
         merged = sorted(
             (entry for row in rows.tolist() for entry in restrict(whole, row)),
             key=lambda entry: entry[0],
@@ -507,3 +513,25 @@ def test_relevance_uses_the_exact_confidence_score() -> None:
     expected, _ = relevance_of(units, h.field.state.subscriptions[sub], agent, event)
     assert abs(relevance - expected) < 1e-7  # float32 precision: this much holds
     assert abs(relevance - expected) <= 1e-9
+
+
+def test_a_scope_made_before_the_registry_changed_is_refused() -> None:
+    h = Harness()
+    h.register("a", "analyst", interests=["pricing"])
+    h.register("w", "writer")
+    subscription = {"events": ["memory.recorded"]}
+    first = h.send("SUBSCRIBE", "a", {"action": "subscribe", "subscription": subscription})
+    matcher = matcher_of(h)
+    scope = matcher.scope()
+    assert scope.fits(h.field.state.registry)
+    h.send("SUBSCRIBE", "a", {"action": "subscribe", "subscription": subscription})
+    assert not scope.fits(h.field.state.registry)  # a row was added
+    scope = matcher.scope()
+    unsubscribe = {"action": "unsubscribe", "subscription": {"id": first["subscription_id"]}}
+    h.send("SUBSCRIBE", "a", unsubscribe)
+    assert not scope.fits(h.field.state.registry)  # a row was cancelled
+    h.record("w", "pricing")
+    with pytest.raises(ValueError, match="registry changed"):
+        matcher.match(events_of(h), scope=scope)
+    (match,) = matcher.match(events_of(h), scope=matcher.scope())
+    assert len(match.rows) == 1  # the second subscription, the first being cancelled

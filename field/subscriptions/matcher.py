@@ -144,14 +144,26 @@ class _Candidates:
 
 
 @dataclass(frozen=True, slots=True)
-class _Scope:
-    """The rows one :meth:`Matcher.match` call covers, and their agent profiles."""
+class Scope:
+    """The registry rows a match covers, their agent profiles and, filled in as
+    events need them, the rows among them that list each event name.
+
+    Made by :meth:`Matcher.scope`; it stays valid, and is reused by
+    whoever matches the same rows again (the push hub, for every batch),
+    until the registry changes: :meth:`fits` tells.
+    """
 
     rows: npt.NDArray[np.intp]
     profiles: npt.NDArray[np.intp]
     #: each row's position in ``profiles``
     of_row: npt.NDArray[np.intp]
     candidates: dict[str, _Candidates]
+    registry: SubscriptionRegistry
+    version: int
+
+    def fits(self, registry: SubscriptionRegistry) -> bool:
+        """Whether this scope still describes ``registry``'s rows."""
+        return registry is self.registry and registry.version == self.version
 
 
 class Matcher:
@@ -171,26 +183,40 @@ class Matcher:
         #: the agents that may see an event (None: everyone), for session visibility
         self.audience = audience
 
+    def scope(self, only: npt.NDArray[np.intp] | None = None) -> Scope:
+        """The scope of matching against ``only`` those registry rows (None: all of them)."""
+        reg = self.registry
+        # relevance depends on the agent profile only: score each profile once
+        if only is None:
+            rows = np.arange(len(reg))
+            profiles, of_row = np.arange(reg.profile_count), reg.profile.view
+        else:
+            rows = np.asarray(only, dtype=np.intp)
+            profiles, of_row = np.unique(reg.profile.view[rows], return_inverse=True)
+        of_row = of_row.astype(np.intp, copy=False)
+        return Scope(rows, profiles, of_row, {}, reg, reg.version)
+
     def match(
-        self, events: list[FieldEvent], *, only: npt.NDArray[np.intp] | None = None
+        self,
+        events: list[FieldEvent],
+        *,
+        only: npt.NDArray[np.intp] | None = None,
+        scope: Scope | None = None,
     ) -> list[Match]:
         """Matches of each event (events with no subscriber are left out).
 
         ``only`` restricts matching to those registry rows (used to replay
-        one subscription's stream from the log).
+        one subscription's stream from the log); or ``scope``, made earlier
+        by :meth:`scope` and still fitting the registry, gives the rows.
         """
         reg = self.registry
-        n = len(reg)
-        if n == 0 or not events:
+        if len(reg) == 0 or not events:
             return []
-        rows = np.arange(n) if only is None else np.asarray(only, dtype=np.intp)
-        # relevance depends on the agent profile only: score each profile once
-        if only is None:
-            profiles, of_row = np.arange(reg.profile_count), reg.profile.view
-        else:
-            profiles, of_row = np.unique(reg.profile.view[rows], return_inverse=True)
-        scope = _Scope(rows, profiles, of_row.astype(np.intp, copy=False), {})
-        step = max(1, MATRIX_CELLS // max(1, len(profiles)))
+        if scope is None:
+            scope = self.scope(only)
+        elif not scope.fits(reg):
+            raise ValueError("the scope was made before the registry changed")
+        step = max(1, MATRIX_CELLS // max(1, len(scope.profiles)))
         matches: list[Match] = []
         for start in range(0, len(events), step):
             matches.extend(self._match_chunk(events[start : start + step], scope))
@@ -198,8 +224,8 @@ class Matcher:
 
     # -- one chunk of events against the chosen rows ---------------------------
 
-    def _candidates(self, scope: _Scope, name: str) -> _Candidates:
-        """The rows of ``scope`` that are active and list event ``name`` (cached per call)."""
+    def _candidates(self, scope: Scope, name: str) -> _Candidates:
+        """The rows of ``scope`` that are active and list event ``name`` (kept in the scope)."""
         found = scope.candidates.get(name)
         if found is None:
             reg, rows = self.registry, scope.rows
@@ -223,7 +249,7 @@ class Matcher:
             )
         return found
 
-    def _match_chunk(self, events: list[FieldEvent], scope: _Scope) -> list[Match]:
+    def _match_chunk(self, events: list[FieldEvent], scope: Scope) -> list[Match]:
         reg, profiles = self.registry, scope.profiles
         wanted: list[tuple[FieldEvent, _Candidates]] = []
         for event in events:

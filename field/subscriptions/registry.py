@@ -32,6 +32,8 @@ class SubscriptionRegistry:
 
     def __init__(self, embedder: Embedder | None = None) -> None:
         self.embedder = embedder or default_embedder()
+        #: counts the changes to the rows (added, cancelled): what a matching Scope depends on
+        self.version = 0
         self.ids: list[str] = []
         self.rows: dict[str, int] = {}
         self.active = Column(np.bool_)
@@ -71,6 +73,7 @@ class SubscriptionRegistry:
     def add(self, subscription: dict[str, Any], agent: dict[str, Any]) -> None:
         """Add a row for ``subscription``, made by ``agent`` (its wire form)."""
         row = len(self.ids)
+        self.version += 1
         self.ids.append(subscription["id"])
         self.rows[subscription["id"]] = row
         self.active.append(subscription["status"] == "active")
@@ -113,6 +116,7 @@ class SubscriptionRegistry:
         return profile
 
     def cancel(self, subscription_id: str) -> None:
+        self.version += 1
         self.active[self.rows[subscription_id]] = False
 
     def hits(

@@ -34,7 +34,7 @@ from ..liveness import Liveness
 from ..service import FieldService
 from ..store.base import StoredEntry
 from ..subscriptions.events import FieldEvent, event_name, event_of
-from ..subscriptions.matcher import Match, Matcher, reason_text
+from ..subscriptions.matcher import Match, Matcher, Scope, reason_text
 from ..subscriptions.outbox import Frame, Outbox, PushLimits
 from ..subscriptions.stream import (
     Notification,
@@ -99,7 +99,12 @@ class PushHub:
         self.service = service
         self.limits = limits or PushLimits()
         self.connections: set[Connection] = set()
+        self._by_agent: dict[str, set[Connection]] = {}
         self._by_subscription: dict[str, list[_Binding]] = {}
+        #: bindings whose stream holds a debounce window open (what flush_due looks at)
+        self._windowed: set[_Binding] = set()
+        #: the matcher's scope of the bound subscriptions' rows; None when bindings changed
+        self._scope: Scope | None = None
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -121,6 +126,7 @@ class PushHub:
         outbox = Outbox(max_frames=self.limits.outbox_frames, max_bytes=self.limits.outbox_bytes)
         connection = Connection(agent_id, kind, outbox)
         self.connections.add(connection)
+        self._by_agent.setdefault(agent_id, set()).add(connection)
         if self.liveness is not None:
             self.liveness.connected(agent_id)
         return connection
@@ -129,17 +135,24 @@ class PushHub:
         if connection in self.connections and self.liveness is not None:
             self.liveness.disconnected(connection.agent_id)
         self.connections.discard(connection)
+        same_agent = self._by_agent.get(connection.agent_id)
+        if same_agent is not None:
+            same_agent.discard(connection)
+            if not same_agent:
+                del self._by_agent[connection.agent_id]
         for subscription_id, binding in list(connection.streams.items()):
             self._unbind(subscription_id, binding)
         connection.streams.clear()
 
     def _unbind(self, subscription_id: str, binding: _Binding) -> None:
         binding.detached = True
+        self._windowed.discard(binding)
         bindings = self._by_subscription.get(subscription_id, [])
         if binding in bindings:
             bindings.remove(binding)
         if not bindings:
             self._by_subscription.pop(subscription_id, None)
+            self._scope = None
 
     def end(self, connection: Connection, code: int, reason: str, frame: Frame | None) -> None:
         """Close a connection from the hub's side, after what is queued and ``frame``."""
@@ -201,7 +214,10 @@ class PushHub:
             prefix=subscription_prefix(subscription["id"]),
         )
         connection.streams[subscription["id"]] = binding
-        self._by_subscription.setdefault(subscription["id"], []).append(binding)
+        bindings = self._by_subscription.setdefault(subscription["id"], [])
+        if not bindings:
+            self._scope = None
+        bindings.append(binding)
         return binding
 
     def _went_live(self, binding: _Binding, replayed: int) -> None:
@@ -273,7 +289,7 @@ class PushHub:
                 return
             held, binding.held = binding.held or [], None
             for notification in held:
-                self._deliver(binding, stream.offer(notification))
+                self._offer(binding, notification)
             if not self.service.busy:  # a window that ended while replaying goes before "live"
                 now = max(time.time(), self.field.state.last_ts)
                 replayed += self._deliver(binding, stream.advance(now))
@@ -346,7 +362,7 @@ class PushHub:
             for match in matches:
                 shared = encode_event(match.event, format_cursor(self.tag, match.event.position))
                 for notification in self._notifications(match, shared):
-                    delivered += self._deliver(binding, stream.offer(notification))
+                    delivered += self._offer(binding, notification)
         if entries:
             delivered += self._deliver(binding, stream.advance(entries[-1].ts))
         return delivered
@@ -410,10 +426,13 @@ class PushHub:
             return
         events = self._events(entries)
         if events:
-            state = self.field.state
             matcher = self._matcher()
-            rows = np.array([state.registry.rows[s] for s in self._by_subscription], dtype=np.intp)
-            for match in matcher.match(events, only=np.sort(rows)):
+            scope = self._scope
+            if scope is None or not scope.fits(matcher.registry):
+                registry = matcher.registry
+                rows = [registry.rows[sid] for sid in self._by_subscription]
+                scope = self._scope = matcher.scope(np.sort(np.array(rows, dtype=np.intp)))
+            for match in matcher.match(events, scope=scope):
                 self._route(match)
         self.flush_due(entries[-1].ts)
 
@@ -442,7 +461,7 @@ class PushHub:
                 if binding.held is not None:
                     self._hold(binding, notification)
                 else:
-                    self._deliver(binding, binding.stream.offer(notification))
+                    self._offer(binding, notification)
                     self._schedule(binding.stream.deadline)
 
     def _hold(self, binding: _Binding, notification: Notification) -> None:
@@ -462,13 +481,14 @@ class PushHub:
             # later entries must not be stamped before a window this flush closed
             self.field.state.last_ts = now
         soonest: float | None = None
-        for bindings in self._by_subscription.values():
-            for binding in bindings:
-                if binding.held is None:
-                    self._deliver(binding, binding.stream.advance(now))
-                deadline = binding.stream.deadline
-                if deadline is not None and (soonest is None or deadline < soonest):
-                    soonest = deadline
+        for binding in list(self._windowed):
+            if binding.held is None:
+                self._deliver(binding, binding.stream.advance(now))
+            deadline = binding.stream.deadline
+            if deadline is None:
+                self._windowed.discard(binding)
+            elif soonest is None or deadline < soonest:
+                soonest = deadline
         self._deadline = None
         self._schedule(soonest)
 
@@ -512,6 +532,13 @@ class PushHub:
             shared=shared,
         )
 
+    def _offer(self, binding: _Binding, notification: Notification) -> int:
+        """Offer a notification to a debounced (or replaying) stream; queue what is due."""
+        delivered = self._deliver(binding, binding.stream.offer(notification))
+        if binding.stream.deadline is not None and not binding.detached:
+            self._windowed.add(binding)
+        return delivered
+
     def _deliver(self, binding: _Binding, notifications: list[Notification]) -> int:
         connection = binding.connection
         for notification in notifications:
@@ -549,29 +576,21 @@ class PushHub:
 
     def _lifecycle(self, entries: list[StoredEntry]) -> None:
         """Attach new subscriptions to their agent's sockets; end cancelled ones."""
-        state = self.field.state
         for entry in entries:
             if entry.kind == "subscription.created":
                 subscription = entry.data["subscription"]
-                for connection in list(self.connections):
-                    if connection.kind == "ws" and connection.agent_id == subscription["agent_id"]:
+                for connection in list(self._by_agent.get(subscription["agent_id"], ())):
+                    if connection.kind == "ws":
                         self._bind(connection, subscription, entry.position, replaying=False)
-            elif entry.kind in ("subscription.cancelled", "agent.deregistered"):
-                ended = (
-                    [entry.data["subscription_id"]]
-                    if entry.kind == "subscription.cancelled"
-                    else [
-                        sid
-                        for sid, sub in state.subscriptions.items()
-                        if sub["agent_id"] == entry.data["agent_id"]
-                    ]
-                )
-                for subscription_id in ended:
-                    for binding in list(self._by_subscription.get(subscription_id, [])):
-                        self.detach(binding.connection, subscription_id, "subscription cancelled")
-                if entry.kind == "agent.deregistered":
-                    loop = asyncio.get_running_loop()
-                    for connection in list(self.connections):
-                        if connection.agent_id == entry.data["agent_id"]:
-                            # after the DEREGISTER response has been queued on it
-                            loop.call_soon(self.end, connection, 4409, "agent deregistered", None)
+            elif entry.kind == "subscription.cancelled":
+                subscription_id = entry.data["subscription_id"]
+                for binding in list(self._by_subscription.get(subscription_id, [])):
+                    self.detach(binding.connection, subscription_id, "subscription cancelled")
+            elif entry.kind == "agent.deregistered":
+                # an agent's subscriptions stream only to its own connections
+                loop = asyncio.get_running_loop()
+                for connection in list(self._by_agent.get(entry.data["agent_id"], ())):
+                    for subscription_id in list(connection.streams):
+                        self.detach(connection, subscription_id, "subscription cancelled")
+                    # after the DEREGISTER response has been queued on it
+                    loop.call_soon(self.end, connection, 4409, "agent deregistered", None)

@@ -1,0 +1,165 @@
+"""The push hub's bookkeeping, in the core (no sockets): what a publish looks at.
+
+A publish must cost what its events need, not what the number of open
+streams is: it reuses the matcher's scope of the bound subscriptions
+until bindings or the registry change, and flushes only the streams that
+hold a debounce window open. These tests check that the shortcuts give
+the same deliveries as the long way, through every change that must
+invalidate them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+import pytest
+
+from field.core.field import Field
+from field.service import FieldService
+from field.store.memory import MemoryEventLog
+from field.transports.push import Connection, PushHub
+
+
+def envelope(operation: str, agent_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "protocol": "akashik",
+        "version": "0.1.0",
+        "id": f"msg-{operation}",
+        "operation": operation,
+        "agent_id": agent_id,
+        "session_id": None,
+        "epoch": 0,
+        "payload": payload,
+    }
+
+
+@dataclass
+class Hub:
+    hub: PushHub
+    service: FieldService
+    tokens: dict[str, str]
+
+    async def call(self, operation: str, agent_id: str, payload: dict[str, Any]) -> dict[str, Any]:
+        token = self.tokens.get(agent_id)
+        outcome = await self.service.execute(
+            lambda field: field.handle(envelope(operation, agent_id, payload), token=token),
+            operation=operation,
+        )
+        if operation == "REGISTER":
+            self.tokens[agent_id] = outcome.response["token"]
+        return outcome.response
+
+    async def register(self, agent_id: str) -> None:
+        payload = {"id": agent_id, "role": "analyst", "interests": ["pricing"]}
+        await self.call("REGISTER", agent_id, payload)
+
+    async def subscribe(self, agent_id: str, events: list[str], debounce_ms: int = 0) -> str:
+        subscription = {"events": events, "debounce_ms": debounce_ms}
+        response = await self.call(
+            "SUBSCRIBE", agent_id, {"action": "subscribe", "subscription": subscription}
+        )
+        return str(response["subscription_id"])
+
+    def stream(self, agent_id: str, subscription_id: str) -> Connection:
+        """A live stream of the subscription, as the SSE endpoint opens one."""
+        connection = self.hub.connect(agent_id, "sse")
+        self.hub.attach(connection, subscription_id, None)
+        return connection
+
+    async def record(self, agent_id: str, content: str) -> str:
+        payload = {
+            "type": "finding",
+            "content": content,
+            "intent": {"purpose": "testing the hub"},
+            "confidence": {"score": 0.8, "reasoning": "a test"},
+        }
+        return str((await self.call("RECORD", agent_id, payload))["memory_unit_id"])
+
+
+@pytest.fixture
+async def hub() -> AsyncIterator[Hub]:
+    service = FieldService(MemoryEventLog(), Field)
+    push = PushHub(service)
+    await service.start()
+    h = Hub(push, service, {})
+    for agent_id in ("writer", "a", "b"):
+        await h.register(agent_id)
+    yield h
+    await service.stop()
+
+
+def units(connection: Connection) -> list[str]:
+    """The memory units of the notifications queued on a connection (control frames dropped)."""
+    frames = connection.outbox.drain_now(10_000)
+    return [orjson.loads(f.body)["memory_unit_id"] for f in frames if f.cursor is not None]
+
+
+async def test_the_bound_set_and_the_registry_changing_refresh_what_a_publish_matches(
+    hub: Hub,
+) -> None:
+    a_sub = await hub.subscribe("a", ["memory.recorded"])
+    a = hub.stream("a", a_sub)
+    first = await hub.record("writer", "pricing first")
+    assert units(a) == [first]
+    scope = hub.hub._scope
+    assert scope is not None
+    second = await hub.record("writer", "pricing second")
+    assert units(a) == [second]
+    assert hub.hub._scope is scope  # nothing changed: the same scope served
+    # a subscription that is created but not streamed changes the registry
+    await hub.subscribe("writer", ["agent.joined"])
+    b_sub = await hub.subscribe("b", ["memory.recorded"])
+    b = hub.stream("b", b_sub)  # a new binding
+    third = await hub.record("writer", "pricing third")
+    assert (units(a), units(b)) == ([third], [third])
+    # a cancelled subscription stops at once, the other goes on
+    await hub.call("SUBSCRIBE", "a", {"action": "unsubscribe", "subscription": {"id": a_sub}})
+    fourth = await hub.record("writer", "pricing fourth")
+    assert (units(a), units(b)) == ([], [fourth])
+    # the last stream of a subscription closing unbinds it
+    hub.hub.disconnect(b)
+    await hub.record("writer", "pricing fifth")
+    assert units(b) == []
+    assert hub.hub._by_subscription == {}
+
+
+async def test_only_streams_with_an_open_window_are_flushed_and_then_let_go(hub: Hub) -> None:
+    debounced = hub.stream("a", await hub.subscribe("a", ["memory.recorded"], debounce_ms=50))
+    prompt = hub.stream("b", await hub.subscribe("b", ["memory.recorded"]))
+    unit = await hub.record("writer", "pricing under debounce")
+    assert units(prompt) == [unit]  # undebounced: at once, never a window
+    (binding,) = debounced.streams.values()
+    assert hub.hub._windowed == {binding}
+    assert units(debounced) == []
+    hub.hub.flush_due(time.time() + 1)  # as the hub's timer will once the window has ended
+    assert units(debounced) == [unit]
+    assert hub.hub._windowed == set()
+
+
+async def test_a_stream_that_goes_away_with_an_open_window_is_let_go(hub: Hub) -> None:
+    debounced = hub.stream("a", await hub.subscribe("a", ["memory.recorded"], debounce_ms=60_000))
+    await hub.record("writer", "pricing held for a minute")
+    assert len(hub.hub._windowed) == 1
+    hub.hub.disconnect(debounced)
+    assert hub.hub._windowed == set()
+
+
+async def test_deregistering_ends_only_that_agents_connections(hub: Hub) -> None:
+    a = hub.stream("a", await hub.subscribe("a", ["memory.recorded"]))
+    a_again = hub.stream("a", await hub.subscribe("a", ["memory.recorded"]))
+    b = hub.stream("b", await hub.subscribe("b", ["memory.recorded"]))
+    await hub.call("DEREGISTER", "a", {"agent_id": "a"})
+    for connection in (a, a_again):  # the hub ends them after the response: await their end
+        async with asyncio.timeout(10):
+            while await connection.outbox.get() is not None:
+                pass
+    assert a.ended == a_again.ended == (4409, "agent deregistered")
+    assert a.streams == a_again.streams == {}
+    assert b.ended is None and len(b.streams) == 1
+    unit = await hub.record("writer", "pricing after a left")
+    assert units(b) == [unit]
