@@ -99,7 +99,8 @@ class PushHub:
         self.service = service
         self.limits = limits or PushLimits()
         self.connections: set[Connection] = set()
-        self._by_agent: dict[str, set[Connection]] = {}
+        #: each agent's connections (a few each: a list is the smallest)
+        self._by_agent: dict[str, list[Connection]] = {}
         self._by_subscription: dict[str, list[_Binding]] = {}
         #: bindings whose stream holds a debounce window open (what flush_due looks at)
         self._windowed: set[_Binding] = set()
@@ -126,7 +127,7 @@ class PushHub:
         outbox = Outbox(max_frames=self.limits.outbox_frames, max_bytes=self.limits.outbox_bytes)
         connection = Connection(agent_id, kind, outbox)
         self.connections.add(connection)
-        self._by_agent.setdefault(agent_id, set()).add(connection)
+        self._by_agent.setdefault(agent_id, []).append(connection)
         if self.liveness is not None:
             self.liveness.connected(agent_id)
         return connection
@@ -136,8 +137,8 @@ class PushHub:
             self.liveness.disconnected(connection.agent_id)
         self.connections.discard(connection)
         same_agent = self._by_agent.get(connection.agent_id)
-        if same_agent is not None:
-            same_agent.discard(connection)
+        if same_agent is not None and connection in same_agent:
+            same_agent.remove(connection)
             if not same_agent:
                 del self._by_agent[connection.agent_id]
         for subscription_id, binding in list(connection.streams.items()):
