@@ -24,18 +24,7 @@ from field.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.transports.push import Connection, PushHub
 
-
-def envelope(operation: str, agent_id: str, payload: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "protocol": "akashik",
-        "version": "0.1.0",
-        "id": f"msg-{operation}",
-        "operation": operation,
-        "agent_id": agent_id,
-        "session_id": None,
-        "epoch": 0,
-        "payload": payload,
-    }
+from .test_service import envelope
 
 
 @dataclass
