@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import math
+from datetime import UTC, datetime
 from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from field.core.clock import iso_timestamp
 from field.errors import FieldError
 
 from .core_util import Harness
@@ -111,3 +114,27 @@ def test_replay_reproduces_state_and_never_reuses_an_epoch(steps: list[Any]) -> 
     assert rebuilt.state.units == h.field.state.units
     assert rebuilt.list_agents() == h.field.list_agents()
     assert rebuilt.state.clock.value >= handed_out
+
+
+def _reference_timestamp(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+# around "now" and the ends of seconds, where rounding to the microsecond carries over
+_near_a_second = st.builds(
+    lambda second, offset: math.nextafter(second + 1 - offset, math.inf),
+    st.integers(0, 4_102_444_800),
+    st.floats(0, 2e-6),
+)
+
+
+@settings(max_examples=2000, deadline=None)
+@given(st.one_of(st.floats(0, 4_102_444_800), _near_a_second))
+def test_wire_timestamps_are_what_datetime_writes(ts: float) -> None:
+    assert iso_timestamp(ts) == _reference_timestamp(ts)
+    assert iso_timestamp(ts) == _reference_timestamp(ts)  # the cached second gives the same
+
+
+def test_wire_timestamps_at_the_edges_of_a_second() -> None:
+    for ts in (0.0, 1.0, 0.9995, 0.9999994, 0.9999995, 0.9999996, 1_763_780_000.0005):
+        assert iso_timestamp(ts) == _reference_timestamp(ts), ts

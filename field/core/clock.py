@@ -13,6 +13,9 @@ ever handed out.
 
 from __future__ import annotations
 
+import math
+import time
+
 from ..errors import Code, FieldError, ValidationError
 from ..model import MAX_EPOCH
 
@@ -66,3 +69,30 @@ class LamportClock:
         """Fold one log entry into the clock during replay."""
         self.value = max(self.value, epoch, reserved)
         self.reserved = self.value
+
+
+# -- wall-clock timestamps on the wire ------------------------------------------------
+
+#: The last whole second formatted, and its text (timestamps mostly share their second).
+_second: tuple[float, str] = (math.nan, "")
+
+
+def iso_timestamp(ts: float) -> str:
+    """``ts`` (seconds since the epoch) as UTC ISO 8601 to the millisecond, ``Z``-suffixed.
+
+    The text of ``datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds")``
+    with ``Z`` for ``+00:00``: rounded half-even to the microsecond, then cut to the
+    millisecond, as ``datetime`` does, without making a ``datetime``.
+    """
+    global _second
+    fraction, whole = math.modf(ts)
+    micros = round(fraction * 1e6)
+    if micros >= 1_000_000:
+        whole, micros = whole + 1.0, micros - 1_000_000
+    elif micros < 0:
+        whole, micros = whole - 1.0, micros + 1_000_000
+    seconds, text = _second
+    if whole != seconds:
+        text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
+        _second = (whole, text)
+    return f"{text}.{micros // 1000:03d}Z"

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -40,6 +39,7 @@ from ..errors import Code, InvalidPayload, NotFound, StateError
 from ..model import UNRESOLVED_CONFLICT_STATUSES
 from ..store.base import LogEntry
 from . import authority, validation, visibility
+from .clock import iso_timestamp
 from .context import Context, Outcome
 from .embedding import Vectors
 from .relevance import STATUS_CODE
@@ -342,7 +342,7 @@ class _Merge:
                 "agent_id": self.agent_id,
                 "agent_role": self.ctx.agent.role,
                 "session_id": self.ctx.envelope.session_id,
-                "timestamp": _timestamp(self.ctx.now),
+                "timestamp": iso_timestamp(self.ctx.now),
             },
             "status": "active",
             "epoch": self.ctx.epoch,
@@ -424,10 +424,6 @@ def _free_of_conflicts(state: FieldState, unit_id: str, except_id: str) -> bool:
         and unit_id in (c["unit_a"], c["unit_b"])
         for c in state.conflicts.values()
     )
-
-
-def _timestamp(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 # -- DETECT ----------------------------------------------------------------------------

@@ -23,7 +23,6 @@ import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -53,6 +52,7 @@ from . import (
     visibility,
 )
 from .authority import OPERATOR_ID, STANDARD
+from .clock import iso_timestamp
 from .context import Context, Outcome
 from .embedding import Embedder, default_embedder
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
@@ -76,10 +76,6 @@ class Ids:
 
 def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-def _timestamp(ts: float) -> str:
-    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class Field:
@@ -409,7 +405,7 @@ class Field:
                 "agent_id": ctx.agent.id,
                 "agent_role": ctx.agent.role,
                 "session_id": ctx.envelope.session_id,
-                "timestamp": _timestamp(ctx.now),
+                "timestamp": iso_timestamp(ctx.now),
             },
             "status": "draft" if request["mode"] == "draft" else "active",
             "epoch": ctx.epoch,

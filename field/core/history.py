@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -31,6 +30,7 @@ from ..model import UNIT_STATUSES, UNRESOLVED_CONFLICT_STATUSES
 from ..store.base import LogEntry, StoredEntry
 from . import validation, visibility
 from .authority import AUDIT, SENIOR, SESSION_CREATOR, require
+from .clock import iso_timestamp
 from .context import Context, Outcome
 from .entities import Entity, entities_of
 from .state import FieldState, tombstone
@@ -306,12 +306,12 @@ def compact(field: Field, ctx: Context) -> Outcome:
             reason = f"summarized by COMPACT into {synthesis['id']}"
             entries.extend(_archived(ctx, actor, unit["id"], reason) for unit in group)
     else:
-        purged_at = datetime.fromtimestamp(ctx.now, UTC).isoformat(timespec="milliseconds")
+        purged_at = iso_timestamp(ctx.now)
         for unit in chosen:
             data = {
                 "memory_unit_id": unit["id"],
                 "reason": f"purged by COMPACT ({actor})",
-                "purged_at": purged_at.replace("+00:00", "Z"),
+                "purged_at": purged_at,
             }
             entries.append(LogEntry(ctx.epoch, "memory.purged", data, actor, ctx.now))
             reclaimed += len(orjson.dumps(unit)) - len(orjson.dumps(tombstone(unit)))
@@ -419,9 +419,7 @@ def _synthesis(field: Field, ctx: Context, group: list[dict[str, Any]]) -> dict[
             "agent_id": ctx.agent.id,
             "agent_role": ctx.agent.role,
             "session_id": ctx.envelope.session_id,
-            "timestamp": datetime.fromtimestamp(ctx.now, UTC)
-            .isoformat(timespec="milliseconds")
-            .replace("+00:00", "Z"),
+            "timestamp": iso_timestamp(ctx.now),
         },
         "status": "active",
         "epoch": ctx.epoch,
