@@ -34,7 +34,8 @@ frames, chunked SSE and RESP parsed by hand, one ``orjson.loads`` per
 message), the same for the Field and for Redis, so that on a small machine
 they take as little CPU from the servers as possible. ``--deflate`` makes
 the WebSocket clients offer permessage-deflate, as browsers and the
-``websockets`` library do by default.
+``websockets`` library do by default, and starts the server with
+``--ws-deflate`` so that it accepts (it declines by default).
 
 Prints one row per transport, size and phase, and the Field's throughput
 as a ratio of Redis's.
@@ -884,7 +885,7 @@ def run_case(
     if kind == "redis":
         server, port = start_redis(subscribers)
     else:
-        server, port = start_field()
+        server, port = start_field(*(["--ws-deflate"] if args.deflate else []))
     pool: ClientPool | None = None
     rows: list[Row] = []
     try:

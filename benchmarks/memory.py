@@ -18,7 +18,8 @@ KB per connection = (after - before) / connections. The cost of the
 agents and subscriptions themselves (before - the fresh server) is shown
 for reference, per agent. Case kinds: ``ws`` (WebSocket, no extensions
 offered), ``ws-deflate`` (the client offers permessage-deflate, as browsers
-and the ``websockets`` library do by default), ``sse`` (one stream per
+and the ``websockets`` library do by default, to a server started with
+``--ws-deflate``, so that it accepts), ``sse`` (one stream per
 subscription) and the baseline ``redis`` (a private ``redis-server`` with
 that many connections SUBSCRIBEd to one channel).
 """
@@ -45,7 +46,7 @@ def measure(kind: str, count: int, procs: int, settle: float) -> dict[str, float
     if kind == "redis":
         server, port = start_redis(count)
     else:
-        server, port = start_field()
+        server, port = start_field(*(["--ws-deflate"] if kind == "ws-deflate" else []))
     pool = None
     try:
         time.sleep(1)

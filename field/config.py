@@ -40,6 +40,10 @@ class Config:
     operator_token: str | None = field(default=None, repr=False)
     #: Embedder of semantic relevance: "hashing" or "sentence-transformers:<model or path>".
     embedder: str = "hashing"
+    #: Accept WebSocket permessage-deflate when a client offers it (browsers always do). Off:
+    #: its zlib state costs about 37 KB per connection, and every notification is then
+    #: compressed once per subscriber.
+    ws_deflate: bool = False
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -93,4 +97,13 @@ def _parse(name: str, raw: str) -> Any:
         return int(raw)
     if name in ("failure_grace", "heartbeat_timeout"):
         return float(raw)
+    if name == "ws_deflate":
+        flag = raw.strip().lower()
+        if flag not in _BOOLEANS:
+            raise ValueError(f"FIELD_WS_DEFLATE must be one of {', '.join(_BOOLEANS)}, not {raw!r}")
+        return _BOOLEANS[flag]
     return raw
+
+
+_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True}
+_BOOLEANS |= {"0": False, "false": False, "no": False, "off": False}

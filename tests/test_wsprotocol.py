@@ -6,7 +6,9 @@ import asyncio
 import gc
 import os
 import weakref
+from collections.abc import Callable
 
+import orjson
 import pytest
 from websockets.client import ClientProtocol
 from websockets.frames import Frame
@@ -14,7 +16,13 @@ from websockets.http11 import Request
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
+from field.cli import _config, _parser, uvicorn_config
+from field.client import FieldClient
+from field.config import Config
 from field.transports.wsprotocol import Flag, Inbox, restart_frame_parser
+
+from .conftest import ThreadedServer
+from .test_push import ids, open_ws, record_many, subscribe
 
 TIMEOUT = 10
 
@@ -141,3 +149,42 @@ def test_mid_frame_the_parser_is_left_alone() -> None:
     assert restart_frame_parser(server)  # between frames again, still the handshake's parser
     server.receive_data(_masked_text(b"z"))
     assert _texts(server) == [b"z"]
+
+
+# -- permessage-deflate: off unless asked for ----------------------------------------------
+
+
+@pytest.mark.parametrize("deflate", [False, True], ids=["default", "ws-deflate"])
+async def test_permessage_deflate_is_accepted_only_when_configured(
+    server_factory: Callable[..., ThreadedServer], deflate: bool
+) -> None:
+    server = server_factory(ws_deflate=True) if deflate else server_factory()
+    async with FieldClient(server.url) as field:
+        writer = await field.register("writer", "analyst", interests=["pricing"])
+        reader = await field.register("reader", "analyst", interests=["pricing"])
+        cursor = (await subscribe(reader, ["memory.recorded"]))["cursor"]
+        missed = await record_many(writer, 60, "pricing missed")
+        # the client offers permessage-deflate, as browsers and websockets do
+        async with open_ws(server, reader.token, since=[cursor], compression="deflate") as ws:
+            response = ws.connection.response
+            assert response is not None
+            extensions = response.headers.get("Sec-WebSocket-Extensions")
+            assert (extensions is not None and "permessage-deflate" in extensions) == deflate
+            raw = []
+            while not raw or orjson.loads(raw[-1])["type"] != "live":
+                raw.append(await ws.connection.recv())
+    frames = [orjson.loads(text) for text in raw]
+    assert ids([f["data"] for f in frames[1:-1]]) == missed  # the batched path, compressed or not
+
+
+def test_ws_deflate_reads_the_environment_and_the_flag() -> None:
+    assert Config.from_env({}).ws_deflate is False
+    for raw, value in [("1", True), ("on", True), ("TRUE", True), ("0", False), ("no", False)]:
+        assert Config.from_env({"FIELD_WS_DEFLATE": raw}).ws_deflate is value
+    with pytest.raises(ValueError, match="FIELD_WS_DEFLATE must be one of"):
+        Config.from_env({"FIELD_WS_DEFLATE": "maybe"})
+    flag = _parser().parse_args(["serve", "--ws-deflate"])
+    assert _config(flag).ws_deflate is True
+    assert uvicorn_config(None, _config(flag)).ws_per_message_deflate is True
+    unset = _parser().parse_args(["serve"])
+    assert uvicorn_config(None, _config(unset)).ws_per_message_deflate is False
