@@ -105,5 +105,8 @@ def _parse(name: str, raw: str) -> Any:
     return raw
 
 
-_BOOLEANS = {"1": True, "true": True, "yes": True, "on": True}
-_BOOLEANS |= {"0": False, "false": False, "no": False, "off": False}
+#: How a yes/no setting may be spelled in the environment.
+_BOOLEANS = {
+    **dict.fromkeys(("1", "true", "yes", "on"), True),
+    **dict.fromkeys(("0", "false", "no", "off"), False),
+}
