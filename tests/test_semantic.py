@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -180,6 +181,68 @@ def test_a_text_embeds_alike_alone_and_in_a_batch_and_similarity_is_exact(
     rows = np.array(data.draw(st.lists(st.integers(0, len(texts) - 1), max_size=3)), dtype=np.intp)
     assert np.array_equal(index.similarity(vector, square, rows), whole[rows])
     assert np.all(np.abs(whole) <= 1.0 + 1e-12)
+
+
+def _index_of(texts: list[str]) -> relevance.UnitIndex:
+    index = relevance.UnitIndex(HashingEmbedder())
+    for i, text in enumerate(texts):
+        unit = {
+            "id": f"u{i}",
+            "type": "finding",
+            "content": text,
+            "intent": {},
+            "source": {"agent_id": "a", "agent_role": "r"},
+            "status": "active",
+            "epoch": i + 1,
+        }
+        index.add(unit)
+    return index
+
+
+def test_a_units_closeness_is_read_from_the_scoring_or_computed_alone_the_same() -> None:
+    index = _index_of([f"pricing churn in segment {i}" for i in range(40)] + ["", "hiring"])
+    query = relevance.Query(
+        agent_id="b",
+        role="analyst",
+        interests=["pricing", "churn"],
+        context_hint=None,
+        task_id=None,
+        recency_weight=0.25,
+        include_own=False,
+        since_epoch=None,
+    )
+    alone = [query.closeness(index, row) for row in range(len(index))]  # nothing scored yet
+    scored = np.arange(0, len(index), 3)  # ascending, as candidates() gives them
+    factor = query.semantic(index, scored)
+    assert factor is not None
+    assert [query.closeness(index, int(row)) for row in scored] == factor.tolist()
+    assert [query.closeness(index, row) for row in range(len(index))] == alone
+    nothing = dataclasses.replace(query, interests=[], context_hint=None)
+    assert nothing.closeness(index, 0) is None
+
+
+def test_query_texts_are_embedded_once_and_the_kept_ones_are_bounded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    index = _index_of(["pricing"])
+    calls: list[Sequence[str]] = []
+    embed = index.embedder.embed
+
+    def counted(texts: Sequence[str]) -> Any:
+        calls.append(texts)
+        return embed(texts)
+
+    monkeypatch.setattr(index.embedder, "embed", counted)
+    first = index.embed("pricing churn")
+    again = index.embed("pricing churn")
+    assert len(calls) == 1 and again is first
+    fresh = relevance.UnitIndex(HashingEmbedder()).embed("pricing churn")
+    assert np.array_equal(first[0], fresh[0]) and first[1] == fresh[1]
+    for i in range(relevance.QUERY_TEXTS + 10):
+        index.embed(f"text {i}")
+    assert len(index._texts) == relevance.QUERY_TEXTS
+    index.embed("pricing churn")  # evicted long ago: embedded again
+    assert len(calls) == 1 + relevance.QUERY_TEXTS + 10 + 1
 
 
 def test_quantized_rows_keep_the_cosine() -> None:

@@ -67,6 +67,8 @@ WEIGHTS = {
 SEMANTIC_NOTE = 0.25
 #: units embedded per call of the embedder
 EMBED_BATCH = 1024
+#: Query texts whose embeddings the index keeps (see :meth:`UnitIndex.embed`).
+QUERY_TEXTS = 256
 
 #: "purged" is no unit status: it marks the row a purged unit leaves behind (COMPACT)
 STATUS_CODE = {status: code for code, status in enumerate((*UNIT_STATUSES, "purged"))}
@@ -184,6 +186,8 @@ class UnitIndex:
 
     def __init__(self, embedder: Embedder | None = None) -> None:
         self.embedder = embedder or default_embedder()
+        #: embeddings of query texts (interests and hints) by text: a poller asks the same
+        self._texts: dict[str, tuple[Vectors, float]] = {}
         #: quantized content embeddings, one row per unit (see :attr:`vectors`)
         self._vectors = Matrix(self.embedder.dim)
         self._squares = Column(np.float64)
@@ -269,9 +273,19 @@ class UnitIndex:
         return self.vectors[row], float(self.squares[row])
 
     def embed(self, text: str) -> tuple[Vectors, float]:
-        """A text's quantized embedding and squared norm, comparable with the rows."""
-        rows, squares = quantize(self.embedder.embed([text]))
-        return rows[0], float(squares[0])
+        """A text's quantized embedding and squared norm, comparable with the rows.
+
+        The last :data:`QUERY_TEXTS` texts are kept: an agent that polls
+        asks with the same interests every time, and embedding is pure.
+        """
+        found = self._texts.get(text)
+        if found is None:
+            rows, squares = quantize(self.embedder.embed([text]))
+            found = rows[0], float(squares[0])
+            if len(self._texts) >= QUERY_TEXTS:
+                del self._texts[next(iter(self._texts))]  # the oldest
+            self._texts[text] = found
+        return found
 
     def similarity(
         self, vector: Vectors, square: float, rows: npt.NDArray[np.intp] | None = None
@@ -339,6 +353,10 @@ class Query:
     hint_words: frozenset[str] = field(init=False)
     role_words: frozenset[str] = field(init=False)
     _vector: tuple[Vectors, float] | None = field(init=False, default=None)
+    #: the rows :meth:`semantic` scored last and their factor, for :meth:`closeness`
+    _scored: tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]] | None = field(
+        init=False, default=None
+    )
 
     def __post_init__(self) -> None:
         self.interest_words = frozenset(w for i in self.interests for w in keywords(i))
@@ -358,7 +376,27 @@ class Query:
         vector, square = self.vector(index)
         if square == 0.0:
             return None
-        return np.maximum(index.similarity(vector, square, rows), 0.0)
+        factor = np.maximum(index.similarity(vector, square, rows), 0.0)
+        self._scored = rows, factor
+        return factor
+
+    def closeness(self, index: UnitIndex, row: int) -> float | None:
+        """The semantic factor of one row; None when the interests and hint embed to nothing.
+
+        Read from the rows :meth:`semantic` scored last when they hold it
+        (they ascend, as :func:`candidates` gives them); the factor is exact,
+        so the same as computed alone.
+        """
+        vector, square = self.vector(index)
+        if square == 0.0:
+            return None
+        if self._scored is not None:
+            rows, factor = self._scored
+            at = int(np.searchsorted(rows, row))
+            if at < len(rows) and rows[at] == row:
+                return float(factor[at])
+        alone = index.similarity(vector, square, np.array([row], dtype=np.intp))
+        return max(float(alone[0]), 0.0)
 
 
 def candidates(
@@ -552,11 +590,11 @@ def explain(index: UnitIndex, query: Query, unit: dict[str, Any], rank_score: fl
     hint = sorted(query.hint_words & words)
     if hint:
         parts.append(f"matches your context hint ({', '.join(hint[:5])})")
-    closeness = query.semantic(index, np.array([row], dtype=np.intp))
-    if closeness is not None and closeness[0] >= SEMANTIC_NOTE:
+    closeness = query.closeness(index, row)
+    if closeness is not None and closeness >= SEMANTIC_NOTE:
         given = (("interests", query.interests), ("context hint", query.context_hint))
         about = " and ".join(name for name, value in given if value)
-        parts.append(f"close in meaning to your {about} (similarity {closeness[0]:.2f})")
+        parts.append(f"close in meaning to your {about} (similarity {closeness:.2f})")
     if query.task_id is not None and unit["intent"].get("task_id") == query.task_id:
         parts.append(f"serves your task {query.task_id}")
     score_value = (unit.get("confidence") or {}).get("score")
