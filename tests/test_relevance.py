@@ -205,3 +205,25 @@ def test_coverage_of_a_few_rows_equals_the_postings_path(
     assert everywhere is not None
     few = index.coverage(words, rows)  # a few rows: read from the rows' keyword sets
     assert few is not None and np.array_equal(few, everywhere[rows])
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 400_000), max_size=50))
+def test_recency_from_its_table_is_the_exponential_itself(ages: list[int]) -> None:
+    """Ages past the table's end make it grow, up to where the exponential is 0.0."""
+    array = np.array(ages, dtype=np.int64)
+    expected = np.exp2(-array.astype(np.float64) / relevance.RECENCY_HALF_LIFE)
+    assert np.array_equal(relevance.recency(array), expected)
+    assert len(relevance._recency_table) <= relevance._RECENCY_ZERO + 1
+    for odd in (array.astype(np.float64), array - 1):  # fractional or negative: computed
+        assert np.array_equal(
+            relevance.recency(odd), np.exp2(-odd.astype(np.float64) / relevance.RECENCY_HALF_LIFE)
+        )
+
+
+def test_recency_reaches_zero_where_the_table_stops() -> None:
+    zero = relevance._RECENCY_ZERO
+    ages = np.array([zero - 1, zero, zero + 1, 10 * zero], dtype=np.int64)
+    exact = np.exp2(-ages.astype(np.float64) / relevance.RECENCY_HALF_LIFE)
+    assert exact[0] > 0.0 and not exact[1:].any()
+    assert np.array_equal(relevance.recency(ages), exact)

@@ -324,11 +324,10 @@ class UnitIndex:
             keywords_of = self.row_keywords
             counts = [len(unique & keywords_of[row]) for row in rows.tolist()]
             return np.array(counts, dtype=np.float64) / np.float64(len(unique))
-        hits = np.zeros(len(self.ids), dtype=np.float64)
-        for word in unique:
-            hits[self.postings(word)] += 1.0
+        postings = [self.postings(word) for word in unique]
+        hits = np.bincount(np.concatenate(postings), minlength=len(self.ids))
         share = hits / np.float64(len(unique))
-        return share if rows is None else share[rows]
+        return share if rows is None else share.take(rows)
 
     def count_at(self, epoch: Any) -> Any:
         """How many units had been recorded at ``epoch`` (a number or an array of them)."""
@@ -471,8 +470,33 @@ def combine(
 
 
 def recency(age: Any) -> Any:
-    """Recency of a unit with ``age`` units recorded after it."""
-    return np.exp2(-np.asarray(age, dtype=np.float64) / RECENCY_HALF_LIFE)
+    """Recency of a unit with ``age`` units recorded after it.
+
+    Whole ages (what every caller passes) are read from a table of
+    ``exp2(-age / RECENCY_HALF_LIFE)`` that grows with the Field up to
+    :data:`_RECENCY_ZERO`, from where the exponential is 0.0: the same
+    values (the elementwise ``exp2`` of the same numbers), a gather
+    instead of an exponential per unit.
+    """
+    ages = np.asarray(age)
+    if ages.dtype.kind not in "iu" or ages.size == 0 or ages.min() < 0:
+        return np.exp2(-np.asarray(age, dtype=np.float64) / RECENCY_HALF_LIFE)
+    global _recency_table
+    table = _recency_table
+    oldest = int(ages.max())
+    if oldest >= len(table) and len(table) <= _RECENCY_ZERO:
+        size = min(max(oldest + 1, 2 * len(table)), _RECENCY_ZERO + 1)
+        more = np.arange(len(table), size, dtype=np.float64)
+        table = _recency_table = np.concatenate([table, np.exp2(-more / RECENCY_HALF_LIFE)])
+    if oldest >= len(table):  # past the zero: every older unit's recency is 0.0 too
+        ages = np.minimum(ages, len(table) - 1)
+    return table.take(ages)
+
+
+#: The first age whose recency is 0.0: ``exp2(-1075)`` rounds to zero, and all below it.
+_RECENCY_ZERO = int(1075 * RECENCY_HALF_LIFE)
+#: ``exp2(-age / RECENCY_HALF_LIFE)`` for ages 0, 1, ... (see :func:`recency`).
+_recency_table: npt.NDArray[np.float64] = np.exp2(-np.arange(4096.0) / RECENCY_HALF_LIFE)
 
 
 def score(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
