@@ -163,19 +163,7 @@ def test_a_text_embeds_alike_alone_and_in_a_batch_and_similarity_is_exact(
     norms = np.linalg.norm(batch, axis=1)
     assert np.allclose(norms[norms > 0], 1.0, atol=1e-6)
     # similarity of a few rows (gathered) equals the same rows of the whole product
-    index = relevance.UnitIndex(embedder)
-    for i, text in enumerate(texts):
-        index.add(
-            {
-                "id": f"u{i}",
-                "type": "finding",
-                "content": text,
-                "intent": {},
-                "source": {"agent_id": "a", "agent_role": "r"},
-                "status": "active",
-                "epoch": i + 1,
-            }
-        )
+    index = _index_of(texts)
     vector, square = index.embed(data.draw(TEXT))
     whole = index.similarity(vector, square)
     rows = np.array(data.draw(st.lists(st.integers(0, len(texts) - 1), max_size=3)), dtype=np.intp)
