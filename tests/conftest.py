@@ -61,7 +61,9 @@ class ThreadedServer:
         self.config = replace(config, host="127.0.0.1", port=self.port)
         self.url = f"http://127.0.0.1:{self.port}"
         self._ready = threading.Event()
-        app = _ready_signal(create_app(self.config), self._ready)
+        #: the Starlette app (its ``state`` holds the push hub once started)
+        self.app = create_app(self.config)
+        app = _ready_signal(self.app, self._ready)
         settings = uvicorn_config(app, self.config)
         if ws is not None:  # another of uvicorn's WebSocket protocols than field serve's
             settings.ws = ws

@@ -1622,3 +1622,22 @@ async def test_poller_and_pusher_see_every_unit_exactly_once(
     assert len(polled) == len(set(polled)) == total, "the poller saw a unit twice"
     assert len(pushed) == len(set(pushed)) == total, "the pusher saw a unit twice"
     assert set(polled) == set(pushed) == set(written)
+
+
+async def test_a_head_request_for_a_stream_opens_nothing(
+    field_server: ThreadedServer, agents: Agents, http: aiohttp.ClientSession
+) -> None:
+    """HEAD (Starlette answers it on every GET route) says what a GET would be, and opens no
+    stream: nothing is left behind in the push hub or counted as the agent's connection."""
+    created = await subscribe(agents.b, ["memory.recorded"])
+    headers = {"Authorization": f"Bearer {agents.b.token}"}
+    for _ in range(3):
+        async with http.head(created["sse_url"], headers=headers) as response:
+            assert response.status == 200
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            assert await response.read() == b""
+    async with http.head(created["sse_url"]) as response:  # no token: refused as a GET is
+        assert response.status == 401
+    hub = field_server.app.state.push_hub
+    assert hub.connections == set()
+    assert hub.liveness is None or hub.liveness._connections == {}

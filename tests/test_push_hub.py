@@ -22,6 +22,7 @@ import pytest
 from field.core.field import Field
 from field.service import FieldService
 from field.store.memory import MemoryEventLog
+from field.transports import streaming
 from field.transports.push import Connection, PushHub
 
 from .test_service import envelope
@@ -152,3 +153,22 @@ async def test_deregistering_ends_only_that_agents_connections(hub: Hub) -> None
     assert b.ended is None and len(b.streams) == 1
     unit = await hub.record("writer", "pricing after a left")
     assert units(b) == [unit]
+
+
+async def test_an_sse_response_that_never_streams_lets_go_of_its_connection(hub: Hub) -> None:
+    """The client is gone before the first byte: the events' generator never starts (so its
+    own clean-up never runs), and the response still releases the hub connection."""
+    connection = hub.stream("a", await hub.subscribe("a", ["memory.recorded"]))
+    response = streaming._HubEventStream(hub.hub, connection)
+    scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": b""}
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "http.disconnect"}
+
+    async def send(message: dict[str, Any]) -> None:
+        raise OSError("the client went away")
+
+    with pytest.raises((OSError, ExceptionGroup)):
+        await response(scope, receive, send)
+    assert connection not in hub.hub.connections
+    assert hub.hub._by_subscription == {} and hub.hub._by_agent == {}

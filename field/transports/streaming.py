@@ -82,6 +82,8 @@ async def sse_endpoint(
         outcome = await hub.service.execute(check)
     except FieldError as error:
         return error_response(error)
+    if request.method == "HEAD":  # what a GET would answer, and no stream (nothing to release)
+        return EventSourceResponse(_no_events(), headers={"Cache-Control": "no-store"})
     since = request.headers.get("last-event-id") or request.query_params.get("since")
     connection = hub.connect(outcome.response["agent_id"], "sse")
     try:
@@ -90,12 +92,33 @@ async def sse_endpoint(
         hub.disconnect(connection)
         logger.exception("attaching %s failed", subscription_id)
         return error_response(internal_error())
-    return EventSourceResponse(
-        _sse_events(hub, connection),
-        ping=SSE_PING_SECONDS,
-        send_timeout=SEND_TIMEOUT_SECONDS,
-        headers={"Cache-Control": "no-store"},
-    )
+    return _HubEventStream(hub, connection)
+
+
+class _HubEventStream(EventSourceResponse):
+    """One connection's frames as an SSE response, which lets go of the connection
+    however the response ends: the events' generator cleans up only if it was started,
+    and a client that goes away at once may leave it unstarted."""
+
+    def __init__(self, hub: PushHub, connection: Connection) -> None:
+        super().__init__(
+            _sse_events(hub, connection),
+            ping=SSE_PING_SECONDS,
+            send_timeout=SEND_TIMEOUT_SECONDS,
+            headers={"Cache-Control": "no-store"},
+        )
+        self._hub, self._connection = hub, connection
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._hub.disconnect(self._connection)
+
+
+async def _no_events() -> AsyncIterator[bytes]:
+    return
+    yield b""  # an async generator that yields nothing
 
 
 async def _sse_events(hub: PushHub, connection: Connection) -> AsyncIterator[bytes]:
