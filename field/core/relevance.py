@@ -372,11 +372,9 @@ class Query:
         self, index: UnitIndex, rows: npt.NDArray[np.intp]
     ) -> npt.NDArray[np.float64] | None:
         """The semantic factor of ``rows``; None when the interests and hint embed to nothing."""
-        vector, square = self.vector(index)
-        if square == 0.0:
-            return None
-        factor = np.maximum(index.similarity(vector, square, rows), 0.0)
-        self._scored = rows, factor
+        factor = self._factor(index, rows)
+        if factor is not None:
+            self._scored = rows, factor
         return factor
 
     def closeness(self, index: UnitIndex, row: int) -> float | None:
@@ -386,16 +384,21 @@ class Query:
         (they ascend, as :func:`candidates` gives them); the factor is exact,
         so the same as computed alone.
         """
+        if self._scored is not None:
+            rows, scored = self._scored
+            at = int(np.searchsorted(rows, row))
+            if at < len(rows) and rows[at] == row:
+                return float(scored[at])
+        factor = self._factor(index, np.array([row], dtype=np.intp))
+        return None if factor is None else float(factor[0])
+
+    def _factor(
+        self, index: UnitIndex, rows: npt.NDArray[np.intp]
+    ) -> npt.NDArray[np.float64] | None:
         vector, square = self.vector(index)
         if square == 0.0:
             return None
-        if self._scored is not None:
-            rows, factor = self._scored
-            at = int(np.searchsorted(rows, row))
-            if at < len(rows) and rows[at] == row:
-                return float(factor[at])
-        alone = index.similarity(vector, square, np.array([row], dtype=np.intp))
-        return max(float(alone[0]), 0.0)
+        return np.maximum(index.similarity(vector, square, rows), 0.0)
 
 
 def candidates(

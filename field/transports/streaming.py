@@ -28,12 +28,14 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from ..core.context import Outcome
 from ..core.field import Field
 from ..errors import FieldError, InvalidJSON, internal_error
-from ..subscriptions.outbox import Frame
+from ..subscriptions.outbox import Frame, Outbox
 from .push import Connection, PushHub
 from .wsprotocol import BATCH_EXTENSION
 
 logger = logging.getLogger("field.streaming")
 
+#: Headers of every SSE response (and of the answer to a HEAD).
+SSE_HEADERS = {"Cache-Control": "no-store"}
 #: Seconds between SSE keep-alive comments.
 SSE_PING_SECONDS = 15
 #: Seconds a send may block before the consumer is considered dead.
@@ -83,7 +85,7 @@ async def sse_endpoint(
     except FieldError as error:
         return error_response(error)
     if request.method == "HEAD":  # what a GET would answer, and no stream (nothing to release)
-        return EventSourceResponse(_no_events(), headers={"Cache-Control": "no-store"})
+        return EventSourceResponse(_no_events(), headers=SSE_HEADERS)
     since = request.headers.get("last-event-id") or request.query_params.get("since")
     connection = hub.connect(outcome.response["agent_id"], "sse")
     try:
@@ -102,10 +104,10 @@ class _HubEventStream(EventSourceResponse):
 
     def __init__(self, hub: PushHub, connection: Connection) -> None:
         super().__init__(
-            _sse_events(hub, connection),
+            _sse_events(connection.outbox),
             ping=SSE_PING_SECONDS,
             send_timeout=SEND_TIMEOUT_SECONDS,
-            headers={"Cache-Control": "no-store"},
+            headers=SSE_HEADERS,
         )
         self._hub, self._connection = hub, connection
 
@@ -121,27 +123,26 @@ async def _no_events() -> AsyncIterator[bytes]:
     yield b""  # an async generator that yields nothing
 
 
-async def _sse_events(hub: PushHub, connection: Connection) -> AsyncIterator[bytes]:
-    """The outbox's frames as SSE events, what is queued joined into one body chunk."""
-    outbox = connection.outbox
-    try:
-        while True:
-            frame = await outbox.get()
-            if frame is None:
-                return
-            chunk = [_sse_event(frame)]
-            if frame.kind != "end":
-                for queued in outbox.drain_now(SEND_BATCH):
-                    chunk.append(_sse_event(queued))
-                    if queued.kind == "end":
-                        frame = queued
-                        break
-            yield b"".join(chunk)
-            if frame.kind == "end":
-                return
-            del frame, chunk  # an idle stream must not pin the frames it last sent
-    finally:
-        hub.disconnect(connection)
+async def _sse_events(outbox: Outbox) -> AsyncIterator[bytes]:
+    """The outbox's frames as SSE events, what is queued joined into one body chunk.
+
+    The response that streams them lets go of the connection (:class:`_HubEventStream`).
+    """
+    while True:
+        frame = await outbox.get()
+        if frame is None:
+            return
+        chunk = [_sse_event(frame)]
+        if frame.kind != "end":
+            for queued in outbox.drain_now(SEND_BATCH):
+                chunk.append(_sse_event(queued))
+                if queued.kind == "end":
+                    frame = queued
+                    break
+        yield b"".join(chunk)
+        if frame.kind == "end":
+            return
+        del frame, chunk  # an idle stream must not pin the frames it last sent
 
 
 def _sse_event(frame: Frame) -> bytes:
