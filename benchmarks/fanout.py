@@ -171,11 +171,16 @@ class ChildServer:
                 self.process.wait()
 
 
+#: Every subscriber connects from 127.0.0.1: lift the per-client cap (5,000 by default).
+ONE_CLIENT_ADDRESS = ("--max-connections-per-client", "1000000")
+
+
 def start_field(*extra: str) -> tuple[ChildServer, int]:
     """``field serve --in-memory`` on a free loopback port: (server, port)."""
     command = [sys.executable, "-m", "field", "serve", "--host", HOST, "--port", "0"]
     server = ChildServer(
-        [*command, "--in-memory", *extra], re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+        [*command, "--in-memory", *ONE_CLIENT_ADDRESS, *extra],
+        re.compile(r"listening on http://127\.0\.0\.1:(\d+)"),
     )
     assert server.match is not None
     return server, int(server.match.group(1))
@@ -725,7 +730,7 @@ class FieldWriter:
         self.token = ""
 
     async def start(self) -> None:
-        """A fresh session (the server drops connections idle for 5 s), registered once."""
+        """A fresh session (the server drops connections idle for 30 s), registered once."""
         await self.close()
         self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
         if not self.token:

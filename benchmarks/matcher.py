@@ -32,8 +32,7 @@ from _common import ROLES, VOCABULARY, bracketed, envelope, progress
 
 from field.core.field import Field, Ids
 from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords, unit_keywords
-from field.model import TYPE_IMPORTANCE, Limits
-from field.store.base import StoredEntry
+from field.model import TYPE_IMPORTANCE, Limits, StoredEntry
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, event_of
 from field.subscriptions.matcher import Matcher
 

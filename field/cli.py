@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import functools
 import gc
 import importlib.util
 import logging
 import os
 import re
+import resource
 import signal
 import socket
 import sys
@@ -26,7 +29,8 @@ from .config import Config
 from .core.embedding import EmbedderError, load_embedder
 from .errors import FieldError
 from .store import open_log
-from .transports.http import create_app
+from .transports.connections import ConnectionGuard, ConnectionLimits, FieldHttpProtocol
+from .transports.http import create_app, webhook_key_of
 from .transports.wsprotocol import FieldWebSocketProtocol
 
 logger = logging.getLogger("field")
@@ -77,6 +81,24 @@ def _parser() -> argparse.ArgumentParser:
         type=Path,
         help="file holding the operator's bearer token (or set FIELD_OPERATOR_TOKEN)",
     )
+    webhooks = serve.add_argument_group(
+        "webhook and RAP delivery", "the Field's own requests to webhooks and RAP runtimes"
+    )
+    webhooks.add_argument(
+        "--webhook-allow-net",
+        action="append",
+        metavar="CIDR",
+        help="a network receivers may be in although it is not public (loopback, private, "
+        "link-local...); repeat for more (none)",
+    )
+    webhooks.add_argument(
+        "--webhook-key-file",
+        type=Path,
+        help="key that seals webhook secrets in the log (<data-dir>/webhook.key, made at first "
+        "start)",
+    )
+    for name, kind, text in _DELIVERY_FLAGS:
+        webhooks.add_argument(f"--{name}", type=kind, help=text)
     serve.add_argument(
         "--embedder",
         help="semantic relevance embedder: hashing (default) or "
@@ -88,6 +110,38 @@ def _parser() -> argparse.ArgumentParser:
         help="accept WebSocket permessage-deflate when clients offer it: less bandwidth, "
         "about 37 KB more memory per connection and a compression per notification "
         "per subscriber (default off)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        help="most open connections, HTTP and WebSocket; past it 503 (50000, "
+        "kept below the open-file limit)",
+    )
+    serve.add_argument(
+        "--max-connections-per-client",
+        type=int,
+        help="most open connections from one client address (IPv6: one /64); past it 429 (5000)",
+    )
+    serve.add_argument(
+        "--max-push-per-agent",
+        type=int,
+        help="most push connections (WebSocket and SSE) of one agent; past it 429 (16)",
+    )
+    serve.add_argument(
+        "--header-timeout",
+        type=float,
+        help="seconds for a complete request head, from accept or the first byte after "
+        "an idle spell; past it 408 (10)",
+    )
+    serve.add_argument(
+        "--body-timeout",
+        type=float,
+        help="seconds for a whole request body, from its head; past it 408 (30)",
+    )
+    serve.add_argument(
+        "--idle-timeout",
+        type=float,
+        help="seconds a kept-alive connection may wait for its next request (30)",
     )
     serve.add_argument(
         "--log-level",
@@ -143,7 +197,31 @@ def _mcp(args: argparse.Namespace) -> int:
     return run(args.url, agent_id=args.agent_id, token=args.token, timeout=args.timeout)
 
 
+#: The delivery flags given as they are: (flag, type, help with the default).
+_DELIVERY_FLAGS: tuple[tuple[str, type, str], ...] = (
+    ("webhook-connect-timeout", float, "seconds to connect to a receiver (5)"),
+    ("webhook-timeout", float, "seconds for a whole delivery request (15)"),
+    ("webhook-max-response-bytes", int, "bytes of a receiver's answer read at most (65536)"),
+    ("webhook-concurrency", int, "delivery requests under way at once (256)"),
+    ("webhook-concurrency-per-host", int, "delivery requests under way to one host (32)"),
+    ("webhook-retry-base", float, "seconds of the first retry's longest wait (1)"),
+    ("webhook-retry-cap", float, "seconds of the longest wait between retries (60)"),
+    ("webhook-max-attempts", int, "failed attempts of a notification before failing (10)"),
+    ("webhook-max-age", float, "seconds a notification may fail before failing (3600)"),
+    ("webhook-failing-interval", float, "seconds between attempts while failing (300)"),
+    ("webhook-suspend-after", float, "seconds of failing before suspended (86400)"),
+    ("delivery-rate", float, "notifications per second one delivery sends at most (50)"),
+    ("delivery-burst", int, "notifications one delivery may send in a burst (100)"),
+    ("max-subscriptions-per-thread", int, "active subscriptions one RAP thread may hold (32)"),
+    ("rap-max-invocations", int, "RAP invocations running at once; past it 503 (256)"),
+)
+
+
 def _config(args: argparse.Namespace) -> Config:
+    delivery = {
+        name.replace("-", "_"): getattr(args, name.replace("-", "_"))
+        for name, _, _ in _DELIVERY_FLAGS
+    }
     config = Config.from_env(
         host=args.host,
         port=args.port,
@@ -158,6 +236,15 @@ def _config(args: argparse.Namespace) -> Config:
         heartbeat_timeout=args.heartbeat_timeout,
         embedder=args.embedder,
         ws_deflate=args.ws_deflate,
+        max_connections=args.max_connections,
+        max_connections_per_client=args.max_connections_per_client,
+        max_push_per_agent=args.max_push_per_agent,
+        header_timeout=args.header_timeout,
+        body_timeout=args.body_timeout,
+        idle_timeout=args.idle_timeout,
+        webhook_allow_net=tuple(args.webhook_allow_net) if args.webhook_allow_net else None,
+        webhook_key_file=args.webhook_key_file,
+        **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None
         ),
@@ -217,14 +304,74 @@ def _tune_gc() -> None:
     gc.set_threshold(*GC_THRESHOLDS)
 
 
+#: Pending connections the kernel queues for ``accept``. The event loop accepts as
+#: many in one go before it can refuse any, so they are part of the reserve below.
+LISTEN_BACKLOG = 2048
+#: File descriptors kept from connections: stdio, the listening socket, the event
+#: loop's, the SQLite files, a model's files, lingering refusals (at most
+#: ``connections.MAX_LINGERING``), and one burst of accepts (the backlog).
+FD_RESERVE = LISTEN_BACKLOG + 256
+
+
+def connection_cap(wanted: int, open_files: int) -> int:
+    """The most connections that ``open_files`` descriptors leave room for, at most
+    ``wanted``: :data:`FD_RESERVE` is kept (half the descriptors, if they are few)."""
+    reserve = min(FD_RESERVE, open_files // 2)
+    return max(1, min(wanted, open_files - reserve))
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft ``RLIMIT_NOFILE`` to the hard limit; returns the soft limit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < target:
+        with contextlib.suppress(ValueError, OSError):  # e.g. macOS: OPEN_MAX
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    return soft if soft != resource.RLIM_INFINITY else 1 << 20
+
+
+def _fit_connections(config: Config) -> Config:
+    """``config`` with ``max_connections`` lowered to what the open-file limit allows."""
+    open_files = raise_open_file_limit()
+    cap = connection_cap(config.max_connections, open_files)
+    if cap < config.max_connections:
+        logger.info(
+            "at most %d connections, not %d: the open-file limit is %d",
+            cap,
+            config.max_connections,
+            open_files,
+        )
+        config = replace(config, max_connections=cap)
+    return config
+
+
+def connection_limits(config: Config) -> ConnectionLimits:
+    """The bounds of ``config`` that the connection guard enforces."""
+    return ConnectionLimits(
+        max_connections=config.max_connections,
+        max_connections_per_client=config.max_connections_per_client,
+        header_timeout=config.header_timeout,
+        body_timeout=config.body_timeout,
+        idle_timeout=config.idle_timeout,
+    )
+
+
 def uvicorn_config(app: Any, config: Config) -> uvicorn.Config:
-    """uvicorn's settings for serving ``app``, for ``field serve`` and the tests' servers."""
+    """uvicorn's settings for serving ``app``, for ``field serve`` and the tests' servers.
+
+    HTTP is :class:`FieldHttpProtocol` (connection caps and deadlines, one guard
+    for the server), whose ``idle_timeout`` replaces uvicorn's keep-alive timer.
+    """
+    guard = ConnectionGuard(connection_limits(config))
     return uvicorn.Config(
         app,
         log_level=config.log_level,
         lifespan="on",
         access_log=False,
         timeout_graceful_shutdown=10,
+        backlog=LISTEN_BACKLOG,
+        http=functools.partial(FieldHttpProtocol, guard=guard),  # type: ignore[arg-type]
         ws=FieldWebSocketProtocol,
         ws_per_message_deflate=config.ws_deflate,
         ws_max_size=config.limits.max_body_bytes,
@@ -240,7 +387,7 @@ def _bind(host: str, port: int) -> socket.socket:
     sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(2048)
+    sock.listen(LISTEN_BACKLOG)
     sock.set_inheritable(True)
     return sock
 
@@ -262,7 +409,7 @@ def serve(config: Config) -> int:
     except OSError as exc:
         logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
         return 2
-    config = replace(config, port=sock.getsockname()[1])
+    config = _fit_connections(replace(config, port=sock.getsockname()[1]))
     for name in ("uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).addFilter(_RedactTokens())
     try:
@@ -271,7 +418,14 @@ def serve(config: Config) -> int:
         logger.error("cannot open the event log in %s: %s", config.data_dir, exc.message)
         sock.close()
         return 2
-    app = create_app(config, log=log, embedder=embedder)
+    try:
+        key = webhook_key_of(config)  # after the log's lock: one process makes the key
+    except FieldError as exc:
+        logger.error("cannot read the webhook key: %s", exc.message)
+        log.close()
+        sock.close()
+        return 2
+    app = create_app(config, log=log, embedder=embedder, webhook_key=key)
     server = _Server(uvicorn_config(app, config), app)
     _tune_gc()
     try:

@@ -7,14 +7,19 @@ and the environment over the default.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .core.egress import EgressPolicy, parse_networks
 from .model import Limits
+from .subscriptions.delivery import RetryPolicy
 from .subscriptions.outbox import PushLimits
+from .transports.delivery import DeliverySettings
+from .transports.push import DEFAULT_MAX_PER_AGENT
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -44,6 +49,50 @@ class Config:
     #: its zlib state costs about 37 KB per connection, and every notification is then
     #: compressed once per subscriber.
     ws_deflate: bool = False
+    #: Most open connections, HTTP and WebSocket together (``field serve`` keeps it
+    #: below the open-file limit). Past it a connection is answered 503 and closed.
+    max_connections: int = 50_000
+    #: Most open connections from one client address (an IPv6 /64); past it, 429.
+    max_connections_per_client: int = 5_000
+    #: Most push connections (WebSocket and SSE together) of one agent; past it, 429 / 4429.
+    max_push_per_agent: int = DEFAULT_MAX_PER_AGENT
+    #: Seconds from accept (or the first byte after an idle spell) to a complete
+    #: request head; past it, 408 and the connection closes.
+    header_timeout: float = 10.0
+    #: Seconds from a request's head to the end of its body; past it, 408.
+    body_timeout: float = 30.0
+    #: Seconds a kept-alive connection may wait for its next request.
+    idle_timeout: float = 30.0
+    #: Networks webhooks and RAP callbacks may reach although they are not public
+    #: (``--webhook-allow-net``, repeatable; e.g. 10.0.0.0/8 for receivers on a LAN).
+    webhook_allow_net: tuple[str, ...] = ()
+    #: File of the key that seals webhook secrets in the log; None: ``<data-dir>/webhook.key``
+    #: (made at first start), or a key of this process only for an in-memory log.
+    webhook_key_file: Path | None = None
+    #: Seconds to connect to a receiver, and for a whole delivery request.
+    webhook_connect_timeout: float = 5.0
+    webhook_timeout: float = 15.0
+    #: Bytes of a receiver's answer that are read (the rest is not).
+    webhook_max_response_bytes: int = 65_536
+    #: Delivery requests under way at once, in all and to one host.
+    webhook_concurrency: int = 256
+    webhook_concurrency_per_host: int = 32
+    #: A notification failing this many times, or for this many seconds, makes its
+    #: delivery ``failing``; failing, it is tried every ``failing_interval`` seconds and
+    #: ``suspended`` after ``suspend_after`` seconds.
+    #: A failed attempt waits a random part of ``retry_base * 2**(n-1)`` seconds, at
+    #: most ``retry_cap`` (and never less than the receiver's Retry-After).
+    webhook_retry_base: float = 1.0
+    webhook_retry_cap: float = 60.0
+    webhook_max_attempts: int = 10
+    webhook_max_age: float = 3600.0
+    webhook_failing_interval: float = 300.0
+    webhook_suspend_after: float = 86_400.0
+    #: Notifications one durable delivery sends per second at most, and in a burst.
+    delivery_rate: float = 50.0
+    delivery_burst: int = 100
+    #: RAP invocations running at once (from their 200 to their tool result); past it, 503.
+    rap_max_invocations: int = 256
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -60,13 +109,57 @@ class Config:
             raise ValueError("operator_token must be at least 16 characters")
         if self.limits.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be at least 1024")
+        if self.push.outbox_bytes < self.limits.max_response_bytes:
+            # a read's response frame must fit one WebSocket outbox, or it cuts the socket
+            raise ValueError(
+                f"outbox_bytes ({self.push.outbox_bytes}) must be at least max_response_bytes "
+                f"({self.limits.max_response_bytes})"
+            )
+        for name in ("max_connections", "max_connections_per_client", "max_push_per_agent"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        for name in (*_TIMEOUTS, *_DELIVERY_SECONDS, "delivery_rate"):
+            seconds = getattr(self, name)
+            if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT):
+                raise ValueError(f"{name} must be a positive number, at most {MAX_TIMEOUT:g}")
+        for name in _DELIVERY_COUNTS:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if self.limits.max_subscriptions_per_thread < 1:
+            raise ValueError("max_subscriptions_per_thread must be at least 1")
+        parse_networks(self.webhook_allow_net)  # ValueError naming a bad one
+
+    def egress_policy(self) -> EgressPolicy:
+        """Where webhooks and RAP callbacks may be delivered."""
+        return EgressPolicy(parse_networks(self.webhook_allow_net))
+
+    def delivery_settings(self) -> DeliverySettings:
+        """The bounds of durable deliveries."""
+        return DeliverySettings(
+            connect_timeout=self.webhook_connect_timeout,
+            timeout=self.webhook_timeout,
+            max_response_bytes=self.webhook_max_response_bytes,
+            concurrency=self.webhook_concurrency,
+            concurrency_per_host=self.webhook_concurrency_per_host,
+            rate=self.delivery_rate,
+            burst=self.delivery_burst,
+            retry=RetryPolicy(
+                base=self.webhook_retry_base,
+                cap=self.webhook_retry_cap,
+                max_attempts=self.webhook_max_attempts,
+                max_age=self.webhook_max_age,
+                failing_interval=self.webhook_failing_interval,
+                suspend_after=self.webhook_suspend_after,
+            ),
+        )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
         """Defaults, then ``FIELD_*`` variables, then ``overrides`` (None means unset).
 
-        ``max_body_bytes`` sets ``limits.max_body_bytes``; ``outbox_frames``
-        and ``outbox_bytes`` set the push limits of every connection.
+        ``max_body_bytes`` and ``max_subscriptions_per_thread`` set those
+        ``limits``; ``outbox_frames`` and ``outbox_bytes`` set the push limits
+        of every connection.
         """
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
@@ -78,25 +171,65 @@ class Config:
         values.update({k: v for k, v in overrides.items() if v is not None})
         nested = {name: int(values.pop(name)) for name in _NESTED if name in values}
         config = cls(**values)
-        if "max_body_bytes" in nested:
-            limits = replace(config.limits, max_body_bytes=nested.pop("max_body_bytes"))
-            config = replace(config, limits=limits)
+        in_limits = {k: nested.pop(k) for k in _IN_LIMITS if k in nested}
+        if in_limits:
+            config = replace(config, limits=replace(config.limits, **in_limits))
         if nested:
             config = replace(config, push=replace(config.push, **nested))
         return config
 
 
 #: Settings that live inside ``limits`` or ``push``.
-_NESTED = ("max_body_bytes", "outbox_frames", "outbox_bytes")
+_IN_LIMITS = ("max_body_bytes", "max_subscriptions_per_thread")
+_NESTED = (*_IN_LIMITS, "outbox_frames", "outbox_bytes")
+_DELIVERY_SECONDS = (
+    "webhook_connect_timeout",
+    "webhook_timeout",
+    "webhook_retry_base",
+    "webhook_retry_cap",
+    "webhook_max_age",
+    "webhook_failing_interval",
+    "webhook_suspend_after",
+)
+_DELIVERY_COUNTS = (
+    "webhook_max_response_bytes",
+    "webhook_concurrency",
+    "webhook_concurrency_per_host",
+    "webhook_max_attempts",
+    "delivery_burst",
+    "rap_max_invocations",
+)
+#: The connection deadlines, in seconds.
+_TIMEOUTS = ("header_timeout", "body_timeout", "idle_timeout")
+#: Longest connection deadline (a day): a larger one is no deadline at all.
+MAX_TIMEOUT = 86_400.0
+_INTEGERS = (
+    "port",
+    "max_queue",
+    "max_batch",
+    "max_connections",
+    "max_connections_per_client",
+    "max_push_per_agent",
+    *_NESTED,
+    *_DELIVERY_COUNTS,
+)
+_FLOATS = ("failure_grace", "heartbeat_timeout", *_TIMEOUTS, *_DELIVERY_SECONDS, "delivery_rate")
 
 
 def _parse(name: str, raw: str) -> Any:
     if name == "data_dir":
         return None if raw in ("", ":memory:") else Path(raw)
-    if name in ("port", "max_queue", "max_batch", *_NESTED):
-        return int(raw)
-    if name in ("failure_grace", "heartbeat_timeout"):
-        return float(raw)
+    if name == "webhook_key_file":
+        return Path(raw) if raw else None
+    if name == "webhook_allow_net":  # comma- or space-separated CIDRs
+        return tuple(part for part in raw.replace(",", " ").split() if part)
+    if name in _INTEGERS or name in _FLOATS:
+        kind = int if name in _INTEGERS else float
+        try:
+            return kind(raw)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise ValueError(f"FIELD_{name.upper()} must be {what}, not {raw[:40]!r}") from None
     if name == "ws_deflate":
         flag = raw.strip().lower()
         if flag not in _BOOLEANS:

@@ -15,7 +15,11 @@ close code) is decided only at the edge, from :data:`HTTP_STATUS`::
     ├── AuthError                401/403: identity
     ├── NotFound                 UNIT_NOT_FOUND, CONFLICT_NOT_FOUND, NOT_FOUND
     ├── StateError               AGENT_ID_TAKEN, INVALID_TRANSITION, UNSUPPORTED_OPERATION
-    └── OperationalError         5xx: STORAGE_FULL, EPOCH_OVERFLOW, OVERLOADED, INTERNAL_ERROR
+    └── OperationalError         5xx: STORAGE_FULL, LOG_UNAVAILABLE, EPOCH_OVERFLOW, OVERLOADED,
+                                 INTERNAL_ERROR
+
+An error may also say how soon a retry makes sense (``retry_after``, in
+seconds); the HTTP edge sends it as ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -64,6 +68,11 @@ class Code:
     SESSION_NOT_FOUND = "SESSION_NOT_FOUND"
     AGENT_NOT_FOUND = "AGENT_NOT_FOUND"
     INSUFFICIENT_AUTHORITY = "INSUFFICIENT_AUTHORITY"
+    TOO_MANY_CONNECTIONS = "TOO_MANY_CONNECTIONS"
+    REQUEST_TIMEOUT = "REQUEST_TIMEOUT"
+    LOG_UNAVAILABLE = "LOG_UNAVAILABLE"
+    INVALID_HANDSHAKE = "INVALID_HANDSHAKE"
+    TOOLSET_CHANGED = "TOOLSET_CHANGED"
 
 
 #: HTTP status of each code; the only place where codes meet HTTP.
@@ -102,6 +111,11 @@ HTTP_STATUS: dict[str, int] = {
     Code.EPOCH_OVERFLOW: 503,
     Code.OVERLOADED: 503,
     Code.INTERNAL_ERROR: 500,
+    Code.TOO_MANY_CONNECTIONS: 429,
+    Code.REQUEST_TIMEOUT: 408,
+    Code.LOG_UNAVAILABLE: 503,
+    Code.INVALID_HANDSHAKE: 400,
+    Code.TOOLSET_CHANGED: 409,
 }
 
 
@@ -120,6 +134,8 @@ class FieldError(Exception):
     code: str = Code.INTERNAL_ERROR
     recoverable: bool = False
     suggested_action: str | None = None
+    #: seconds after which a retry makes sense, when the error is temporary
+    retry_after: float | None = None
 
     def __init__(
         self,
@@ -215,8 +231,27 @@ class OperationalError(FieldError):
 
 
 class StorageFull(OperationalError):
+    """The log's disk (or database) is full: writes are refused, reads go on."""
+
     code = Code.STORAGE_FULL
-    suggested_action = "Free disk space for the data directory, or run COMPACT."
+    recoverable = True
+    retry_after = 5
+    suggested_action = (
+        "Free disk space for the data directory: the Field resumes writes by itself "
+        "within seconds, so retry then. Reads keep working meanwhile."
+    )
+
+
+class LogUnavailable(OperationalError):
+    """The log cannot be written now (locked by another process, an I/O error)."""
+
+    code = Code.LOG_UNAVAILABLE
+    recoverable = True
+    retry_after = 2
+    suggested_action = (
+        "Retry in a few seconds: the Field resumes writes by itself. If it persists, check "
+        "that no other process holds the data directory's field.db locked."
+    )
 
 
 class LogWriteError(OperationalError):
@@ -230,6 +265,7 @@ class LogWriteError(OperationalError):
 class Overloaded(OperationalError):
     code = Code.OVERLOADED
     recoverable = True
+    retry_after = 1
     suggested_action = "Retry after a short delay."
 
 

@@ -8,10 +8,11 @@ process an MCP host starts, so one Field serves many such bridges.
 
 Three parts, outermost last:
 
-- :data:`TOOLS`, one table: tool name → operation and description. Each
-  tool's input schema is the operation's request schema from
-  ``protocol/schemas`` (references inlined, conditional rules left to the
-  Field, which checks them and says what is wrong), plus ``agent_id``.
+- :data:`TOOLS` (from :mod:`field.tools`, shared with the RAP binding), one
+  table: tool name → operation and description. Each tool's input schema
+  is the operation's request schema from ``protocol/schemas`` (references
+  inlined, conditional rules left to the Field, which checks them and says
+  what is wrong), plus ``agent_id``.
 - :class:`Bridge`: holds each agent's token and the polling cursors, turns
   tool arguments into operations and every outcome into a
   :class:`ToolOutcome`: the response payload, or the spec error body
@@ -32,13 +33,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
-import functools
-import json
 import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -46,95 +43,11 @@ import orjson
 
 from . import __version__
 from .client import AgentClient, FieldClient, FieldClientError
+from .tools import SESSION_TOOLS, TOOLS, definitions
 
 __all__ = ["TOOLS", "Bridge", "ToolOutcome", "build_server", "serve_stdio", "tool_definitions"]
 
 logger = logging.getLogger("field.mcp")
-
-URN_PREFIX = "urn:akashik-field:0.1.0:"
-
-
-@dataclass(frozen=True)
-class Tool:
-    """One MCP tool: the operation it sends and what the model is told about it."""
-
-    operation: str
-    description: str
-    extension: bool = False  # not among the tools spec 10.2 names
-
-
-_AGENT_NOTE = " agent_id: the acting agent; may be left out while this server acts for exactly one."
-
-TOOLS: dict[str, Tool] = {
-    "akashik_register": Tool(
-        "REGISTER",
-        "Join the Field as a new agent (id, role, interests). Call this first. The server keeps "
-        "the agent's token; the result shows the agent and the Field's capabilities.",
-    ),
-    "akashik_record": Tool(
-        "RECORD",
-        "Write a memory unit: type, content, intent.purpose (why), and for a committed unit "
-        "confidence {score 0..1, reasoning}. Relations link it to earlier units "
-        "(e.g. contradicts). session_id: the envelope's session (default: the session this "
-        "agent last created or joined here; null for none)." + _AGENT_NOTE,
-    ),
-    "akashik_attune": Tool(
-        "ATTUNE",
-        "Read what is relevant to you, ranked. scope defaults to your role and max_units 10. "
-        "To see only what is new, set poll: true: each poll returns the units recorded since "
-        "this agent's previous poll (the first poll starts from epoch 0), oldest first, "
-        "max_units at a time. Or pass since_epoch yourself: the epoch of the previous "
-        "response." + _AGENT_NOTE,
-    ),
-    "akashik_detect": Tool(
-        "DETECT",
-        "Conflicts: mode list (with an optional filter), check (target_id: one unit) or scan "
-        "(the whole Field)." + _AGENT_NOTE,
-    ),
-    "akashik_merge": Tool(
-        "MERGE",
-        "Resolve a conflict with a strategy (last_write_wins, confidence_weighted, authority, "
-        "synthesis, vote, human_escalation, ...); resolution.rationale is required, winner_id "
-        "for authority and vote, synthesis text for synthesis. Most strategies need "
-        "authority 6; a vote ballot 4." + _AGENT_NOTE,
-    ),
-    "akashik_replay": Tool(
-        "REPLAY",
-        "The history of a task, memory_unit, decision, conflict or session: depth summary, "
-        "detailed or full_trace." + _AGENT_NOTE,
-    ),
-    "akashik_compact": Tool(
-        "COMPACT",
-        "Archive, summarize or purge units matching a filter (at least one criterion: "
-        "max_age_epochs, session_id, types, status). Needs authority 6 (purge 8)." + _AGENT_NOTE,
-    ),
-    "akashik_deregister": Tool(
-        "DEREGISTER",
-        "Leave the Field: the agent's token is revoked; its units stay." + _AGENT_NOTE,
-        extension=True,
-    ),
-    "akashik_session": Tool(
-        "SESSION",
-        "Sessions: create (name), join, leave, pause, resume, end (session_id), or list "
-        "yours. Work recorded while in a session belongs to it." + _AGENT_NOTE,
-        extension=True,
-    ),
-    "akashik_coordinate": Tool(
-        "COORDINATE",
-        "Tasks: create (title), assign (assignee), start, block, unblock, complete (result), "
-        "fail, release, cancel (task_id), or list yours. session_id as for akashik_record."
-        + _AGENT_NOTE,
-        extension=True,
-    ),
-    "akashik_handoff": Tool(
-        "HANDOFF",
-        "Hand a task to another agent with notes; the Field packages the relevant units for "
-        "it." + _AGENT_NOTE,
-        extension=True,
-    ),
-}
-
-_SESSION_TOOLS = {"akashik_record", "akashik_coordinate"}  # take the envelope's session_id
 
 INSTRUCTIONS = (
     "Tools of an Akashik Field: shared memory and coordination for agents. Register once with "
@@ -145,96 +58,9 @@ INSTRUCTIONS = (
 )
 
 
-# -- input schemas, derived from protocol/schemas ---------------------------------------------
-
-
-def _schema_dir() -> Path:
-    """The protocol schemas: packaged in the wheel, or in the source tree."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_schemas", here.parent / "protocol" / "schemas"):
-        if candidate.is_dir():
-            return candidate
-    raise FileNotFoundError("the protocol schemas are not installed")
-
-
-@functools.cache
-def _schemas() -> dict[str, dict[str, Any]]:
-    return {
-        path.name.removesuffix(".json"): json.loads(path.read_text(encoding="utf-8"))
-        for path in sorted(_schema_dir().glob("*.json"))
-    }
-
-
-# Conditional rules (which fields an action needs) are left to the Field: it
-# checks them and answers with an error that says what is missing, and some
-# MCP hosts refuse tool schemas that use these keywords. The descriptions
-# state the rules in words.
-_DROPPED = {"$schema", "$id", "$defs", "if", "then", "else", "allOf"}
-
-
-def _resolve(ref: str, file: str) -> tuple[Any, str]:
-    """The schema a ``$ref`` points at, and the file it is in."""
-    location, _, pointer = ref.partition("#")
-    if location:
-        file = location.removeprefix(URN_PREFIX)
-    node: Any = _schemas()[file]
-    for part in filter(None, pointer.split("/")):
-        node = node[part]
-    return node, file
-
-
-def _inline(node: Any, file: str) -> Any:
-    """``node`` with every ``$ref`` replaced by what it points at."""
-    if isinstance(node, list):
-        return [_inline(item, file) for item in node]
-    if not isinstance(node, dict):
-        return node
-    if "$ref" in node:
-        target, target_file = _resolve(node["$ref"], file)
-        siblings = {k: v for k, v in node.items() if k != "$ref"}
-        return _inline({**target, **siblings}, target_file)
-    return {k: _inline(v, file) for k, v in node.items() if k not in _DROPPED}
-
-
-def _input_schema(name: str) -> dict[str, Any]:
-    operation = TOOLS[name].operation
-    stem = f"{operation.lower()}.request"
-    schema: dict[str, Any] = _inline(copy.deepcopy(_schemas()[stem]), stem)
-    properties: dict[str, Any] = schema.setdefault("properties", {})
-    if operation != "REGISTER":
-        properties["agent_id"] = {
-            "type": "string",
-            "description": "The acting agent (registered through this server, or --agent-id). "
-            "May be left out while this server acts for exactly one agent.",
-        }
-        schema["required"] = [f for f in schema.get("required", []) if f != "agent_id"]
-    if name in _SESSION_TOOLS:
-        properties["session_id"] = {
-            "type": ["string", "null"],
-            "description": "The envelope's session_id. Default: the session this agent last "
-            "created or joined through this server; null for none.",
-        }
-    if operation == "ATTUNE":
-        schema["required"] = []
-        scope = properties["scope"]
-        scope["required"] = []
-        scope["description"] = "Defaults: role = the agent's role, max_units = 10."
-        properties["poll"] = {
-            "type": "boolean",
-            "default": False,
-            "description": "Return only units newer than this agent's previous poll "
-            "(since_epoch kept by this server, starting at 0).",
-        }
-    return schema
-
-
-@functools.cache
 def tool_definitions() -> dict[str, dict[str, Any]]:
     """Every tool: ``{name: {"description", "inputSchema"}}``."""
-    return {
-        name: {"description": tool.description, "inputSchema": _input_schema(name)}
-        for name, tool in TOOLS.items()
-    }
+    return definitions("mcp")
 
 
 # -- the bridge -------------------------------------------------------------------------------
@@ -283,13 +109,16 @@ class Bridge:
 
     ``agents`` maps agent id → :class:`AgentClient` (token, Lamport clock,
     current session). ``cursors`` maps agent id → the ``epoch`` of its last
-    poll: the ``since_epoch`` of its next one.
+    poll: the ``since_epoch`` of its next one. ``retired`` maps the id of
+    an agent deregistered through this server → its last token, the proof
+    the Field asks for to register that id again.
     """
 
     def __init__(self, field: FieldClient) -> None:
         self.field = field
         self.agents: dict[str, AgentClient] = {}
         self.cursors: dict[str, int] = {}
+        self.retired: dict[str, str] = {}
 
     def adopt(self, agent_id: str, token: str) -> AgentClient:
         """Act for an agent registered elsewhere (``--agent-id`` and ``--token``)."""
@@ -351,9 +180,11 @@ class Bridge:
         return self.agents[agent_id]
 
     async def _register(self, args: dict[str, Any]) -> ToolOutcome:
-        agent_id = args.get("id")
-        body = self.field.envelope("REGISTER", str(agent_id), args)
-        response = await self.field.request("POST", "/v1/register", body=body)
+        agent_id = str(args.get("id"))
+        body = self.field.envelope("REGISTER", agent_id, args)
+        last = self.retired.get(agent_id)  # an id this server deregistered: take it back
+        response = await self.field.request("POST", "/v1/register", body=body, token=last)
+        self.retired.pop(agent_id, None)
         token = response.pop("token")
         agent = self.field.agent(response["agent"]["id"], token, role=response["agent"]["role"])
         agent.epoch = response["epoch"]
@@ -364,7 +195,7 @@ class Bridge:
     async def _send(
         self, name: str, operation: str, agent: AgentClient, args: dict[str, Any]
     ) -> ToolOutcome:
-        session_id = args.pop("session_id", agent.session_id) if name in _SESSION_TOOLS else None
+        session_id = args.pop("session_id", agent.session_id) if name in SESSION_TOOLS else None
         poll = False
         if operation == "ATTUNE":
             poll = args.pop("poll", False) is True
@@ -379,6 +210,7 @@ class Bridge:
         if operation == "DEREGISTER":
             del self.agents[agent.id]
             self.cursors.pop(agent.id, None)
+            self.retired[agent.id] = agent.token
         return ToolOutcome(response)
 
     async def _attune_defaults(self, agent: AgentClient, args: dict[str, Any], poll: bool) -> None:

@@ -1,4 +1,5 @@
-"""Vocabulary of the protocol: the enumerations of spec sections 5 to 7.
+"""Vocabulary of the protocol: the enumerations of spec sections 5 to 7, and the
+log entries every operation produces.
 
 Everything here is data. The Field keeps memory units, agents and conflicts
 in their wire form (plain dicts that serialize straight to the JSON of spec
@@ -9,6 +10,7 @@ limits that bound every field of a request.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 OPERATIONS: tuple[str, ...] = (
     "REGISTER",
@@ -119,11 +121,51 @@ class Limits:
     max_relations: int = 64
     max_attune_units: int = 1000
     max_attune_conflicts: int = 100
-    max_epoch_skew: int = 2**32
+    #: how far one envelope's epoch may pull the clock ahead, and how fast in all
+    #: (epochs per second of the Field's age): see field/core/clock.py
+    max_epoch_skew: int = 2**20
+    max_epoch_rate: int = 2**16
     max_subscriptions_per_agent: int = 100
+    #: active subscriptions one RAP thread (``group_id``) may hold
+    max_subscriptions_per_thread: int = 32
     max_debounce_ms: int = 3_600_000
     max_replay_events: int = 1000
     max_compact_units: int = 1000
+    #: bounds on every JSON document the Field parses, checked before anything reads it
+    max_json_depth: int = 32
+    max_json_items: int = 10_000
+    #: bounds on what one read returns (pages are cut to fit, saying what was left out);
+    #: a response body is at most as large as a request body: what a maximal read
+    #: costs everyone else grows with it (benchmarks/README.md, "Large reads")
+    max_response_bytes: int = 1 << 20
+    max_page_items: int = 1000
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+# -- the log's entries: what every operation produces and the log stores ----------
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One state change, before it has a position."""
+
+    epoch: int
+    kind: str
+    data: dict[str, Any]
+    agent_id: str | None = None
+    ts: float = 0.0
+
+
+@dataclass(slots=True)
+class StoredEntry:
+    """One state change as stored in the log (never changed once read: not frozen only
+    because a frozen dataclass costs 0.5 us more to build, and replays build millions)."""
+
+    position: int
+    epoch: int
+    kind: str
+    data: dict[str, Any]
+    agent_id: str | None
+    ts: float

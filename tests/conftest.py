@@ -148,7 +148,12 @@ def _drain(process: subprocess.Popen[str], lines: list[str]) -> None:
     process.stderr.close()
 
 
-def spawn_server(data_dir: Path, *args: str, port: int = 0) -> ServerProcess:
+def spawn_server(
+    data_dir: Path,
+    *args: str,
+    port: int = 0,
+    preexec_fn: Callable[[], None] | None = None,
+) -> ServerProcess:
     """Start ``python -m field serve`` and wait for its "listening on" line."""
     command = [
         sys.executable,
@@ -165,7 +170,12 @@ def spawn_server(data_dir: Path, *args: str, port: int = 0) -> ServerProcess:
     ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     process = subprocess.Popen(
-        command, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, env=env
+        command,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        preexec_fn=preexec_fn,  # e.g. a resource limit set before exec
     )
     assert process.stderr is not None
     lines: list[str] = []
@@ -186,8 +196,13 @@ def server_process() -> Iterator[Callable[..., ServerProcess]]:
     """Start ``field serve`` processes; any still running are killed after the test."""
     processes: list[ServerProcess] = []
 
-    def start(data_dir: Path, *args: str, port: int = 0) -> ServerProcess:
-        proc = spawn_server(data_dir, *args, port=port)
+    def start(
+        data_dir: Path,
+        *args: str,
+        port: int = 0,
+        preexec_fn: Callable[[], None] | None = None,
+    ) -> ServerProcess:
+        proc = spawn_server(data_dir, *args, port=port, preexec_fn=preexec_fn)
         processes.append(proc)
         return proc
 

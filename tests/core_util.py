@@ -8,7 +8,8 @@ from typing import Any
 
 from field.core.context import Outcome
 from field.core.field import Field, Ids
-from field.store.base import LogEntry, StoredEntry
+from field.model import LogEntry, StoredEntry
+from field.store import MemoryEventLog
 
 
 class Harness:
@@ -116,10 +117,13 @@ class Harness:
             for i, e in enumerate(self.entries, start=1)
         ]
 
-    def read_positions(self, positions: Sequence[int]) -> list[StoredEntry]:
+    def read_positions(
+        self, positions: Sequence[int], *, max_bytes: int | None = None
+    ) -> list[StoredEntry]:
         """The entries at ``positions``, as a log's ``read_positions`` returns them."""
-        stored = self.stored()
-        return [stored[p - 1] for p in sorted(set(positions)) if 1 <= p <= len(stored)]
+        log = MemoryEventLog()
+        log.append(self.entries)
+        return log.read_positions(positions, max_bytes=max_bytes)
 
     def replayed(self) -> Field:
         """A new Field rebuilt from this one's entries, as at start-up."""

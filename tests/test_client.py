@@ -130,7 +130,9 @@ async def test_subscribe_list_and_unsubscribe(agents: Agents) -> None:
 
 async def test_sessions_tasks_and_handoff(agents: Agents) -> None:
     alice, bob = agents.alice, agents.bob
-    created = await alice.session("create", name="Churn study", purpose="find the real rate")
+    created = await alice.session(
+        "create", name="Churn study", purpose="find the real rate", invitees=["bob"]
+    )
     assert_valid("session.response", created)
     session_id = created["session"]["id"]
     joined = await bob.session("join", session_id)

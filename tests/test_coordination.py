@@ -100,6 +100,7 @@ def assert_replays(h: Harness) -> None:
     assert replayed.sessions == live.sessions
     assert replayed.open_tasks_by_agent == {k: v for k, v in live.open_tasks_by_agent.items()}
     assert replayed.sessions_by_member == live.sessions_by_member
+    assert replayed.invitations == live.invitations
     assert replayed.dependent_tasks == live.dependent_tasks
     assert [a.to_wire() for a in replayed.agents.values()] == [
         a.to_wire() for a in live.agents.values()
@@ -112,18 +113,23 @@ def assert_replays(h: Harness) -> None:
 def test_session_life_cycle() -> None:
     h = field()
     mark = len(h.entries)
-    created = session(h, "worker", "create", name="Pricing review", purpose="EU prices")
+    created = session(
+        h, "worker", "create", name="Pricing review", purpose="EU prices", invitees=["other"]
+    )
     assert created["id"].startswith("session-")
-    assert (created["status"], created["created_by"], created["members"]) == (
+    assert (created["status"], created["created_by"], created["members"], created["invited"]) == (
         "active",
         "worker",
         ["worker"],
+        ["other"],
     )
     sid = created["id"]
-    assert session(h, "other", "join", sid)["members"] == ["worker", "other"]
+    joined = session(h, "other", "join", sid)
+    assert (joined["members"], joined["invited"]) == (["worker", "other"], [])
     paused = session(h, "worker", "pause", sid, reason="waiting for data")
     assert paused["status"] == "paused"
     assert paused["updated_epoch"] > created["created_epoch"]
+    assert session(h, "worker", "invite", sid, invitees=["outsider"])["invited"] == ["outsider"]
     assert session(h, "outsider", "join", sid)["status"] == "paused"
     assert session(h, "outsider", "leave", sid)["members"] == ["worker", "other"]
     assert session(h, "worker", "resume", sid)["status"] == "active"
@@ -135,6 +141,7 @@ def test_session_life_cycle() -> None:
         "session.created",
         "session.joined",
         "session.paused",
+        "session.invited",
         "session.joined",
         "session.left",
         "session.resumed",
@@ -144,7 +151,8 @@ def test_session_life_cycle() -> None:
 
 
 def _session_in(h: Harness, status: str) -> str:
-    sid: str = session(h, "lead", "create", name="s")["id"]
+    """A session of lead's in ``status``; worker is a member, other is invited (until it ends)."""
+    sid: str = session(h, "lead", "create", name="s", invitees=["worker", "other"])["id"]
     session(h, "worker", "join", sid)
     if status in ("paused", "ended"):
         session(h, "lead", "pause", sid)
@@ -158,24 +166,26 @@ def _session_in(h: Harness, status: str) -> str:
 def test_every_session_transition(status: str, action: str) -> None:
     h = field()
     sid = _session_in(h, status)
-    # join by a non-member, leave by a member, the rest by the creator
+    # join by an invited agent, leave by a member, the rest by the creator
     agent = {"join": "other", "leave": "worker"}.get(action, "lead")
+    invitees = {"invite": {"invitees": ["outsider"]}, "uninvite": {"invitees": ["other"]}}
+    extra = invitees.get(action, {})
     after = sessions.TRANSITIONS[status].get(action)
-    payload = {"action": action, "session_id": sid}
+    payload = {"action": action, "session_id": sid, **extra}
     if after is None:
         error = refused(h, "SESSION", agent, payload, "INVALID_TRANSITION")
         assert error.details["from"] == status
         assert error.details["action"] == action
         assert error.details["allowed_actions"] == list(sessions.TRANSITIONS[status])
     else:
-        assert session(h, agent, action, sid)["status"] == after
+        assert session(h, agent, action, sid, **extra)["status"] == after
     assert_replays(h)
 
 
 def test_session_authority() -> None:
     h = field()
     h.register("boss", "manager", via=OPERATOR_TOKEN, authority=8)
-    sid = session(h, "worker", "create", name="s")["id"]
+    sid = session(h, "worker", "create", name="s", invitees=["other"])["id"]
     session(h, "other", "join", sid)
     pause = {"action": "pause", "session_id": sid}
     refused(h, "SESSION", "other", pause, "INSUFFICIENT_AUTHORITY")  # a member, not the creator
@@ -419,6 +429,7 @@ def test_tasks_in_a_session() -> None:
     # within its session the creator acts at 8: it may assign to members and cancel
     to_other = {"action": "assign", "task_id": task["id"], "assignee": "other"}
     refused(h, "COORDINATE", "worker", to_other, "FORBIDDEN")  # other is no member
+    session(h, "worker", "invite", sid, invitees=["other"])
     session(h, "other", "join", sid)
     assert act(h, "worker", "assign", task["id"], assignee="other")["assignee"] == "other"
     session(h, "worker", "pause", sid)
@@ -602,7 +613,7 @@ def test_coordination_events_reach_the_agents_they_concern() -> None:
     subs = {
         a: subscribe(h, a, COORDINATION_EVENTS) for a in ("lead", "worker", "other", "outsider")
     }
-    sid = session(h, "lead", "create", name="EU market sizing")["id"]
+    sid = session(h, "lead", "create", name="EU market sizing", invitees=["worker", "other"])["id"]
     session(h, "worker", "join", sid)
     first = create_task(h, "lead", assignee="worker", session_id=sid, title="collect market data")
     session(h, "other", "join", sid)
@@ -693,7 +704,13 @@ def test_validators_accept_exactly_the_valid_cases(name: str, instance: Any) -> 
 
 
 SEEDS = {
-    "session.request": {"action": "create", "name": "n", "purpose": "p", "reason": None},
+    "session.request": {
+        "action": "create",
+        "name": "n",
+        "purpose": "p",
+        "reason": None,
+        "invitees": ["a-1"],
+    },
     "coordinate.request": {
         "action": "create",
         "title": "t",

@@ -101,7 +101,9 @@ async def subscribe(agent: AgentClient, **options: Any) -> str:
 async def test_coordination_over_http(team: Team) -> None:
     capabilities = await team.field.status()
     assert capabilities["status"] == "ok"
-    created = await send(team.lead, "SESSION", {"action": "create", "name": "EU market"})
+    created = await send(
+        team.lead, "SESSION", {"action": "create", "name": "EU market", "invitees": ["worker"]}
+    )
     sid = created["session"]["id"]
     await send(team.worker, "SESSION", {"action": "join", "session_id": sid})
     team.lead.session_id = sid
@@ -150,6 +152,7 @@ async def test_coordination_over_http(team: Team) -> None:
         403,
         "FORBIDDEN",  # other is not a member of the task's session
     )
+    await send(team.lead, "SESSION", {"action": "invite", "session_id": sid, "invitees": ["other"]})
     await send(team.other, "SESSION", {"action": "join", "session_id": sid})
     handed = await send(
         team.worker, "HANDOFF", {"task_id": tid, "to_agent_id": "other", "notes": "DACH done"}
@@ -193,9 +196,8 @@ async def test_coordination_events_over_websocket(team: Team) -> None:
     subscription = await subscribe(team.worker)
     async with open_ws(team.server, team.worker.token) as ws:
         await ws.ready()
-        sid = (await send(team.lead, "SESSION", {"action": "create", "name": "market sizing"}))[
-            "session"
-        ]["id"]
+        opening = {"action": "create", "name": "market sizing", "invitees": ["worker", "other"]}
+        sid = (await send(team.lead, "SESSION", opening))["session"]["id"]
         # operations on the WebSocket request path, answered by response frames
         joined = await ws.request("SESSION", "worker", {"action": "join", "session_id": sid})
         assert joined["status"] == 200 and joined["body"]["session"]["members"] == [
@@ -317,7 +319,8 @@ async def test_task_completed_notifies_the_dependent_assignee(team: Team) -> Non
 
 
 async def test_handoff_and_session_events_over_sse(team: Team) -> None:
-    sid = (await send(team.lead, "SESSION", {"action": "create", "name": "s"}))["session"]["id"]
+    created = {"action": "create", "name": "s", "invitees": ["other"]}
+    sid = (await send(team.lead, "SESSION", created))["session"]["id"]
     await send(team.other, "SESSION", {"action": "join", "session_id": sid})
     subscription = await send(
         team.other,

@@ -249,7 +249,8 @@ def test_conflict_at_each_depth() -> None:
 
 def test_task_and_session_at_each_depth() -> None:
     h = make()
-    session_id = h.send("SESSION", "a", {"action": "create", "name": "launch"})["session"]["id"]
+    opening = {"action": "create", "name": "launch", "invitees": ["b"]}
+    session_id = h.send("SESSION", "a", opening)["session"]["id"]
     h.send("SESSION", "b", {"action": "join", "session_id": session_id})
     created = h.send(
         "COORDINATE", "a", {"action": "create", "title": "size it"}, session_id=session_id
@@ -323,18 +324,18 @@ def test_replay_reads_exactly_the_chain_from_the_log() -> None:
     chain = Chain(h)
     asked: list[list[int]] = []
 
-    def reader(positions: Any) -> list[StoredEntry]:
+    def reader(positions: Any, *, max_bytes: int | None = None) -> list[StoredEntry]:
         asked.append(list(positions))
-        return h.read_positions(asked[-1])
+        return h.read_positions(asked[-1], max_bytes=max_bytes)
 
     h.field.read_entries = reader
     replay(h, "memory_unit", chain.f4, "detailed")
     expected = [e.position for e in about(h, chain.f4, chain.f3)]
     assert asked == [expected]
     # what the timeline says comes from the log, not from the state
-    h.field.read_entries = lambda ps: [
+    h.field.read_entries = lambda ps, max_bytes=None: [
         StoredEntry(e.position, e.epoch, e.kind, e.data, "someone-else", e.ts)
-        for e in h.read_positions(ps)
+        for e in h.read_positions(ps, max_bytes=max_bytes)
     ]
     assert replay(h, "memory_unit", chain.f4, "detailed")["agents_involved"] == ["someone-else"]
 
@@ -460,6 +461,7 @@ def test_session_types_and_status_filters_must_all_match() -> None:
     # the lead sees nothing of a session it is not in (spec 11.3): nothing to compact
     response = compact(h, "archive", session_id=s1, types=["finding"], status=["active"])
     assert response["units_affected"] == 0
+    h.send("SESSION", "a", {"action": "invite", "session_id": s1, "invitees": ["lead"]})
     h.send("SESSION", "lead", {"action": "join", "session_id": s1})
     response = compact(h, "archive", session_id=s1, types=["finding"], status=["active"])
     assert response["units_affected"] == 1
@@ -710,3 +712,41 @@ def test_read_positions_spans_many_queries(log: EventLog, fallback: bool) -> Non
     every_other = range(2, 1201, 2)
     assert [e.position for e in read(log, every_other, fallback)] == list(every_other)
     assert read(log, [], fallback) == []
+
+
+@pytest.mark.parametrize("fallback", [False, True])
+def test_read_positions_within_a_byte_budget_reads_a_prefix(log: EventLog, fallback: bool) -> None:
+    """Each entry's stored data here is ``{"n":<n>}``: 7 to 10 bytes."""
+
+    def bounded(positions: Any, max_bytes: int) -> list[int]:
+        reader = EventLog.read_positions if fallback else type(log).read_positions
+        return [e.position for e in reader(log, positions, max_bytes=max_bytes)]
+
+    size = {n: len(f'{{"n":{n}}}') for n in range(1, 1201)}
+    wanted = [5, 1000, 12, 800]
+    assert bounded(wanted, 10**6) == [5, 12, 800, 1000]
+    assert bounded(wanted, size[5] + size[12]) == [5, 12]  # exactly full
+    assert bounded(wanted, size[5] + size[12] + size[800] - 1) == [5, 12]
+    assert bounded(wanted, 0) == [5], "the first entry is always read"
+    assert bounded([], 0) == []
+
+
+def test_a_replay_reads_a_bounded_part_of_a_huge_chain() -> None:
+    """A session of units of 4,000 characters, against a read budget of 8 x 2,048 bytes:
+    the summary reads a prefix and says so; a detailed timeline is refused."""
+    h = make(limits=Limits(max_response_bytes=2048))
+    session = h.send("SESSION", "a", {"action": "create", "name": "big"})["session"]["id"]
+    for i in range(12):
+        payload = {
+            "type": "finding",
+            "content": f"{i} " + "x" * 4000,
+            "intent": {"purpose": "fill"},
+            "confidence": {"score": 0.5, "reasoning": "r"},
+        }
+        h.send("RECORD", "a", payload, session_id=session)
+    summary = replay(h, "session", session, "summary")
+    assert summary["total_events"] >= 13
+    assert "events of the chain were read" in summary["summary"]
+    with pytest.raises(FieldError) as info:
+        h.send("REPLAY", "a", {"target_type": "session", "target_id": session, "depth": "detailed"})
+    assert info.value.code == "REPLAY_TOO_LARGE" and info.value.recoverable

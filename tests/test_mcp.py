@@ -279,7 +279,9 @@ async def test_merge_and_replay_through_the_tools(mcp: McpClient) -> None:
 async def test_sessions_tasks_handoff_and_deregister(mcp: McpClient) -> None:
     await mcp.register("hal", "lead_analyst")
     await mcp.register("ivy", "analyst")
-    created = await mcp.ok("akashik_session", agent_id="hal", action="create", name="Churn")
+    created = await mcp.ok(
+        "akashik_session", agent_id="hal", action="create", name="Churn", invitees=["ivy"]
+    )
     session_id = created["session"]["id"]
     await mcp.ok("akashik_session", agent_id="ivy", action="join", session_id=session_id)
     # hal created the session through this server: its work goes there by default.
@@ -348,6 +350,24 @@ async def test_the_only_agent_is_the_default(field_server: ThreadedServer) -> No
         assert not polled.is_error and bridge.cursors == {"solo": polled.body["epoch"]}
         gone = await bridge.call("akashik_deregister", {})
         assert not gone.is_error and bridge.agents == {} and bridge.cursors == {}
+
+
+async def test_an_agent_deregistered_here_registers_again_here(
+    field_server: ThreadedServer,
+) -> None:
+    """The id is retired; the bridge keeps its last token, the proof that takes it back."""
+    async with FieldClient(field_server.url) as client:
+        bridge = Bridge(client)
+        await bridge.call("akashik_register", {"id": "solo", "role": "analyst"})
+        await bridge.call("akashik_deregister", {"agent_id": "solo"})
+        elsewhere = Bridge(client)  # another server holds no proof
+        taken = await elsewhere.call("akashik_register", {"id": "solo", "role": "analyst"})
+        assert taken.is_error and taken.body["code"] == "AGENT_ID_TAKEN"
+        assert_valid("error", taken.body)
+        back = await bridge.call("akashik_register", {"id": "solo", "role": "analyst"})
+        assert not back.is_error and "token" not in back.body
+        assert list(bridge.agents) == ["solo"] and bridge.retired == {}
+        assert not (await bridge.call("akashik_attune", {})).is_error
 
 
 async def test_an_unreachable_field_is_a_tool_error(

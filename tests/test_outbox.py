@@ -77,4 +77,19 @@ def test_drain_now_takes_at_most_the_limit() -> None:
     for n in range(5):
         outbox.put(frame(n))
     assert [f.cursor for f in outbox.drain_now(3)] == ["t-0", "t-1", "t-2"]
+    assert outbox._frames is not None  # two still wait
     assert len(outbox) == 2 and len(outbox.drain_now(10)) == 2 and outbox.drain_now(1) == []
+    assert outbox._frames is None  # drained: an idle outbox holds no queue
+    assert outbox.put(frame(5)) and len(outbox) == 1
+
+
+async def test_an_outbox_holds_no_list_of_pacers_unless_one_waits() -> None:
+    outbox = Outbox(max_frames=2, max_bytes=1000)
+    assert outbox._pacers is None
+    outbox.put(frame(0))
+    paced = asyncio.create_task(outbox.wait_for_room())
+    await asyncio.sleep(0)
+    assert outbox._pacers is not None and not paced.done()
+    await outbox.get()
+    await paced
+    assert outbox._pacers is None

@@ -521,6 +521,7 @@ def test_out_of_range_port_is_refused_cleanly(tmp_path: Path, port: str) -> None
         (["--operator-token-file", "/nonexistent/operator.token"], "No such file"),
         (["--failure-grace", "0"], "failure_grace must be positive"),
         (["--heartbeat-timeout", "-1"], "heartbeat_timeout not negative"),
+        (["--outbox-bytes", "65536"], "must be at least max_response_bytes"),
     ],
 )
 def test_bad_liveness_and_operator_settings_are_refused_cleanly(

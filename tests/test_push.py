@@ -644,7 +644,9 @@ async def test_a_re_registered_agent_does_not_inherit_its_old_subscriptions(
 ) -> None:
     old = await subscribe(agents.b, ["memory.recorded"])
     await agents.b.deregister()
-    b = await field.register("agent-b", "researcher", interests=["market sizing"])
+    b = await field.register(
+        "agent-b", "researcher", interests=["market sizing"], previous_token=agents.b.token
+    )
     assert await listed(b) == []
     fresh = await subscribe(b, ["memory.recorded"])
     async with open_ws(field_server, b.token, since=[old["cursor"]]) as ws:
@@ -1233,7 +1235,10 @@ def stalling_socket(server: ThreadedServer) -> socket.socket:
 async def test_a_stalled_consumer_is_cut_off_with_cursors_and_others_keep_up(
     server_factory: Callable[..., ThreadedServer],
 ) -> None:
-    server = server_factory(push=PushLimits(outbox_frames=20, outbox_bytes=1 << 16))
+    server = server_factory(
+        push=PushLimits(outbox_frames=20, outbox_bytes=1 << 16),
+        limits=Limits(max_response_bytes=1 << 16),
+    )
     total = 600
     padding = "x" * 4096
     async with FieldClient(server.url) as field:

@@ -20,8 +20,8 @@ from hypothesis import strategies as st
 from sse_starlette import ServerSentEvent
 
 from field.core.field import Field
+from field.model import StoredEntry
 from field.service import FieldService
-from field.store.base import StoredEntry
 from field.store.memory import MemoryEventLog
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, FieldEvent, event_of
 from field.subscriptions.outbox import Frame
@@ -130,7 +130,8 @@ def busy_field() -> tuple[Harness, dict[str, str]]:
         }
         answer = h.send("SUBSCRIBE", agent, {"action": "subscribe", "subscription": subscription})
         subscriptions[agent] = answer["subscription_id"]
-    session = h.send("SESSION", "lead", {"action": "create", "name": "launch"})["session"]["id"]
+    created = {"action": "create", "name": "launch", "invitees": ["member"]}
+    session = h.send("SESSION", "lead", created)["session"]["id"]
     h.send("SESSION", "member", {"action": "join", "session_id": session})
     first = h.record("lead", 'the launch is in March \u2014 "confirmed"')["memory_unit_id"]
     h.record("member", "pricing: 12 EUR per seat", score=0.4)

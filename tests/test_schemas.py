@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from . import coordination_cases
+from . import coordination_cases, rap_cases
 from .schema_util import (
     SCHEMA_DIR,
     URN_PREFIX,
@@ -41,6 +41,7 @@ TYPES = [
     "notification",
     "ws-frame",
     *coordination_cases.SCHEMAS["types"],
+    *rap_cases.SCHEMAS["types"],
 ]
 REQUESTS = [
     "register.request",
@@ -53,6 +54,7 @@ REQUESTS = [
     "compact.request",
     *coordination_cases.SCHEMAS["requests"],
     "merge.request",
+    *rap_cases.SCHEMAS["requests"],
 ]
 RESPONSES = [
     "register.response",
@@ -68,6 +70,7 @@ RESPONSES = [
     "compact.response",
     *coordination_cases.SCHEMAS["responses"],
     "merge.response",
+    *rap_cases.SCHEMAS["responses"],
 ]
 ALL = TYPES + REQUESTS + RESPONSES
 
@@ -460,7 +463,8 @@ FIELD_STATUS = {
     "conformance_level": 1,
     "epoch": 42,
     "persistence": True,
-    "log": {"backend": "sqlite", "last_position": 17},
+    "log": {"backend": "sqlite", "last_position": 17, "writable": True, "refusing": None},
+    "writer": {"running": True, "queued": 0},
     "counts": {
         "agents": 2,
         "memory_units": {"active": 3, "contested": 2, "draft": 1},
@@ -584,7 +588,7 @@ def test_every_ref_resolves(name: str) -> None:
 
 
 # Objects that are deliberately open: the MemoryUnit top level (future extensions).
-OPEN_OBJECTS = {("memory-unit", "")}
+OPEN_OBJECTS = {("memory-unit", "")} | rap_cases.OPEN_OBJECTS
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -1057,6 +1061,8 @@ VALID = [
     ),
     case("detect.request", {"mode": "check", "target_id": "mem-1"}, "check-schema-valid"),
     case("detect.request", {"mode": "list", "filter": None}, "filter-null"),
+    case("detect.request", {"mode": "list", "after": "conflict-1", "limit": 10}, "page"),
+    case("detect.request", {"mode": "scan", "after": None, "limit": None}, "page-null"),
     # responses
     case(
         "register.response",
@@ -1113,11 +1119,50 @@ VALID = [
         },
         "basic",
     ),
+    case(
+        "detect.response",
+        {
+            "status": "ok",
+            "conflicts": [CONFLICT],
+            "scan_coverage": {"units_scanned": 0, "new_conflicts_found": 0},
+            "next": CONFLICT["id"],
+            "epoch": 3,
+        },
+        "list-page",
+    ),
+    case(
+        "attune.response",
+        put(ATTUNE_RESPONSE, "context_budget.limited_by", "max_response_bytes"),
+        "limited-by-bytes",
+    ),
     case("field-status.response", FIELD_STATUS, "basic"),
     case("field-status.response", put(FIELD_STATUS, "counts.memory_units", {}), "no-units"),
-    case("agents.response", {"status": "ok", "agents": [AGENT], "epoch": 4}, "basic"),
-    case("agents.response", {"status": "ok", "agents": [], "epoch": 0}, "empty"),
-    case("conflicts.response", {"status": "ok", "conflicts": [CONFLICT], "epoch": 4}, "basic"),
+    case(
+        "field-status.response",
+        put(
+            put(FIELD_STATUS, "log.writable", False),
+            "log.refusing",
+            {"code": "STORAGE_FULL", "message": "The event log's disk is full"},
+        ),
+        "refusing-writes",
+    ),
+    case("agents.response", {"status": "ok", "agents": [AGENT], "next": None, "epoch": 4}, "basic"),
+    case("agents.response", {"status": "ok", "agents": [], "next": None, "epoch": 0}, "empty"),
+    case(
+        "agents.response",
+        {"status": "ok", "agents": [AGENT], "next": AGENT["id"], "epoch": 4},
+        "page",
+    ),
+    case(
+        "conflicts.response",
+        {"status": "ok", "conflicts": [CONFLICT], "next": None, "epoch": 4},
+        "basic",
+    ),
+    case(
+        "conflicts.response",
+        {"status": "ok", "conflicts": [], "next": CONFLICT["id"], "epoch": 4},
+        "page",
+    ),
     *MERGE_VALID,
     # subscription
     case("subscription", SUBSCRIPTION, "active"),
@@ -1208,6 +1253,24 @@ VALID = [
         },
         "unsubscribe-ignores-the-rest",
     ),
+    case(
+        "subscribe.request", put(SUBSCRIBE, "subscription.delivery", {"type": "stream"}), "stream"
+    ),
+    case(
+        "subscribe.request",
+        put(SUBSCRIBE, "subscription.delivery", {"type": "webhook", "url": "https://h.example/x"}),
+        "webhook",
+    ),
+    case(
+        "subscribe.request",
+        put(
+            SUBSCRIBE,
+            "subscription.delivery",
+            {"type": "webhook", "url": "https://h.example/x", "secret": "whsec_" + "A" * 32},
+        ),
+        "webhook-secret",
+    ),
+    case("subscribe.request", {**UNSUBSCRIBE, "action": "resume"}, "resume"),
     case("subscribe.request", {"action": "list"}, "list"),
     case("subscribe.request", {"action": "list", "subscription": None}, "list-null"),
     case("subscribe.request", {"action": "list", "subscription": {"events": 5}}, "list-ignores"),
@@ -1471,7 +1534,10 @@ INVALID = [
     ),
     case("detect.request", {"mode": "list", "filter": {"units": ["m"]}}, "filter-extra"),
     case("detect.request", {"mode": "list", "filter": {"status": "detected"}}, "filter-string"),
-    case("detect.request", {"mode": "list", "limit": 5}, "extra-property"),
+    case("detect.request", {"mode": "list", "page": 5}, "extra-property"),
+    case("detect.request", {"mode": "list", "limit": 0}, "limit-0"),
+    case("detect.request", {"mode": "list", "limit": 1001}, "limit-1001"),
+    case("detect.request", {"mode": "list", "after": ""}, "after-empty"),
     case(
         "detect.request",
         {"mode": "list", "filter": {"status": ["detected"] * 65}},
@@ -1614,6 +1680,11 @@ INVALID = [
         "negative-count",
     ),
     case("attune.response", put(ATTUNE_RESPONSE, "record.0.relevance_score", 2), "bad-item"),
+    case(
+        "attune.response",
+        put(ATTUNE_RESPONSE, "context_budget.limited_by", "max_bytes"),
+        "limited-by-unknown",
+    ),
     case("attune.response", drop(ATTUNE_RESPONSE, "epoch"), "missing-epoch"),
     *MERGE_INVALID,
     # detect.response
@@ -1641,6 +1712,12 @@ INVALID = [
     ),
     case("field-status.response", put(FIELD_STATUS, "uptime_seconds", -1), "uptime--1"),
     case("field-status.response", put(FIELD_STATUS, "log.path", "/data"), "log-extra"),
+    case(
+        "field-status.response",
+        put(FIELD_STATUS, "log.refusing", {"code": "INTERNAL_ERROR", "message": "x"}),
+        "refusing-other-code",
+    ),
+    case("field-status.response", drop(FIELD_STATUS, "writer"), "missing-writer"),
     case("field-status.response", put(FIELD_STATUS, "limits", {"x": 0.5}), "limit-float"),
     case("field-status.response", put(FIELD_STATUS, "protocol_version", "0.2.0"), "version"),
     case("field-status.response", drop(FIELD_STATUS, "field_id"), "missing-field-id"),
@@ -1650,15 +1727,21 @@ INVALID = [
         {"status": "ok", "agents": [drop(AGENT, "role")], "epoch": 4},
         "bad-agent",
     ),
-    case("agents.response", {"status": "ok", "agents": [AGENT]}, "missing-epoch"),
+    case("agents.response", {"status": "ok", "agents": [AGENT], "next": None}, "missing-epoch"),
+    case("agents.response", {"status": "ok", "agents": [AGENT], "epoch": 4}, "missing-next"),
+    case(
+        "agents.response",
+        {"status": "ok", "agents": [AGENT] * 1001, "next": None, "epoch": 4},
+        "1001-agents",
+    ),
     case(
         "conflicts.response",
-        {"status": "ok", "conflicts": [{**CONFLICT, "type": "x"}], "epoch": 4},
+        {"status": "ok", "conflicts": [{**CONFLICT, "type": "x"}], "next": None, "epoch": 4},
         "bad-conflict",
     ),
     case(
         "conflicts.response",
-        {"status": "ok", "conflicts": [], "epoch": 4, "next": None},
+        {"status": "ok", "conflicts": [], "epoch": 4, "next": None, "cursor": "c"},
         "extra-property",
     ),
     # subscription
@@ -1738,6 +1821,30 @@ INVALID = [
     case("ws-frame", {"type": "error", "data": drop(ERROR, "code")}, "error-missing-code"),
     # subscribe.request
     case("subscribe.request", {}, "missing-action"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.delivery", {"type": "mail"}), "mail"),
+    case(
+        "subscribe.request", put(SUBSCRIBE, "subscription.delivery", {"type": "webhook"}), "no-url"
+    ),
+    case(
+        "subscribe.request",
+        put(SUBSCRIBE, "subscription.delivery", {"type": "stream", "url": "https://h.example"}),
+        "stream-url",
+    ),
+    case(
+        "subscribe.request",
+        put(
+            SUBSCRIBE,
+            "subscription.delivery",
+            {"type": "webhook", "url": "https://h.example", "secret": "hunter2"},
+        ),
+        "secret-form",
+    ),
+    case(
+        "subscribe.request",
+        put(SUBSCRIBE, "subscription.delivery", {"type": "webhook", "url": "https://h", "x": 1}),
+        "delivery-extra",
+    ),
+    case("subscribe.request", {"action": "resume"}, "resume-without-id"),
     case("subscribe.request", {**SUBSCRIBE, "action": "watch"}, "unknown-action"),
     case("subscribe.request", {**SUBSCRIBE, "action": "SUBSCRIBE"}, "action-case"),
     case("subscribe.request", {"action": "subscribe"}, "subscribe-without-subscription"),
@@ -1882,8 +1989,8 @@ INVALID += [
     case("scope", {"role": "r", "max_units": 1, "include_archived": 1}, "include-archived"),
     case("memory-unit", {**UNIT, "status": "purged"}, "purged"),
 ]
-VALID += coordination_cases.VALID
-INVALID += coordination_cases.INVALID
+VALID += coordination_cases.VALID + rap_cases.VALID
+INVALID += coordination_cases.INVALID + rap_cases.INVALID
 
 
 @pytest.mark.parametrize(("name", "instance"), VALID)
@@ -1978,10 +2085,15 @@ ERROR_TABLE = {
     "SUBSCRIPTION_LIMIT": (409, "Yes"),
     "PAYLOAD_TOO_LARGE": (413, "Yes"),
     "UNSUPPORTED_MEDIA_TYPE": (415, "Yes"),
-    "STORAGE_FULL": (507, "No"),
+    "STORAGE_FULL": (507, "Yes"),
     "EPOCH_OVERFLOW": (503, "No"),
     "OVERLOADED": (503, "Yes"),
     "INTERNAL_ERROR": (500, "No"),
+    "REQUEST_TIMEOUT": (408, "Yes"),
+    "TOO_MANY_CONNECTIONS": (429, "Yes"),
+    "INVALID_HANDSHAKE": (400, "Yes"),
+    "TOOLSET_CHANGED": (409, "Yes"),
+    "LOG_UNAVAILABLE": (503, "Yes"),
     "REPLAY_TOO_LARGE": (422, "Yes"),
 }
 

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from field.client import FieldClient
 from field.config import Config
 from field.core import embedding, relevance
+from field.core.attune import tokens
 from field.core.embedding import (
     EmbedderError,
     HashingEmbedder,
@@ -25,7 +26,7 @@ from field.core.embedding import (
     load_embedder,
     quantize,
 )
-from field.core.field import Field, _tokens
+from field.core.field import Field
 
 from .conftest import ThreadedServer
 from .core_util import Harness
@@ -407,7 +408,7 @@ def test_max_tokens_holds_with_semantic_ranking() -> None:
         assert got == order[: len(got)]  # the best units, in rank order, summarized if need be
         scores = [item["relevance_score"] for item in response["record"]]
         assert scores == sorted(scores, reverse=True)
-        assert used == sum(_tokens(item["memory_unit"]) for item in response["record"])
+        assert used == sum(tokens(item["memory_unit"]) for item in response["record"])
 
 
 # -- choosing an embedder --------------------------------------------------------------

@@ -9,12 +9,15 @@ from typing import Any
 
 import pytest
 
+from field import service as service_module
+from field.core import relevance
 from field.core.context import Outcome
 from field.core.field import Field
-from field.errors import Code, FieldError, LogWriteError
+from field.core.state import _APPLY
+from field.errors import Code, FieldError, LogWriteError, StorageFull
+from field.model import LogEntry
 from field.service import FieldService
 from field.store import MemoryEventLog
-from field.store.base import LogEntry
 
 
 class ControlledLog(MemoryEventLog):
@@ -161,16 +164,203 @@ async def test_a_full_queue_is_refused_at_once(setup: Any) -> None:
     assert len(await asyncio.gather(held, *queued)) == 9
 
 
-async def test_an_unexpected_error_is_internal_and_the_field_recovers(setup: Any) -> None:
+async def test_a_job_that_fails_before_committing_fails_alone(
+    setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in a handler answers that request with INTERNAL_ERROR and nothing else:
+    the Field is the same object, at the same epoch, with the same units."""
     service, log, client = setup
     kept = (await client.record("kept"))["memory_unit_id"]
+    field, epoch, stored = service.field, service.field.epoch, log.last_position()
 
-    def broken(field: Field) -> Outcome:
-        field.state.units.clear()  # a bug that corrupts the projection
-        raise RuntimeError("bug")
+    def failing_score(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("a bug with a secret in it")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(relevance, "score", failing_score)
+        with pytest.raises(FieldError) as info:
+            await client.unit_ids()
+    assert info.value.code == Code.INTERNAL_ERROR
+    assert info.value.operation == "ATTUNE"
+    assert "secret" not in info.value.message
+    assert service.field is field and service.rebuilds == 0, "no rebuild"
+    assert service.field.epoch == epoch, "no clock move"
+    assert log.last_position() == stored
+    assert await client.unit_ids() == {kept}
+
+
+async def test_a_request_that_breaks_the_writer_is_answered_and_the_writer_goes_on(
+    setup: Any,
+) -> None:
+    service, log, client = setup
+
+    def deep(field: Field) -> Outcome:
+        def down(n: int) -> int:
+            return down(n + 1)
+
+        down(0)  # RecursionError, as an unbounded document once caused
+        raise AssertionError("unreachable")
+
+    for _ in range(3):
+        with pytest.raises(FieldError) as info:
+            await service.execute(deep)
+        assert info.value.code == Code.INTERNAL_ERROR
+    assert service.running and service.rebuilds == 0
+    assert (await client.record("after"))["status"] == "accepted"
+
+
+async def test_a_failure_while_applying_entries_rebuilds_the_state(
+    setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The one failure that leaves the projection ahead of the log: it is rebuilt."""
+    service, log, client = setup
+    kept = (await client.record("kept"))["memory_unit_id"]
+    original = _APPLY["memory.recorded"]
+
+    def half_applied(state: Any, data: dict[str, Any]) -> None:
+        original(state, data)
+        _APPLY["memory.recorded"] = original  # once: the rebuild replays correctly
+        raise RuntimeError("a bug in the projection")
+
+    monkeypatch.setitem(_APPLY, "memory.recorded", half_applied)
+    with pytest.raises(FieldError) as info:
+        await client.record("lost")
+    assert info.value.code == Code.INTERNAL_ERROR
+    # the next job runs after the rebuild
+    assert await client.unit_ids() == {kept}, "the half-applied unit is gone"
+    assert service.rebuilds == 1 and not service.field.broken
+    again = (await client.record("again"))["memory_unit_id"]
+    assert await client.unit_ids() == {kept, again}
+
+
+async def test_a_rebuild_that_fails_is_tried_again_and_nothing_runs_on_a_broken_state(
+    setup: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    service, log, client = setup
+    kept = (await client.record("kept"))["memory_unit_id"]
+    original = _APPLY["memory.recorded"]
+    failures = {"left": 3}  # the projection fails once live, then twice more in replays
+
+    def failing(state: Any, data: dict[str, Any]) -> None:
+        if failures["left"] > 0:
+            failures["left"] -= 1
+            raise RuntimeError("a bug in the projection")
+        original(state, data)
+
+    monkeypatch.setitem(_APPLY, "memory.recorded", failing)
+    with pytest.raises(FieldError):
+        await client.record("lost")
+    # while rebuilds fail, every job is answered with an error, never run on the broken state
+    while failures["left"] > 0:
+        with pytest.raises(FieldError) as info:
+            await client.unit_ids()
+        assert info.value.code == Code.INTERNAL_ERROR
+    assert await client.unit_ids() == {kept}
+    assert not service.field.broken and service.running
+
+
+async def test_a_failing_listener_never_undoes_a_commit(setup: Any) -> None:
+    service, log, client = setup
+
+    def listener(entries: Any) -> None:
+        raise RuntimeError("push bug")
+
+    service.listeners.append(listener)
+    unit = (await client.record("durable"))["memory_unit_id"]
+    assert unit in await client.unit_ids()
+    assert service.running
+
+
+class _Fatal(BaseException):
+    """What no ``except Exception`` catches: it ends the writer task itself."""
+
+
+async def test_a_dead_writer_is_started_again(setup: Any) -> None:
+    service, log, client = setup
+    writer = service._writer
+
+    def fatal(field: Field) -> Outcome:
+        raise _Fatal()
 
     with pytest.raises(FieldError) as info:
-        await service.execute(broken)
+        await service.execute(fatal)
     assert info.value.code == Code.INTERNAL_ERROR
-    assert "bug" not in info.value.message
-    assert await client.unit_ids() == {kept}, "the state was rebuilt from the log"
+    assert writer is not None and writer.done()
+    # the writer is started again, and the queue's accounting survived the death
+    assert (await client.record("after"))["status"] == "accepted"
+    assert service.running and service._writer is not writer
+
+
+class FullLog(ControlledLog):
+    """A log whose disk fills up and frees on command."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.full = False
+
+    def append(self, entries: Sequence[LogEntry]) -> list[int]:
+        if self.full:
+            raise StorageFull("the disk is full")
+        return super().append(entries)
+
+
+@pytest.fixture
+async def full_setup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> AsyncIterator[tuple[FieldService, FullLog, Client]]:
+    monkeypatch.setattr(service_module, "PROBE_SECONDS", 0.01)
+    log = FullLog()
+    service = FieldService(log, lambda: Field(), max_queue=64, max_batch=64)
+    await service.start()
+    client = Client(service)
+    client.token = (await client.op("REGISTER", {"id": "alice", "role": "r"}))["token"]
+    yield service, log, client
+    await service.stop()
+
+
+async def test_a_full_disk_refuses_writes_serves_reads_and_recovers(full_setup: Any) -> None:
+    service, log, client = full_setup
+    kept = (await client.record("kept"))["memory_unit_id"]
+    log.full = True
+    with pytest.raises(FieldError) as info:
+        await client.record("refused")
+    assert info.value.code == Code.STORAGE_FULL and info.value.recoverable
+    assert service.refusing is not None and service.rebuilds == 1
+    stored = log.last_position()
+    # every later write is refused up front (no rebuild), every read is served
+    for i in range(2000):  # past a whole clock reservation: reads never need the log
+        assert await client.unit_ids() == {kept}, i
+    epoch = service.field.epoch
+    assert epoch <= service.field.state.clock.reserved
+    for _ in range(3):
+        with pytest.raises(FieldError) as info:
+            await client.record("refused")
+        assert info.value.code == Code.STORAGE_FULL
+        assert "COMPACT" not in (info.value.suggested_action or "")
+    assert service.rebuilds == 1 and log.last_position() == stored
+    # space returns: the probe notices and writes resume by themselves
+    log.full = False
+    while service.refusing is not None:
+        await asyncio.sleep(0.01)
+    again = await client.record("again")
+    assert again["epoch"] > epoch
+    assert await client.unit_ids() == {kept, again["memory_unit_id"]}
+
+
+async def test_an_agent_polling_through_a_full_disk_misses_nothing(full_setup: Any) -> None:
+    """Reads answered while writes are refused carry epochs that the next write passes."""
+    service, log, client = full_setup
+    first = await client.record("first")
+    log.full = True
+    with pytest.raises(FieldError):
+        await client.record("refused")
+    scope = {"role": "r", "max_units": 1000, "include_own": True, "since_epoch": first["epoch"]}
+    poll = await client.op("ATTUNE", {"scope": scope})
+    assert poll["record"] == []
+    log.full = False
+    while service.refusing is not None:
+        await asyncio.sleep(0.01)
+    later = await client.record("later")
+    scope["since_epoch"] = poll["epoch"]
+    poll = await client.op("ATTUNE", {"scope": scope})
+    assert [r["memory_unit"]["id"] for r in poll["record"]] == [later["memory_unit_id"]]

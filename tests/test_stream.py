@@ -75,6 +75,7 @@ def test_window_zero_delivers_immediately_in_order_skipping_seen_positions() -> 
         assert stream.after == position
         assert stream.deadline is None
     assert stream.advance(t + 100) == []
+    assert stream._pending is None
 
 
 # -- debounce windows -----------------------------------------------------------------
@@ -94,6 +95,7 @@ def test_one_entity_in_a_window_folds_into_its_latest_event() -> None:
     assert delivered[0].event.summary == "event 5"  # the latest state
     assert stream.after == 5
     assert stream.deadline is None
+    assert stream._pending is None  # no window open: no dict held (thousands of idle streams)
     assert stream.advance(start + 5.0) == []
 
 

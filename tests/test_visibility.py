@@ -42,13 +42,14 @@ def attuned(h: Harness, agent: str, **scope: Any) -> list[str]:
 
 @pytest.fixture
 def h() -> Harness:
-    """lead creates a session; member joins; outsider does not. senior is level 6."""
+    """lead creates a session and invites member, who joins; outsider does not. senior is 6."""
     h = Harness(operator_token=OPERATOR_TOKEN)
     h.register("lead", "lead")
     h.register("member", "analyst")
     h.register("outsider", "analyst")
     h.register("senior", "reviewer", authority=6, via=OPERATOR_TOKEN)
-    h.session = h.send("SESSION", "lead", {"action": "create", "name": "launch"})["session"]["id"]  # type: ignore[attr-defined]
+    created = {"action": "create", "name": "launch", "invitees": ["member"]}
+    h.session = h.send("SESSION", "lead", created)["session"]["id"]  # type: ignore[attr-defined]
     h.send("SESSION", "member", {"action": "join", "session_id": h.session})  # type: ignore[attr-defined]
     return h
 
@@ -71,7 +72,9 @@ def test_attune_and_polls_show_session_units_to_members_only(h: Harness) -> None
     assert attuned(h, "outsider") == [public]
     assert attuned(h, "outsider", since_epoch=0) == [public]
     assert h.attune("outsider")["context_budget"]["units_available"] == 1
-    # joining shows it; leaving hides it again
+    # joining (once invited) shows it; leaving hides it again
+    invite = {"action": "invite", "session_id": h.session, "invitees": ["outsider"]}  # type: ignore[attr-defined]
+    h.send("SESSION", "lead", invite)
     h.send("SESSION", "outsider", {"action": "join", "session_id": h.session})  # type: ignore[attr-defined]
     assert set(attuned(h, "outsider")) == {secret, public}
     h.send("SESSION", "outsider", {"action": "leave", "session_id": h.session})  # type: ignore[attr-defined]
@@ -95,7 +98,9 @@ def test_a_sessions_rules_hide_types_by_role_and_authority() -> None:
         "decision": {"roles": ["lead", "architect"]},
         "human_directive": {"min_authority": 6},
     }
-    created = h.send("SESSION", "lead", {"action": "create", "name": "s", "visibility": rules})
+    invitees = ["analyst", "architect", "senior"]
+    payload = {"action": "create", "name": "s", "visibility": rules, "invitees": invitees}
+    created = h.send("SESSION", "lead", payload)
     session = created["session"]
     assert session["visibility"] == {
         "decision": {"roles": ["lead", "architect"], "min_authority": 0},
@@ -224,7 +229,8 @@ def test_a_handoff_packages_only_what_both_agents_see() -> None:
     h = Harness()
     for agent in ("lead", "worker", "helper"):
         h.register(agent, "analyst", interests=["launch"])
-    session = h.send("SESSION", "lead", {"action": "create", "name": "s"})["session"]["id"]
+    created = {"action": "create", "name": "s", "invitees": ["worker", "helper"]}
+    session = h.send("SESSION", "lead", created)["session"]["id"]
     h.send("SESSION", "worker", {"action": "join", "session_id": session})
     h.send("SESSION", "helper", {"action": "join", "session_id": session})
     other = h.send("SESSION", "worker", {"action": "create", "name": "private"})["session"]["id"]
@@ -258,7 +264,9 @@ async def test_an_outsider_is_pushed_nothing_from_inside_a_session(
         lead = await field.register("lead", "lead", interests=["launch"])
         member = await field.register("member", "analyst", interests=["launch"])
         outsider = await field.register("outsider", "analyst", interests=["launch"])
-        created = await lead.send("SESSION", {"action": "create", "name": "launch"})
+        created = await lead.send(
+            "SESSION", {"action": "create", "name": "launch", "invitees": ["member"]}
+        )
         session_id = created["session"]["id"]
         await member.send("SESSION", {"action": "join", "session_id": session_id})
         events = ["memory.recorded", "session.paused"]
@@ -314,7 +322,8 @@ def test_a_handoff_of_session_units_is_told_only_to_who_may_see_them() -> None:
     h = Harness()
     for agent in ("lead", "worker", "bystander"):
         h.register(agent, "analyst", interests=["launch"])
-    session = h.send("SESSION", "lead", {"action": "create", "name": "s"})["session"]["id"]
+    created = {"action": "create", "name": "s", "invitees": ["worker"]}
+    session = h.send("SESSION", "lead", created)["session"]["id"]
     h.send("SESSION", "worker", {"action": "join", "session_id": session})
     payload = {
         "type": "finding",

@@ -14,8 +14,15 @@ There is one method per operation (``record``, ``attune``, ``detect``,
 ``merge``, ``subscribe``/``unsubscribe``/``subscriptions``, ``replay``,
 ``compact``, ``session``, ``coordinate``, ``handoff``, ``deregister``), each a
 thin layer over :meth:`AgentClient.send` that builds the payload of
-``protocol/README.md`` and returns the response payload as a dict. An error
-response raises :class:`FieldClientError` carrying the spec's error body.
+``protocol/README.md`` and returns the response payload as a dict, and one
+per GET endpoint (``agents``, ``conflicts``). An error response raises
+:class:`FieldClientError` carrying the spec's error body.
+
+Lists come in pages (``after``, ``limit``, ``next``): each list method
+returns one page, and :meth:`AgentClient.every` follows ``next`` to the end::
+
+    everyone = await researcher.every(researcher.agents, "agents")
+    mine = await researcher.every(researcher.coordinate, "tasks", action="list")
 
 Every call sends a full envelope (spec 5.1) and keeps the agent's Lamport
 clock: the envelope carries the highest epoch the agent has seen, and
@@ -25,8 +32,10 @@ each response's ``epoch`` moves it forward.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final
+from urllib.parse import urlencode
 
 import aiohttp
 import orjson
@@ -147,10 +156,13 @@ class FieldClient:
         required_operations: list[str] | None = None,
         authority: int | None = None,
         operator_token: str | None = None,
+        previous_token: str | None = None,
     ) -> AgentClient:
         """REGISTER ``agent_id``; returns its handle, holding the new token.
 
-        An ``authority`` above 4 needs the Field's ``operator_token``.
+        An ``authority`` above 4 needs the Field's ``operator_token``. An id
+        that deregistered is retired: only its last token (``previous_token``,
+        the one DEREGISTER revoked) or the operator's registers it again.
         """
         payload: dict[str, Any] = {"id": agent_id, "role": role}
         payload |= _given(
@@ -160,7 +172,8 @@ class FieldClient:
             authority=authority,
         )
         body = self.envelope("REGISTER", agent_id, payload)
-        response = await self.request("POST", "/v1/register", body=body, token=operator_token)
+        bearer = operator_token or previous_token
+        response = await self.request("POST", "/v1/register", body=body, token=bearer)
         agent = AgentClient(self, agent_id, response["token"], role=role)
         agent.registration = response
         agent.epoch = response["epoch"]
@@ -267,13 +280,21 @@ class AgentClient:
         return await self.send("ATTUNE", payload)
 
     async def detect(
-        self, mode: str = "list", *, target_id: str | None = None, **filters: Any
+        self,
+        mode: str = "list",
+        *,
+        target_id: str | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+        **filters: Any,
     ) -> dict[str, Any]:
         """DETECT (spec 6.5): ``check`` a unit, ``scan`` the Field or ``list`` conflicts.
 
-        ``filters`` (``status``, ``types``, ``involving_agents``) form the filter.
+        ``filters`` (``status``, ``types``, ``involving_agents``) form the filter;
+        ``after`` and ``limit`` page a ``list``.
         """
-        payload: dict[str, Any] = {"mode": mode, **_given(target_id=target_id)}
+        payload: dict[str, Any] = {"mode": mode}
+        payload |= _given(target_id=target_id, after=after, limit=limit)
         if filters:
             payload["filter"] = filters
         return await self.send("DETECT", payload)
@@ -333,8 +354,10 @@ class AgentClient:
     async def session(
         self, action: str, session_id: str | None = None, **fields: Any
     ) -> dict[str, Any]:
-        """SESSION: ``create`` (with ``name``), ``join``, ``leave``, ``pause``,
-        ``resume``, ``end`` or ``list``; ``fields`` are ``name``, ``purpose``, ``reason``."""
+        """SESSION: ``create`` (with ``name``), ``invite`` and ``uninvite`` (with
+        ``invitees``), ``join`` (once invited), ``leave``, ``pause``, ``resume``,
+        ``end`` or ``list``; ``fields`` are ``name``, ``purpose``, ``reason``,
+        ``invitees`` (agent ids; ``create`` may invite at once) and ``visibility``."""
         payload = {"action": action, **_given(session_id=session_id), **fields}
         return await self.send("SESSION", payload)
 
@@ -374,13 +397,62 @@ class AgentClient:
         """DEREGISTER (spec 6.2): the token is revoked."""
         return await self.send("DEREGISTER", {"agent_id": self.id})
 
-    async def get(self, path: str) -> dict[str, Any]:
-        """A GET endpoint with this agent's token (``/v1/agents``, ``/v1/conflicts``)."""
-        return await self.field.request("GET", path, token=self.token)
+    async def get(self, path: str, **params: Any) -> dict[str, Any]:
+        """A GET endpoint with this agent's token (``/v1/agents``, ``/v1/conflicts``).
+
+        ``params`` are its query parameters (a list repeats one); None leaves one out.
+        """
+        query = urlencode({k: v for k, v in params.items() if v is not None}, doseq=True)
+        return await self.field.request(
+            "GET", f"{path}?{query}" if query else path, token=self.token
+        )
+
+    async def agents(
+        self,
+        *,
+        after: str | None = None,
+        limit: int | None = None,
+        ids: list[str] | None = None,
+    ) -> dict[str, Any]:
+        """A page of ``GET /v1/agents``: registered agents by id, only ``ids`` if given."""
+        return await self.get("/v1/agents", after=after, limit=limit, id=ids)
+
+    async def conflicts(
+        self,
+        *,
+        status: list[str] | None = None,
+        types: list[str] | None = None,
+        involving_agents: list[str] | None = None,
+        after: str | None = None,
+        limit: int | None = None,
+    ) -> dict[str, Any]:
+        """A page of ``GET /v1/conflicts`` (default: the unresolved ones), oldest first."""
+        return await self.get(
+            "/v1/conflicts",
+            status=status,
+            type=types,
+            involving_agent=involving_agents,
+            after=after,
+            limit=limit,
+        )
+
+    async def every(
+        self, read: Callable[..., Awaitable[dict[str, Any]]], key: str, **arguments: Any
+    ) -> list[dict[str, Any]]:
+        """Every item of a paged list: ``read(after=..., **arguments)`` page after page,
+        following ``next`` until it is null; ``key`` names the list in each page."""
+        items: list[dict[str, Any]] = []
+        after = None
+        while True:
+            page = await read(**arguments, **_given(after=after))
+            items += page[key]
+            after = page["next"]
+            if after is None:
+                return items
 
     async def refresh(self) -> dict[str, Any]:
         """Fetch this agent's record (``GET /v1/agents``) and take its ``role``."""
-        listing = await self.get("/v1/agents")
+        listing = await self.agents(ids=[self.id])
         for agent in listing["agents"]:
             if agent["id"] == self.id:
                 self.role = agent["role"]

@@ -6,15 +6,25 @@ operator token from configuration) acts at :data:`OPERATOR`; an agent
 that creates a session acts at :data:`SESSION_CREATOR` within it. A
 privileged operation calls :func:`require` with the level it needs, so
 the whole policy reads as one table of ``require`` calls.
+
+Taking a unit out of everyone's ATTUNE (superseding it by RECORD or
+MERGE, or COMPACT) is the other rule, :func:`may_supersede`: an agent may
+do it to its own units, and to another agent's only at (at least) the
+author's own level when it recorded the unit, so an operator's directive
+yields only to the operator. The author's level is its registered one: a
+session creator moderates its session at 8, but creating a session does
+not make its own units weigh more.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import AuthError, Code
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from .state import AgentRecord, FieldState
 
 #: The agent id the operator sends its envelopes under; no agent may register it.
@@ -83,3 +93,35 @@ def effective_authority(state: FieldState, agent: AgentRecord, session_id: str |
         ):
             level = max(level, SESSION_CREATOR)
     return level
+
+
+def may_supersede(state: FieldState, agent: AgentRecord, unit: Mapping[str, Any]) -> bool:
+    """Whether ``agent`` may take ``unit`` out of ATTUNE (supersede, archive, purge).
+
+    Its own units always; another agent's when its effective authority in
+    the unit's session is at least the author's level when it recorded the
+    unit (``FieldState.unit_authority``).
+    """
+    if unit["source"]["agent_id"] == agent.id:
+        return True
+    level = effective_authority(state, agent, unit["source"].get("session_id"))
+    return level >= state.unit_authority.get(unit["id"], STANDARD)
+
+
+def require_supersede(
+    state: FieldState, agent: AgentRecord, unit: Mapping[str, Any], action: str
+) -> None:
+    """Refuse ``action`` on ``unit`` with INSUFFICIENT_AUTHORITY unless :func:`may_supersede`."""
+    if may_supersede(state, agent, unit):
+        return
+    need = state.unit_authority.get(unit["id"], STANDARD)
+    have = effective_authority(state, agent, unit["source"].get("session_id"))
+    raise AuthError(
+        f"{action} unit {unit['id']} of agent {unit['source']['agent_id']!r} needs authority "
+        f"{need} ({LEVEL_NAMES.get(need, 'custom')}), its author's level; "
+        f"the agent has {have}",
+        code=Code.INSUFFICIENT_AUTHORITY,
+        recoverable=False,
+        suggested_action="Record a unit that contradicts it instead (a conflict that an "
+        "agent with enough authority resolves), or ask that agent or the operator.",
+    )

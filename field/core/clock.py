@@ -9,6 +9,26 @@ crash, the clock works under a *reservation*: it may hand out epochs up to
 ``clock.reserved`` entry for the next block. Replay sets the clock to the
 highest epoch or reservation in the log, which is at least every epoch
 ever handed out.
+
+**The clock cannot be run out.** Epochs stop at 2^53 - 1 (exact in every
+JSON implementation), and a client's epoch may pull the clock forward
+(a *jump*) only within two bounds:
+
+* at most ``max_skew`` past the Field's current epoch in one request, and
+* never past ``max_skew + rate * age``, where ``age`` is the seconds since
+  the Field was created (:meth:`LamportClock.ceiling`).
+
+So at any time the epoch is at most that ceiling plus one per operation
+served; at the default ``rate`` of 2^16 per second and even 100,000
+operations a second, reaching 2^53 takes over 1,700 years
+(``protocol/README.md``, "Epochs", has the arithmetic).
+
+**A clock that cannot move durably still serves reads.** When the log
+cannot be written (disk full) the Field passes ``limit=reserved`` to
+:meth:`LamportClock.next`: an operation whose epoch would pass it gets the
+current epoch instead (:meth:`LamportClock.frozen`), which a read may
+answer with, and which the Field refuses for a write. The same happens at
+2^53 - 1.
 """
 
 from __future__ import annotations
@@ -26,20 +46,56 @@ RESERVATION_BLOCK = 1024
 class LamportClock:
     """Current epoch plus the durable reservation above it."""
 
-    __slots__ = ("value", "reserved", "max_skew")
+    __slots__ = ("value", "reserved", "max_skew", "rate", "origin")
 
-    def __init__(self, *, value: int = 0, reserved: int = 0, max_skew: int = 2**32) -> None:
+    def __init__(
+        self,
+        *,
+        value: int = 0,
+        reserved: int = 0,
+        max_skew: int = 2**20,
+        rate: int = 2**16,
+        origin: float | None = None,
+    ) -> None:
         self.value = value
         self.reserved = max(reserved, value)
         self.max_skew = max_skew
+        self.rate = rate
+        #: wall time the Field was created (its first entry); None until known
+        self.origin = origin
 
-    def next(self, received: int) -> int:
+    def next(self, received: int, now: float, *, limit: int = MAX_EPOCH) -> int:
         """The epoch the next operation gets, without advancing the clock.
 
-        Raises ``INVALID_EPOCH`` for a received epoch implausibly far ahead
-        (one agent must not be able to exhaust the clock for everyone) and
-        ``EPOCH_OVERFLOW`` when the clock has run out of exact integers.
+        Raises ``INVALID_EPOCH`` for a received epoch past either bound on
+        jumps. Returns the current epoch unchanged (:meth:`frozen`) when the
+        next one would pass ``limit``.
         """
+        if received > self.value:
+            self._check_jump(received, now)
+        epoch = max(self.value, received) + 1
+        return self.value if epoch > limit else epoch
+
+    def frozen(self, epoch: int) -> bool:
+        """Whether ``epoch`` (from :meth:`next`) left the clock where it was: reads only."""
+        return epoch <= self.value
+
+    def ceiling(self, now: float) -> int:
+        """The furthest a received epoch may pull the clock at wall time ``now``."""
+        age = 0.0 if self.origin is None else max(0.0, now - self.origin)
+        return min(MAX_EPOCH, self.max_skew + int(self.rate * age))
+
+    def overflow_error(self) -> FieldError:
+        """The error of a write when the clock has no epoch left."""
+        return FieldError(
+            f"the Field's logical clock has reached its maximum, {MAX_EPOCH}",
+            code=Code.EPOCH_OVERFLOW,
+            recoverable=False,
+            suggested_action="Reads keep working; writes need a new Field. With the bounds on "
+            "jumps this takes centuries: report how the clock got here.",
+        )
+
+    def _check_jump(self, received: int, now: float) -> None:
         if received > self.value + self.max_skew:
             raise ValidationError(
                 f"envelope epoch {received} is more than {self.max_skew} ahead of the "
@@ -47,15 +103,14 @@ class LamportClock:
                 code=Code.INVALID_EPOCH,
                 suggested_action="Resynchronise with the epoch of the Field's last response.",
             )
-        epoch = max(self.value, received) + 1
-        if epoch > MAX_EPOCH:
-            raise FieldError(
-                "the Field's logical clock has reached its maximum",
-                code=Code.EPOCH_OVERFLOW,
-                recoverable=False,
-                suggested_action="Restart the Field from a checkpoint into a new log.",
+        ceiling = self.ceiling(now)
+        if received > ceiling:
+            raise ValidationError(
+                f"envelope epoch {received} is ahead of the furthest the Field's clock may be "
+                f"pulled now ({ceiling}: {self.rate} epochs per second of the Field's age)",
+                code=Code.INVALID_EPOCH,
+                suggested_action="Resynchronise with the epoch of the Field's last response.",
             )
-        return epoch
 
     def advance(self, epoch: int) -> int | None:
         """Move to ``epoch``; return a new reservation mark if one is needed."""

@@ -36,13 +36,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import Code, InvalidPayload, NotFound, StateError
-from ..model import UNRESOLVED_CONFLICT_STATUSES
-from ..store.base import LogEntry
-from . import authority, validation, visibility
+from ..model import UNRESOLVED_CONFLICT_STATUSES, LogEntry
+from . import authority, listing, sessions, validation, visibility
 from .clock import iso_timestamp
 from .context import Context, Outcome
 from .embedding import Vectors
 from .relevance import STATUS_CODE
+from .text import shorten
 
 if TYPE_CHECKING:
     from .field import Field
@@ -151,6 +151,10 @@ def merge(field: Field, ctx: Context) -> Outcome:
     if strategy == "vote":
         return merger.open_vote()
     if strategy == "synthesis":
+        if ctx.envelope.session_id is not None:  # the new unit goes into that session
+            sessions.require_active_member(
+                state, agent.id, ctx.envelope.session_id, "recording a synthesis"
+            )
         return merger.resolve(None, synthesis=request["synthesis"])
     if strategy == "authority":
         return merger.resolve(winner)
@@ -233,7 +237,21 @@ class _Merge:
             "escalated", {**self.conflict, "status": "escalated", "escalation": escalation}
         )
 
+    def _require_supersede(self, unit_ids: list[str], action: str) -> None:
+        """The merging agent must be allowed to take each unit out of ATTUNE.
+
+        A unit already superseded is out of it: losing changes nothing for it.
+        """
+        assert self.ctx.agent is not None
+        for unit_id in unit_ids:
+            unit = self.state.units[unit_id]
+            if unit["status"] != "superseded":
+                authority.require_supersede(self.state, self.ctx.agent, unit, action)
+
     def open_vote(self) -> Outcome:
+        # either unit may lose the vote: the opener answers for both, so the
+        # ballot that decides needs no authority over them
+        self._require_supersede([self.conflict[k] for k in UNIT_KEYS], "opening a vote on")
         quorum = self.request["quorum"] or DEFAULT_QUORUM
         self._move(self.conflict["status"], "resolving", quorum=quorum)
         vote: dict[str, Any] = {"quorum": quorum, "opened_by": self.agent_id, "ballots": []}
@@ -265,12 +283,30 @@ class _Merge:
         tally = _tally(self.conflict)
         counts = ", ".join(f"{unit}: {n}" for unit, n in tally.items())
         rationale = f"vote ({counts}; quorum {vote['quorum']}): {vote_rationale(self.conflict)}"
-        return self.resolve(winner, rationale=rationale)
+        return self.resolve(winner, rationale=rationale, voted=True)
 
     def resolve(
-        self, winner: str | None, *, synthesis: str | None = None, rationale: str | None = None
+        self,
+        winner: str | None,
+        *,
+        synthesis: str | None = None,
+        rationale: str | None = None,
+        voted: bool = False,
     ) -> Outcome:
+        """Resolve for ``winner`` (None: ``synthesis`` replaces both units).
+
+        The resolver must be allowed to supersede every loser, unless a
+        vote decided (``voted``): its opener was checked against both units.
+        """
         conflict, state = self.conflict, self.state
+        if synthesis is not None:
+            losers = [conflict["unit_a"], conflict["unit_b"]]
+        else:
+            assert winner is not None
+            losers = [conflict[k] for k in UNIT_KEYS if conflict[k] != winner]
+        if not voted:
+            self._require_supersede(losers, "resolving a conflict against")
+        superseded = [u for u in losers if state.units[u]["status"] != "superseded"]
         status = conflict["status"]
         if status == "detected":
             self._move(status, "resolving")
@@ -280,11 +316,6 @@ class _Merge:
             unit = self._synthesis_unit(synthesis)
             new_unit_id = unit["id"]
             self._entry("memory.recorded", {"unit": unit})
-            losers = [conflict["unit_a"], conflict["unit_b"]]
-        else:
-            assert winner is not None
-            losers = [conflict[k] for k in UNIT_KEYS if conflict[k] != winner]
-        superseded = [u for u in losers if state.units[u]["status"] != "superseded"]
         by = new_unit_id or winner
         for unit_id in superseded:
             data = {"memory_unit_id": unit_id, "by": by, "conflict_id": conflict["id"]}
@@ -487,16 +518,7 @@ def detect(field: Field, ctx: Context) -> Outcome:
     request = validation.detect_payload(ctx.envelope.payload, field.limits)
     assert ctx.agent is not None  # guaranteed by handle(): DETECT is authenticated
     if request["mode"] == "list":
-        conflicts = field.list_conflicts(
-            ctx.agent,
-            statuses=request["status"],
-            types=request["types"],
-            involving_agents=request["involving_agents"],
-        )
-        coverage = {"units_scanned": 0, "new_conflicts_found": 0}
-        return Outcome(
-            {"status": "ok", "conflicts": conflicts, "scan_coverage": coverage, "epoch": ctx.epoch}
-        )
+        return _listed(field, ctx, request)
     authority.require(ctx.agent.authority, DETECTION_AUTHORITY, f"DETECT {request['mode']}")
     state = field.state
     target = request["target_id"]
@@ -540,6 +562,29 @@ def detect(field: Field, ctx: Context) -> Outcome:
         "epoch": ctx.epoch,
     }
     return Outcome(response, entries)
+
+
+def _listed(field: Field, ctx: Context, request: dict[str, Any]) -> Outcome:
+    """DETECT list: a page of the conflicts the caller may see that match the filter."""
+    assert ctx.agent is not None  # guaranteed by handle(): DETECT is authenticated
+    body: dict[str, Any] = {
+        "status": "ok",
+        "conflicts": [],
+        "scan_coverage": {"units_scanned": 0, "new_conflicts_found": 0},
+        "next": None,
+        "epoch": ctx.epoch,
+    }
+    candidates = listing.conflicts(
+        field.state,
+        ctx.agent,
+        request["page"],
+        statuses=request["status"],
+        types=request["types"],
+        involving_agents=request["involving_agents"],
+    )
+    page = listing.page_of(field.state, body, candidates, request["page"])
+    body["conflicts"], body["next"] = page.items, page.next
+    return Outcome(body)
 
 
 def _matches(conflict: dict[str, Any], request: dict[str, Any]) -> bool:
@@ -707,5 +752,4 @@ def _numbers(values: frozenset[float]) -> str:
 
 
 def _shorten(text: str, limit: int = 80) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return shorten(text, limit)

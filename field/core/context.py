@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..store.base import LogEntry
+from ..model import LogEntry
+from ..subscriptions.delivery import RapCall
 from . import validation
 from .state import AgentRecord
 
@@ -21,6 +22,10 @@ class Outcome:
     on_durable: Callable[[list[int]], None] | None = None
     #: the agent the operation was authenticated as (liveness counts it as seen)
     agent_id: str | None = None
+    #: a large read's remaining work on ``response``, in bounded steps (see
+    #: ``Field.sliced_reads``): whoever releases the response runs them all first,
+    #: and may let other work run between them; they read no state that may change
+    rest: Iterator[None] | None = None
 
 
 @dataclass(slots=True)
@@ -31,3 +36,9 @@ class Context:
     agent: AgentRecord | None
     epoch: int
     now: float
+    #: the bearer token of a REGISTER (None for every other operation): the proof
+    #: that a retired agent id is taken back by its own registrant
+    bearer: str | None = None
+    #: the RAP invocation the request came in (its SUBSCRIBE is delivered to its
+    #: callback), or None for every other binding
+    rap: RapCall | None = None

@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import AuthError, Code, InvalidPayload, NotFound, StateError
-from ..model import UNRESOLVED_CONFLICT_STATUSES
-from ..store.base import LogEntry
-from . import relevance, sessions, tasks, validation, visibility
+from ..model import UNRESOLVED_CONFLICT_STATUSES, LogEntry
+from . import listing, relevance, sessions, tasks, validation, visibility
 from .authority import (
     SENIOR,
     SESSION_CREATOR,
@@ -44,50 +43,79 @@ def _caller(ctx: Context) -> AgentRecord:
 
 
 def session(field: Field, ctx: Context) -> Outcome:
-    """SESSION: create, join, leave, pause, resume, end or list sessions."""
+    """SESSION: create, invite, uninvite, join, leave, pause, resume, end or list sessions."""
     request = validation.session_payload(ctx.envelope.payload, field.limits, sessions.ACTIONS)
     agent = _caller(ctx)
     state = field.state
     action = request["action"]
     if action == "list":
-        mine = [dict(s) for s in sessions.member_sessions(state, agent.id)]
-        return Outcome({"status": "ok", "sessions": mine, "epoch": ctx.epoch})
+        body: dict[str, Any] = {"status": "ok", "sessions": [], "next": None, "epoch": ctx.epoch}
+        candidates = listing.member_sessions(state, agent.id, request["page"])
+        page = listing.page_of(state, body, candidates, request["page"])
+        body["sessions"], body["next"] = page.items, page.next
+        return Outcome(body)
     if action == "create":
-        require(agent.authority, STANDARD, "creating a session")
-        created = {
-            "id": field.new_id("session"),
-            "name": request["name"],
-            "purpose": request["purpose"],
-            "status": "active",
-            "created_by": agent.id,
-            "members": [agent.id],
-            "created_epoch": ctx.epoch,
-            "updated_epoch": ctx.epoch,
-            "visibility": request["visibility"],
-        }
-        entry = LogEntry(ctx.epoch, "session.created", {"session": created}, agent.id, ctx.now)
-        return Outcome({"status": "ok", "session": created, "epoch": ctx.epoch}, [entry])
+        return _create_session(field, ctx, agent, request)
     current = sessions.find(state, request["session_id"])
+    level = effective_authority(state, agent, current["id"])
     if action in sessions.PRIVILEGED:
-        level = effective_authority(state, agent, current["id"])
         require(level, SESSION_CREATOR, f"{action} of a session")
     status = sessions.transition(current, action)
-    members = list(current["members"])
+    changed = {**current, "status": status, "updated_epoch": ctx.epoch}
     data: dict[str, Any] = {"reason": request["reason"]}
-    if action == "join":
-        if agent.id in members:
+    if action in ("invite", "uninvite"):
+        sessions.require_invitable(state, current, action, request["invitees"])
+        gone = set(request["invitees"]) if action == "uninvite" else set()
+        kept = [a for a in current["invited"] if a not in gone]
+        changed["invited"] = kept + (request["invitees"] if action == "invite" else [])
+        data["agent_ids"] = request["invitees"]
+    elif action == "join":
+        if agent.id in current["members"]:
             raise _already(f"{agent.id!r} is already a member of session {current['id']}")
-        members.append(agent.id)
+        if not sessions.may_join(current, agent.id, level):
+            raise AuthError(
+                f"{agent.id!r} has no invitation to session {current['id']}",
+                code=Code.FORBIDDEN,
+                recoverable=True,
+                suggested_action="Ask the session's creator to invite you "
+                '(SESSION "invite"), then join.',
+            )
+        changed["members"] = [*current["members"], agent.id]
+        changed["invited"] = [a for a in current["invited"] if a != agent.id]  # used up
         data["agent_id"] = agent.id
     elif action == "leave":
-        if agent.id not in members:
+        if agent.id not in current["members"]:
             raise _already(f"{agent.id!r} is not a member of session {current['id']}")
-        members.remove(agent.id)
+        changed["members"] = [m for m in current["members"] if m != agent.id]
         data["agent_id"] = agent.id
-    changed = {**current, "status": status, "members": members, "updated_epoch": ctx.epoch}
+    elif action == "end":
+        changed["invited"] = []  # no one joins an ended session
     data["session"] = changed
     entry = LogEntry(ctx.epoch, sessions.ENTRY_KIND[action], data, agent.id, ctx.now)
     return Outcome({"status": "ok", "session": changed, "epoch": ctx.epoch}, [entry])
+
+
+def _create_session(
+    field: Field, ctx: Context, agent: AgentRecord, request: dict[str, Any]
+) -> Outcome:
+    """SESSION ``create``: the caller is the first member, ``invitees`` are invited at once."""
+    require(agent.authority, STANDARD, "creating a session")
+    created = {
+        "id": field.new_id("session"),
+        "name": request["name"],
+        "purpose": request["purpose"],
+        "status": "active",
+        "created_by": agent.id,
+        "members": [agent.id],
+        "invited": [],
+        "created_epoch": ctx.epoch,
+        "updated_epoch": ctx.epoch,
+        "visibility": request["visibility"],
+    }
+    sessions.require_invitable(field.state, created, "create", request["invitees"])
+    created["invited"] = request["invitees"]
+    entry = LogEntry(ctx.epoch, "session.created", {"session": created}, agent.id, ctx.now)
+    return Outcome({"status": "ok", "session": created, "epoch": ctx.epoch}, [entry])
 
 
 def _already(message: str) -> StateError:
@@ -111,13 +139,11 @@ def coordinate(field: Field, ctx: Context) -> Outcome:
     state = field.state
     action = request["action"]
     if action == "list":
-        mine = [
-            dict(t)
-            for t in state.tasks.values()
-            if agent.id in (t["created_by"], t["assignee"])
-            and visibility.task_visible(state, agent, t)
-        ]
-        return Outcome({"status": "ok", "tasks": mine, "epoch": ctx.epoch})
+        body: dict[str, Any] = {"status": "ok", "tasks": [], "next": None, "epoch": ctx.epoch}
+        candidates = listing.own_tasks(state, agent, request["page"])
+        page = listing.page_of(state, body, candidates, request["page"])
+        body["tasks"], body["next"] = page.items, page.next
+        return Outcome(body)
     if action == "create":
         return _create(field, ctx, agent, request)
     task = _visible_task(state, agent, request["task_id"])
@@ -290,7 +316,7 @@ def _require_assignable(state: FieldState, agent_id: str, session_id: str | None
             f"{agent_id!r} is not a member of session {session_id!r}, which the task belongs to",
             code=Code.FORBIDDEN,
             recoverable=True,
-            suggested_action="Have the agent join the session first.",
+            suggested_action="Invite the agent to the session; it can join then.",
         )
 
 

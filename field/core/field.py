@@ -18,35 +18,34 @@ from __future__ import annotations
 import functools
 import hashlib
 import hmac
-import math
 import secrets
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-import orjson
-
 from .. import PROTOCOL_VERSION
 from ..errors import AuthError, Code, FieldError, NotFound, StateError
 from ..model import (
     CONFLICT_STRATEGIES,
     DETECT_MODES,
+    MAX_EPOCH,
     OPERATIONS,
     UNRESOLVED_CONFLICT_STATUSES,
     Limits,
+    LogEntry,
+    StoredEntry,
 )
-from ..store.base import LogEntry, StoredEntry
-from ..subscriptions.events import SUBSCRIPTION_EVENTS
-from ..subscriptions.stream import format_cursor
+from ..subscriptions.delivery import RapCall
 from . import (
+    attune,
     authority,
     conflicts,
     coordination,
     history,
-    relevance,
+    listing,
     sessions,
+    subscribe,
     tasks,
     validation,
     visibility,
@@ -54,8 +53,12 @@ from . import (
 from .authority import OPERATOR_ID, STANDARD
 from .clock import iso_timestamp
 from .context import Context, Outcome
+from .egress import EgressPolicy
 from .embedding import Embedder, default_embedder
+from .pages import PageRequest
+from .secrets import SecretBox, new_secret
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
+from .text import shorten
 
 #: Operations implemented by this Field, in spec order: all of them.
 SUPPORTED_OPERATIONS: tuple[str, ...] = OPERATIONS
@@ -63,7 +66,6 @@ SUPPORTED_OPERATIONS: tuple[str, ...] = OPERATIONS
 #: MERGE strategies, embeddings, authority and session visibility, four bindings
 #: (HTTP, WebSocket, SSE push, MCP).
 CONFORMANCE_LEVEL = 3
-SUMMARY_CHARS = 240
 
 
 @dataclass(slots=True)
@@ -72,6 +74,7 @@ class Ids:
 
     token: Callable[[], str] = lambda: secrets.token_urlsafe(32)
     suffix: Callable[[], str] = lambda: secrets.token_hex(10)
+    webhook_secret: Callable[[], str] = new_secret
 
 
 def hash_token(token: str) -> str:
@@ -89,8 +92,10 @@ class Field:
         now: Callable[[], float] = time.time,
         ids: Ids | None = None,
         operator_token: str | None = None,
-        read_entries: Callable[[Sequence[int]], list[StoredEntry]] | None = None,
+        read_entries: history.ReadEntries | None = None,
         embedder: Embedder | None = None,
+        egress: EgressPolicy | None = None,
+        secret_box: SecretBox | None = None,
     ) -> None:
         self.limits = limits or Limits()
         #: hash of the operator token (spec 11.2, level 10); None: no operator
@@ -103,14 +108,30 @@ class Field:
         self._ids = ids or Ids()
         #: reads log entries by position (REPLAY); the service wires it to its log
         self.read_entries = read_entries
+        #: while the log cannot be written: makes the error every write is refused with
+        #: (reads go on, and the clock stays within its durable reservation)
+        self.writes_refused: Callable[[], FieldError] | None = None
+        #: set when applying committed entries failed part-way: the state no longer
+        #: follows from the log, and the owner must rebuild it before anything else runs
+        self.broken = False
+        #: whether a large read (ATTUNE) may leave the building of its page to
+        #: ``Outcome.rest``, to be run in steps between other work (the service's
+        #: choice); otherwise every response is complete when ``handle`` returns
+        self.sliced_reads = False
+        #: which URLs a webhook may be delivered to (addresses; DNS is the transport's)
+        self.egress = egress or EgressPolicy()
+        #: seals webhook secrets for the log (a key of this process's only, by default)
+        self.secret_box = secret_box or SecretBox(secrets.token_bytes(32))
+        #: a durable delivery's progress for SUBSCRIBE list; the delivery engine sets it
+        self.delivery_status: Callable[[str], dict[str, Any] | None] | None = None
         self._handlers: dict[str, Callable[[Context], Outcome]] = {
             "REGISTER": self._register,
             "DEREGISTER": self._deregister,
             "RECORD": self._record,
-            "ATTUNE": self._attune,
+            "ATTUNE": functools.partial(attune.attune, self),
             "DETECT": self._detect,
             "MERGE": self._merge,
-            "SUBSCRIBE": self._subscribe,
+            "SUBSCRIBE": functools.partial(subscribe.subscribe, self),
             "REPLAY": lambda ctx: history.replay(self, ctx),
             "COMPACT": lambda ctx: history.compact(self, ctx),
             "COORDINATE": functools.partial(coordination.coordinate, self),
@@ -132,6 +153,10 @@ class Field:
         self.state.apply(entry)
         return [entry]
 
+    def new_secret(self) -> str:
+        """A fresh webhook secret (``whsec_`` and base64)."""
+        return self._ids.webhook_secret()
+
     def new_id(self, prefix: str) -> str:
         """A fresh Field-assigned id: ``<prefix>-`` and 20 hex digits."""
         return f"{prefix}-{self._ids.suffix()}"
@@ -148,8 +173,16 @@ class Field:
 
     # -- the one entry point ---------------------------------------------------
 
-    def handle(self, body: Any, *, token: str | None, operation: str | None = None) -> Outcome:
-        """Run one enveloped operation; ``operation`` is the endpoint's, if any."""
+    def handle(
+        self,
+        body: Any,
+        *,
+        token: str | None,
+        operation: str | None = None,
+        rap: RapCall | None = None,
+    ) -> Outcome:
+        """Run one enveloped operation; ``operation`` is the endpoint's, if any; ``rap``
+        the RAP invocation it came in, if it did."""
         envelope = validation.envelope(body, expected_operation=operation, limits=self.limits)
         try:
             handler = self._handlers[envelope.operation]  # the envelope names a known one
@@ -171,10 +204,11 @@ class Field:
                     authority.MIN_AUTHORITY.get(envelope.operation, authority.STANDARD),
                     envelope.operation,
                 )
-            epoch = self.state.clock.next(envelope.epoch)
             now = self._entry_time()
-            outcome = handler(Context(envelope, agent, epoch, now))
-            if agent is not None and agent.status == "failed":
+            epoch = self._next_epoch(envelope.epoch, now)
+            bearer = token if registering else None  # REGISTER: proof of a retired id
+            outcome = handler(Context(envelope, agent, epoch, now, bearer, rap))
+            if agent is not None and agent.status == "failed" and self._may_write(outcome):
                 # a failed agent that is heard from again has recovered
                 data = {"agent_id": agent.id}
                 outcome.entries.insert(0, LogEntry(epoch, "agent.recovered", data, agent.id, now))
@@ -213,8 +247,8 @@ class Field:
         agent = self.state.agents.get(agent_id)
         if agent is None or agent.status == "failed":
             return Outcome({"status": "unchanged"})
-        epoch = self.state.clock.next(0)
         now = self._entry_time()
+        epoch = self._next_epoch(0, now)
         released = tasks.release_tasks(
             self.state, agent_id, reason=f"{agent_id} failed", epoch=epoch, actor=agent_id, ts=now
         )
@@ -237,8 +271,8 @@ class Field:
         agent = self.state.agents.get(agent_id)
         if agent is None or agent.status != "failed":
             return Outcome({"status": "unchanged"})
-        epoch = self.state.clock.next(0)
         now = self._entry_time()
+        epoch = self._next_epoch(0, now)
         entries = [LogEntry(epoch, "agent.recovered", {"agent_id": agent_id}, agent_id, now)]
         self._commit(epoch, entries)
         return Outcome({"status": "recovered", "epoch": epoch}, entries)
@@ -252,12 +286,40 @@ class Field:
             self._operator_hash, hash_token(token)
         )
 
+    def _next_epoch(self, received: int, now: float) -> int:
+        """The next operation's epoch; while writes are refused, never past the reservation."""
+        clock = self.state.clock
+        limit = clock.reserved if self.writes_refused is not None else MAX_EPOCH
+        return clock.next(received, now, limit=limit)
+
+    def _may_write(self, outcome: Outcome) -> bool:
+        """Whether a side entry (a failed agent's recovery) may join ``outcome``.
+
+        A read must not become a write while writes are refused.
+        """
+        return self.writes_refused is None or bool(outcome.entries)
+
     def _commit(self, epoch: int, entries: list[LogEntry]) -> None:
-        reserved = self.state.clock.advance(epoch)
+        """Advance the clock to ``epoch`` and apply ``entries``: the only place state changes.
+
+        A write is refused here, before anything changes, while the log cannot
+        be written or when the clock could not move (:meth:`LamportClock.frozen`).
+        """
+        clock = self.state.clock
+        if entries:
+            if self.writes_refused is not None:
+                raise self.writes_refused()
+            if clock.frozen(epoch):
+                raise clock.overflow_error()
+        reserved = clock.advance(epoch)
         if reserved is not None:
             entries.append(LogEntry(epoch, "clock.reserved", {"until": reserved}, ts=self._now()))
-        for entry in entries:
-            self.state.apply(entry)
+        try:
+            for entry in entries:
+                self.state.apply(entry)
+        except Exception:
+            self.broken = True
+            raise
 
     # -- REGISTER / DEREGISTER -------------------------------------------------
 
@@ -310,6 +372,7 @@ class Field:
                 code=Code.AGENT_ID_TAKEN,
                 suggested_action="Register under a different id.",
             )
+        self._require_registrant(request["id"], ctx)
         token = self._ids.token()
         agent = {
             "id": request["id"],
@@ -335,6 +398,26 @@ class Field:
             "epoch": ctx.epoch,
         }
         return Outcome(response, [entry])
+
+    def _require_registrant(self, agent_id: str, ctx: Context) -> None:
+        """Refuse a retired id unless its last registrant (or the operator) takes it back.
+
+        An id is never reused by a different registrant: the units recorded
+        under it would become the newcomer's own. Its registrant proves
+        itself with the token DEREGISTER revoked, sent as the bearer token.
+        """
+        last_token = self.state.retired.get(agent_id)
+        if last_token is None or ctx.agent is OPERATOR_RECORD:
+            return
+        if ctx.bearer and hmac.compare_digest(last_token, hash_token(ctx.bearer)):
+            return
+        raise StateError(
+            f"agent id {agent_id!r} belonged to an agent that deregistered; "
+            "only that agent (with its last token) or the operator may register it again",
+            code=Code.AGENT_ID_TAKEN,
+            suggested_action="Register under a different id, or send the id's last token "
+            "as the bearer token to take it back.",
+        )
 
     def _deregister(self, ctx: Context) -> Outcome:
         target = validation.deregister_payload(ctx.envelope.payload)
@@ -397,6 +480,8 @@ class Field:
                     code=Code.UNIT_NOT_FOUND,
                     suggested_action="Relate only to units the Field returned.",
                 )
+            if relation["type"] == "supersedes":
+                authority.require_supersede(self.state, ctx.agent, target, "superseding")
         unit_id = self.new_id("mem")
         unit = {
             "id": unit_id,
@@ -439,8 +524,8 @@ class Field:
                 conflict_id = self.new_id("conflict")
                 description = relation["description"] or (
                     f"{unit['id']} contradicts {target}: "
-                    f"{_shorten(unit['content'], 80)!r} vs "
-                    f"{_shorten(self.state.units[target]['content'], 80)!r}"
+                    f"{shorten(unit['content'], 80)!r} vs "
+                    f"{shorten(self.state.units[target]['content'], 80)!r}"
                 )
                 conflict = {
                     "id": conflict_id,
@@ -468,219 +553,43 @@ class Field:
             return str(new_unit["status"])
         return str(self.state.units[unit_id]["status"])
 
-    # -- ATTUNE ----------------------------------------------------------------
-
-    def _attune(self, ctx: Context) -> Outcome:
-        scope = validation.attune_payload(ctx.envelope.payload, self.limits)
-        assert ctx.agent is not None  # guaranteed by handle(): ATTUNE is authenticated
-        agent = ctx.agent
-        query = relevance.Query(
-            agent_id=agent.id,
-            role=scope["role"],
-            interests=scope["interests"] if scope["interests"] is not None else agent.interests,
-            context_hint=scope["context_hint"],
-            task_id=scope["active_task_id"] or agent.current_task_id,
-            recency_weight=scope["recency_weight"],
-            include_own=scope["include_own"],
-            since_epoch=scope["since_epoch"],
-            include_archived=scope["include_archived"],
-        )
-        index = self.state.index
-        rows = relevance.candidates(index, query, visibility.row_mask(self.state, agent))
-        scores = relevance.score(index, query, rows)
-        polling = query.since_epoch is not None
-        threshold = scope["relevance_threshold"]
-        if polling:
-            keep = scores >= threshold
-            rows, scores = rows[keep], scores[keep]
-            available = len(rows)
-            # rows ascend by epoch: a prefix is the oldest new units, so the
-            # next poll can continue exactly where this page stops
-            walk = np.arange(min(available, scope["max_units"]))
-            rows, scores = rows[walk], scores[walk]
-        else:
-            best, scores, available = relevance.best_diversified(
-                index, rows, scores, count=scope["max_units"], threshold=threshold
-            )
-            rows = rows[best]
-        chosen, tokens_used = self._fit(rows, scores, scope, make_progress=polling)
-        chosen.sort(key=lambda item: -item[1])  # stable: ties keep epoch order
-        record = [self._scoped(query, *item) for item in chosen]
-        epoch = ctx.epoch
-        if polling and len(chosen) < available:
-            epoch = max(self.state.units[index.ids[row]]["epoch"] for row, *_ in chosen)
-        response = {
-            "status": "ok",
-            "record": record,
-            "conflicts": self._conflicts_for(agent),
-            "context_budget": {
-                "units_returned": len(record),
-                "units_available": available,
-                "tokens_used": tokens_used,
-                "tokens_budget": scope["max_tokens"],
-            },
-            "epoch": epoch,
-        }
-        return Outcome(response)
-
-    def _fit(
-        self, rows: np.ndarray, scores: np.ndarray, scope: dict[str, Any], *, make_progress: bool
-    ) -> tuple[list[tuple[int, float, str, dict[str, Any]]], int | None]:
-        """Walk ``rows`` in order, taking each in the richest form ``max_tokens`` allows.
-
-        The walk stops at the first unit that does not fit in any form. A
-        poll (``make_progress``) always takes its first unit, in its
-        shortest form, so that polling can never stall on one large unit.
-        """
-        budget = scope["max_tokens"]
-        units, ids = self.state.units, self.state.index.ids
-        chosen: list[tuple[int, float, str, dict[str, Any]]] = []
-        used = 0
-        for row, row_score in zip(rows.tolist(), scores.tolist(), strict=True):
-            forms = _forms(units[ids[row]], scope["format"])
-            if budget is None:
-                chosen.append((row, row_score, *forms[0]))
-                continue
-            costed = [(name, shown, _tokens(shown)) for name, shown in forms]
-            fitting = [form for form in costed if used + form[2] <= budget]
-            if fitting:
-                name, shown, cost = fitting[0]
-            elif chosen or not make_progress:
-                break
-            else:
-                name, shown, cost = costed[-1]
-            used += cost
-            chosen.append((row, row_score, name, shown))
-        return chosen, (used if budget is not None else None)
-
-    def _scoped(
-        self, query: relevance.Query, row: int, row_score: float, form: str, shown: dict[str, Any]
-    ) -> dict[str, Any]:
-        """One ScopedMemoryUnit of the ATTUNE response."""
-        unit = self.state.units[self.state.index.ids[row]]
-        scored = {
-            "relevance_score": round(row_score, 6),
-            "relevance_reason": relevance.explain(self.state.index, query, unit, row_score),
-            "format": form,
-        }
-        if form == "ids_only":
-            return {**shown, **scored}
-        return {"memory_unit": shown, **scored}
-
-    def _conflicts_for(self, agent: AgentRecord) -> list[dict[str, Any]]:
-        """Unresolved conflicts the agent may see, its own first, then newest first."""
-        units = self.state.known_units
-        agent_id = agent.id
-        unresolved = [
-            c
-            for c in self.state.conflicts.values()
-            if c["status"] in UNRESOLVED_CONFLICT_STATUSES
-            and visibility.conflict_visible(self.state, agent, c)
-        ]
-
-        def involves_agent(conflict: dict[str, Any]) -> bool:
-            return any(
-                units[conflict[key]]["source"]["agent_id"] == agent_id
-                for key in ("unit_a", "unit_b")
-            )
-
-        unresolved.sort(key=lambda c: (not involves_agent(c), -c["epoch"]))
-        return unresolved[: self.limits.max_attune_conflicts]
-
-    # -- SUBSCRIBE -------------------------------------------------------------
-
-    def _subscribe(self, ctx: Context) -> Outcome:
-        request = validation.subscribe_payload(
-            ctx.envelope.payload, self.limits, SUBSCRIPTION_EVENTS
-        )
-        assert ctx.agent is not None  # guaranteed by handle(): SUBSCRIBE is authenticated
-        agent_id = ctx.agent.id
-        if request["action"] == "list":
-            mine = sorted(self.state.active_subscriptions.get(agent_id, ()))
-            subscriptions = [self._subscription_wire(s) for s in mine]
-            return Outcome({"status": "ok", "subscriptions": subscriptions, "epoch": ctx.epoch})
-        if request["action"] == "unsubscribe":
-            subscription = self.active_subscription(request["id"], agent_id)
-            data = {"subscription_id": subscription["id"], "reason": "unsubscribed"}
-            entry = LogEntry(ctx.epoch, "subscription.cancelled", data, agent_id, ctx.now)
-            cancelled = {**self._subscription_wire(subscription["id"]), "status": "cancelled"}
-            body = {
-                "status": "ok",
-                "subscription_id": subscription["id"],
-                "subscription": cancelled,
-                "epoch": ctx.epoch,
-            }
-            return Outcome(body, [entry])
-        active = self.state.active_subscriptions.get(agent_id, set())
-        cap = self.limits.max_subscriptions_per_agent
-        if len(active) >= cap:
-            raise StateError(
-                f"agent {agent_id!r} already has {cap} active subscriptions",
-                code=Code.SUBSCRIPTION_LIMIT,
-                suggested_action="Unsubscribe from one first, or widen an existing one.",
-            )
-        subscription_id = self.new_id("sub")
-        subscription = {
-            "id": subscription_id,
-            "agent_id": agent_id,
-            "events": request["events"],
-            "min_relevance": request["min_relevance"],
-            "debounce_ms": request["debounce_ms"],
-            "include_own": request["include_own"],
-            "status": "active",
-            "created_epoch": ctx.epoch,
-        }
-        entry = LogEntry(
-            ctx.epoch, "subscription.created", {"subscription": subscription}, agent_id, ctx.now
-        )
-        response: dict[str, Any] = {
-            "status": "ok",
-            "subscription_id": subscription_id,
-            "subscription": subscription,
-            "epoch": ctx.epoch,
-            "cursor": None,
-            "ws_url": "/v1/ws",
-            "sse_url": f"/v1/subscriptions/{subscription_id}/events",
-        }
-
-        def with_cursor(positions: list[int]) -> None:
-            response["cursor"] = format_cursor(self.field_tag, positions[0])
-
-        return Outcome(response, [entry], on_durable=with_cursor)
-
-    def owned_subscription(self, subscription_id: str, agent_id: str) -> dict[str, Any]:
-        """The caller's subscription ``subscription_id``; refuses other agents'."""
-        subscription = self.state.subscriptions.get(subscription_id)
-        if subscription is None:
-            raise NotFound(
-                f"no subscription {subscription_id!r} in this Field",
-                code=Code.SUBSCRIPTION_NOT_FOUND,
-                suggested_action='List your subscriptions with action "list".',
-            )
-        if subscription["agent_id"] != agent_id:
-            raise AuthError(
-                f"subscription {subscription_id!r} belongs to another agent",
-                code=Code.FORBIDDEN,
-                recoverable=False,
-                suggested_action="Only the agent that subscribed can read or cancel it.",
-            )
-        return subscription
+    # -- SUBSCRIBE and durable deliveries (field/core/subscribe.py) -------------
 
     def active_subscription(self, subscription_id: str, agent_id: str) -> dict[str, Any]:
         """The caller's subscription, which must still be active (INVALID_TRANSITION if not)."""
-        subscription = self.owned_subscription(subscription_id, agent_id)
-        if subscription["status"] != "active":
-            raise StateError(
-                f"subscription {subscription_id} is cancelled",
-                code=Code.INVALID_TRANSITION,
-                recoverable=False,
-                suggested_action="It no longer notifies; subscribe again if needed.",
-            )
-        return subscription
+        return subscribe.active_subscription(self.state, subscription_id, agent_id)
 
-    def _subscription_wire(self, subscription_id: str) -> dict[str, Any]:
-        subscription = self.state.subscriptions[subscription_id]
-        return {k: v for k, v in subscription.items() if k != "cancel_reason"}
+    def ack_deliveries(self, cursors: dict[str, int]) -> Outcome:
+        """Deliveries acknowledged up to ``cursors`` (by subscription): one entry for all."""
+        return self._system(lambda epoch, now: subscribe.ack_entries(self, cursors, epoch, now))
+
+    def change_delivery(self, subscription_id: str, action: str, reason: str | None) -> Outcome:
+        """Move a durable delivery's state (``fail``, ``recover``, ``suspend``, ``end``)."""
+        return self._system(
+            lambda epoch, now: subscribe.change_entries(
+                self, subscription_id, action, reason, epoch, now
+            )
+        )
+
+    def cancel_rap(
+        self, agent_id: str, group_id: str, tool_call_id: str | None, reason: str
+    ) -> Outcome:
+        """Cancel the agent's RAP subscriptions of thread ``group_id`` (one call's, if given)."""
+        return self._system(
+            lambda epoch, now: subscribe.cancel_entries(
+                self, agent_id, group_id, tool_call_id, reason, epoch, now
+            )
+        )
+
+    def _system(self, build: Callable[[int, float], list[LogEntry]]) -> Outcome:
+        """An operation the server itself makes: ``build`` gives its entries, if any."""
+        now = self._entry_time()
+        epoch = self._next_epoch(0, now)
+        entries = build(epoch, now)
+        if not entries:
+            return Outcome({"status": "unchanged"})
+        self._commit(epoch, entries)
+        return Outcome({"status": "ok", "epoch": epoch}, entries)
 
     # -- DETECT ----------------------------------------------------------------
 
@@ -721,6 +630,24 @@ class Field:
     def list_agents(self) -> list[dict[str, Any]]:
         return [agent.to_wire() for agent in self.state.agents.values()]
 
+    def agents_page(self, request: PageRequest, *, ids: Sequence[str] = ()) -> dict[str, Any]:
+        """``GET /v1/agents``: a page of the registered agents by id (only ``ids`` if given)."""
+        body: dict[str, Any] = {"status": "ok", "agents": [], "next": None, "epoch": self.epoch}
+        page = listing.page_of(self.state, body, listing.agents(self.state, request, ids), request)
+        body["agents"], body["next"] = page.items, page.next
+        return body
+
+    def conflicts_page(
+        self, viewer: AgentRecord, request: PageRequest, **filters: Sequence[str]
+    ) -> dict[str, Any]:
+        """``GET /v1/conflicts``: a page of the conflicts ``viewer`` may see that match
+        ``filters`` (``statuses``, ``types``, ``involving_agents``), oldest first."""
+        body: dict[str, Any] = {"status": "ok", "conflicts": [], "next": None, "epoch": self.epoch}
+        candidates = listing.conflicts(self.state, viewer, request, **filters)
+        page = listing.page_of(self.state, body, candidates, request)
+        body["conflicts"], body["next"] = page.items, page.next
+        return body
+
     def status(self) -> dict[str, Any]:
         state = self.state
         return {
@@ -743,36 +670,3 @@ class Field:
             },
             "limits": self.limits.as_dict(),
         }
-
-
-def _shorten(text: str, limit: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
-
-
-def _summarize(unit: dict[str, Any]) -> dict[str, Any]:
-    """The unit in summary form: first sentence of its content, short confidence."""
-    content = unit["content"].strip()
-    sentence_end = content.find(". ")
-    first = content if sentence_end < 0 else content[: sentence_end + 1]
-    summary = dict(unit)
-    summary["content"] = _shorten(first, SUMMARY_CHARS)
-    confidence = unit.get("confidence")
-    if confidence is not None:
-        summary["confidence"] = {
-            k: confidence[k] for k in ("score", "reasoning") if k in confidence
-        }
-    return summary
-
-
-def _forms(unit: dict[str, Any], fmt: str) -> list[tuple[str, dict[str, Any]]]:
-    """The forms a unit may take in an ATTUNE response, richest first."""
-    if fmt == "ids_only":
-        return [("ids_only", {"memory_unit_id": unit["id"], "epoch": unit["epoch"]})]
-    summary = ("summary", _summarize(unit))
-    return [("full", unit), summary] if fmt == "full" else [summary]
-
-
-def _tokens(unit: dict[str, Any]) -> int:
-    """Estimated tokens of a serialized unit: four bytes of JSON per token."""
-    return math.ceil(len(orjson.dumps(unit)) / 4)

@@ -13,33 +13,45 @@ COMPACT (spec 6.9) never touches the log. ``archive`` marks units
 records ``synthesis`` units over groups of originals and archives them,
 ``purge`` removes units from the active store and leaves a tombstone
 entry ``memory.purged`` in the log. What a strategy does to a unit of
-each status is one table, :data:`COMPACT_TRANSITIONS`.
+each status is one table, :data:`COMPACT_TRANSITIONS`. Like superseding,
+compacting another agent's unit needs at least its author's authority
+(:func:`~field.core.authority.may_supersede`); other units are left alone.
 """
 
 from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
 from ..errors import Code, NotFound, OperationalError, StateError
-from ..model import UNIT_STATUSES, UNRESOLVED_CONFLICT_STATUSES
-from ..store.base import LogEntry, StoredEntry
-from . import validation, visibility
-from .authority import AUDIT, SENIOR, SESSION_CREATOR, require
+from ..model import UNIT_STATUSES, UNRESOLVED_CONFLICT_STATUSES, Limits, LogEntry, StoredEntry
+from . import sessions, validation, visibility
+from .authority import AUDIT, SENIOR, SESSION_CREATOR, may_supersede, require
 from .clock import iso_timestamp
 from .context import Context, Outcome
 from .entities import Entity, entities_of
 from .state import FieldState, tombstone
+from .text import shorten
 
 if TYPE_CHECKING:
     from .field import Field
 
-#: Reads the log entries at the given positions (ascending; see EventLog.read_positions).
-ReadEntries = Callable[[Sequence[int]], list[StoredEntry]]
+
+class ReadEntries(Protocol):
+    """Reads the log entries at the given positions (ascending; see EventLog.read_positions)."""
+
+    def __call__(
+        self, positions: Sequence[int], *, max_bytes: int | None = None
+    ) -> list[StoredEntry]: ...
+
+
+#: What one REPLAY may read of the log, as a multiple of ``max_response_bytes``: the
+#: decoding runs in the writer, and a chain of thousands of 64 KB units must not hold it.
+READ_BUDGET_SCALE = 8
 
 #: A summary REPLAY walks and reads up to this many times ``max_replay_events``.
 SUMMARY_SCALE = 10
@@ -48,6 +60,8 @@ SUMMARY_KEY_EVENTS = 20
 #: Originals summarized by one synthesis unit.
 SYNTHESIS_GROUP = 16
 DESCRIPTION_CHARS = 160
+#: Agents a summary's text names.
+SUMMARY_AGENTS = 20
 
 #: Authority each COMPACT strategy needs (spec 11.2): purging destroys, so it takes more.
 COMPACT_AUTHORITY: dict[str, int] = {
@@ -103,21 +117,20 @@ def replay(field: Field, ctx: Context) -> Outcome:
     chain, complete = state.history.walk(root, hops=_HOPS[depth], limit=walk_limit)
     positions = sorted({p for entity in chain for p in state.history.positions(entity)})
     if depth != "summary" and (not complete or len(positions) > bound):
-        raise StateError(
-            f"the {depth} timeline of {request['target_type']} {request['target_id']} has more "
-            f"than {bound} events",
-            code=Code.REPLAY_TOO_LARGE,
-            recoverable=True,
-            suggested_action='Use depth "summary", or "detailed" for a "full_trace".',
-            details={"max_replay_events": bound},
-        )
+        raise _too_large(request, f"has more than {bound} events", max_replay_events=bound)
     if field.read_entries is None:
         raise OperationalError(
             "this Field has no event log to read REPLAY from",
             code=Code.UNSUPPORTED_OPERATION,
         )
     read = positions if depth != "summary" else positions[: bound * SUMMARY_SCALE]
-    entries = field.read_entries(read)
+    budget = field.limits.max_response_bytes * READ_BUDGET_SCALE
+    entries = field.read_entries(read, max_bytes=budget)
+    if len(entries) < len(read):  # the chain's entries hold more than one REPLAY reads
+        if depth != "summary":
+            reason = f"holds more than the {budget} bytes of events one REPLAY reads"
+            raise _too_large(request, reason, max_read_bytes=budget)
+        read = read[: len(entries)]
     # what the caller may not see leaves no trace (spec 11.3), not even a count
     hidden = len(entries)
     entries = [e for e in entries if visibility.entry_visible(state, ctx.agent, e.data)]
@@ -140,11 +153,40 @@ def replay(field: Field, ctx: Context) -> Outcome:
         "status": "ok",
         "timeline": [_event(entry) for entry in shown],
         "summary": _summary(state, request, chain, entries, agents, len(positions) - hidden) + cut,
-        "agents_involved": agents,
+        # a summary reads up to 10x more events: it lists as many agents as a timeline can
+        "agents_involved": agents[:bound],
         "total_events": len(positions) - hidden,
         "epoch": ctx.epoch,
     }
+    _check_size(response, field.limits, request)
     return Outcome(response)
+
+
+def _check_size(response: dict[str, Any], limits: Limits, request: dict[str, Any]) -> None:
+    """REPLAY_TOO_LARGE for a response past ``max_response_bytes``.
+
+    A summary never is under the default limits (20 events, 1,000 agent ids);
+    a timeline of ``max_replay_events`` events of about 400 bytes each neither,
+    unless its ids and quoted contents are long.
+    """
+    size = len(orjson.dumps(response))
+    if size <= limits.max_response_bytes:
+        return
+    bound = limits.max_response_bytes
+    reason = f"would take {size} bytes, more than the {bound} a response may"
+    raise _too_large(request, reason, max_response_bytes=bound)
+
+
+def _too_large(request: dict[str, Any], reason: str, **details: int) -> StateError:
+    """REPLAY_TOO_LARGE: the timeline ``request`` asks for ``reason``; ``details`` the bound."""
+    return StateError(
+        f"the {request['depth']} timeline of {request['target_type']} {request['target_id']} "
+        + reason,
+        code=Code.REPLAY_TOO_LARGE,
+        recoverable=True,
+        suggested_action='Use depth "summary", or "detailed" for a "full_trace".',
+        details=details,
+    )
 
 
 def _root(state: FieldState, target_type: str, target_id: str) -> Entity:
@@ -264,14 +306,22 @@ def _summary(
     text = (
         f"{head}. {total} event{'s' if total != 1 else ''} from epoch {entries[0].epoch} to "
         f"{entries[-1].epoch} over {units} unit{'s' if units != 1 else ''} and {conflicts} "
-        f"conflict{'s' if conflicts != 1 else ''}, by {', '.join(agents) or 'no agent'}: {counts}."
+        f"conflict{'s' if conflicts != 1 else ''}, by {_named(agents)}: {counts}."
     )
     return text
 
 
+def _named(agents: list[str]) -> str:
+    """The agents a summary names: the first :data:`SUMMARY_AGENTS`, then how many more."""
+    if not agents:
+        return "no agent"
+    named = ", ".join(agents[:SUMMARY_AGENTS])
+    more = len(agents) - SUMMARY_AGENTS
+    return named + (f" and {more} more" if more > 0 else "")
+
+
 def _short(text: str, limit: int = DESCRIPTION_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return shorten(text, limit)
 
 
 # -- COMPACT -------------------------------------------------------------------
@@ -283,10 +333,18 @@ def compact(field: Field, ctx: Context) -> Outcome:
     assert ctx.agent is not None  # guaranteed by handle(): COMPACT is authenticated
     strategy = request["strategy"]
     require(ctx.agent.authority, COMPACT_AUTHORITY[strategy], f"COMPACT {strategy}")
+    if strategy == "summarize" and ctx.envelope.session_id is not None:
+        # the synthesis units go into that session: as for RECORD, members only
+        sessions.require_active_member(
+            field.state, ctx.agent.id, ctx.envelope.session_id, "summarizing into it"
+        )
+    # only units the caller sees, and may take out of ATTUNE (its own, or recorded at
+    # no more than its authority): the others are left alone, like units in conflict
     matching = [
         unit
         for unit in _matching(field.state, request, ctx.epoch)
         if visibility.unit_visible(field.state, ctx.agent, unit)
+        and may_supersede(field.state, ctx.agent, unit)
     ]
     chosen = matching[: field.limits.max_compact_units]
     entries: list[LogEntry] = []

@@ -9,7 +9,10 @@ The index also holds each unit's content embedding (``vectors``, in the
 quantized form of :func:`field.core.embedding.quantize`), computed in
 batches: :meth:`UnitIndex.add` queues the content and the first read of
 the vectors (or a full batch) embeds what is queued, so a replay of the
-whole log embeds 1,024 units per call.
+whole log embeds 1,024 units per call. A batch is also full at
+:data:`EMBED_BATCH_CHARS` characters, so no read (nor record) ever pays
+for embedding more than that: the queue never holds a backlog of long
+contents for the next ATTUNE to embed.
 
 A score is ``rw * recency + (1 - rw) * content`` where ``rw`` is the
 scope's ``recency_weight`` and ``content`` is the weighted mean of the
@@ -43,6 +46,7 @@ scores exactly as it did live.
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,11 +71,15 @@ WEIGHTS = {
 SEMANTIC_NOTE = 0.25
 #: units embedded per call of the embedder
 EMBED_BATCH = 1024
+#: characters embedded per call at most (beyond one content): bounds the work of the
+#: request that happens to flush the queue (about 4 ms with the default embedder)
+EMBED_BATCH_CHARS = 65536
 #: Query texts whose embeddings the index keeps (see :meth:`UnitIndex.embed`).
 QUERY_TEXTS = 256
 
 #: "purged" is no unit status: it marks the row a purged unit leaves behind (COMPACT)
 STATUS_CODE = {status: code for code, status in enumerate((*UNIT_STATUSES, "purged"))}
+STATUS_NAMES = tuple(STATUS_CODE)
 #: Up to this many (rows x query words), coverage reads the rows' keyword sets directly.
 FEW_CELLS = 4096
 TYPE_CODE = {memory_type: code for code, memory_type in enumerate(sorted(MEMORY_TYPES))}
@@ -84,16 +92,21 @@ _WORD = re.compile(r"[a-z0-9]+")
 
 
 def keywords(text: str | None) -> list[str]:
-    """The keywords of ``text``: lower-case words, no stop words, plural 's' removed."""
+    """The keywords of ``text``: lower-case words, no stop words, plural 's' removed.
+
+    Each word of the text is looked at once (a long content repeats its words),
+    and kept as the one string of that word (interned): the index holds every
+    unit's keywords, and units share most of their words.
+    """
     if not text:
         return []
     words = []
-    for word in _WORD.findall(text.lower()):
+    for word in dict.fromkeys(_WORD.findall(text.lower())):
         if len(word) < 2 or word in STOPWORDS:
             continue
         if len(word) > 3 and word.endswith("s") and not word.endswith("ss"):
             word = word[:-1]
-        words.append(word)
+        words.append(sys.intern(word))
     return words
 
 
@@ -192,6 +205,7 @@ class UnitIndex:
         self._vectors = Matrix(self.embedder.dim)
         self._squares = Column(np.float64)
         self._queued: list[str] = []
+        self._queued_chars = 0
         self.ids: list[str] = []
         self.rows: dict[str, int] = {}
         self.row_keywords: list[frozenset[str]] = []
@@ -238,7 +252,8 @@ class UnitIndex:
                 postings = self._postings[word] = Column(np.int32)
             postings.append(row)
         self._queued.append(unit["content"])
-        if len(self._queued) >= EMBED_BATCH:
+        self._queued_chars += len(unit["content"])
+        if len(self._queued) >= EMBED_BATCH or self._queued_chars >= EMBED_BATCH_CHARS:
             self._embed_queued()
 
     def _embed_queued(self) -> None:
@@ -247,6 +262,7 @@ class UnitIndex:
             rows, squares = quantize(self.embedder.embed(batch))
             self._vectors.extend(rows)
             self._squares.extend(squares)
+        self._queued_chars = 0
 
     @property
     def vectors(self) -> Vectors:
@@ -349,6 +365,8 @@ class Query:
     #: extension: archived units (COMPACT) are candidates only when asked for
     include_archived: bool = False
     interest_words: frozenset[str] = field(init=False)
+    #: each interest with its keywords (explained per unit, so computed once)
+    interest_keywords: tuple[tuple[str, frozenset[str]], ...] = field(init=False)
     hint_words: frozenset[str] = field(init=False)
     role_words: frozenset[str] = field(init=False)
     _vector: tuple[Vectors, float] | None = field(init=False, default=None)
@@ -356,9 +374,12 @@ class Query:
     _scored: tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]] | None = field(
         init=False, default=None
     )
+    #: row -> semantic factor of the rows a page is about to explain (:meth:`look_up`)
+    _near: dict[int, float] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.interest_words = frozenset(w for i in self.interests for w in keywords(i))
+        self.interest_keywords = tuple((i, frozenset(keywords(i))) for i in self.interests)
+        self.interest_words = frozenset(w for _, words in self.interest_keywords for w in words)
         self.hint_words = frozenset(keywords(self.context_hint))
         self.role_words = frozenset(keywords(self.role))
 
@@ -377,6 +398,19 @@ class Query:
             self._scored = rows, factor
         return factor
 
+    def look_up(self, rows: npt.NDArray[np.intp]) -> None:
+        """Read the semantic factors of ``rows`` (a page to explain) in one pass.
+
+        Those among the rows :meth:`semantic` scored last are kept for
+        :meth:`closeness`.
+        """
+        if self._scored is None or not len(rows) or not len(self._scored[0]):
+            return
+        scored_rows, scored = self._scored
+        at = np.minimum(np.searchsorted(scored_rows, rows), len(scored_rows) - 1)
+        found = scored_rows[at] == rows
+        self._near.update(zip(rows[found].tolist(), scored[at[found]].tolist(), strict=True))
+
     def closeness(self, index: UnitIndex, row: int) -> float | None:
         """The semantic factor of one row; None when the interests and hint embed to nothing.
 
@@ -384,6 +418,9 @@ class Query:
         (they ascend, as :func:`candidates` gives them); the factor is exact,
         so the same as computed alone.
         """
+        near = self._near.get(row)
+        if near is not None:
+            return near
         if self._scored is not None:
             rows, scored = self._scored
             at = int(np.searchsorted(rows, row))
@@ -601,8 +638,19 @@ def _ranked(
     return positions[order], discounted[order]
 
 
-def explain(index: UnitIndex, query: Query, unit: dict[str, Any], rank_score: float) -> str:
-    """A human-readable reason for one unit's score."""
+def explain(
+    index: UnitIndex,
+    query: Query,
+    unit: dict[str, Any],
+    rank_score: float,
+    *,
+    recorded: int | None = None,
+) -> str:
+    """A human-readable reason for one unit's score.
+
+    ``recorded`` is how many units had been recorded when it was scored
+    (default: now); the unit's row and keywords never change.
+    """
     row = index.rows[unit["id"]]
     words = index.row_keywords[row]
     source = unit["source"]
@@ -611,7 +659,9 @@ def explain(index: UnitIndex, query: Query, unit: dict[str, Any], rank_score: fl
         parts.append("same role as you")
     elif query.role_words & words:
         parts.append(f"mentions your role ({', '.join(sorted(query.role_words & words))})")
-    matched = [i for i in query.interests if frozenset(keywords(i)) & words]
+    matched = []
+    if query.interest_words & words:  # one set operation for the units that match none
+        matched = [i for i, own in query.interest_keywords if own & words]
     if matched:
         parts.append(f"matches your interests: {', '.join(matched)}")
     hint = sorted(query.hint_words & words)
@@ -627,7 +677,7 @@ def explain(index: UnitIndex, query: Query, unit: dict[str, Any], rank_score: fl
     score_value = (unit.get("confidence") or {}).get("score")
     if score_value is not None:
         parts.append(f"confidence {score_value:.2f}")
-    age = len(index) - 1 - row
+    age = (len(index) if recorded is None else recorded) - 1 - row
     if age == 0:
         parts.append("the newest unit")
     else:

@@ -19,8 +19,12 @@ Entry kinds and their ``data``:
 ``memory.superseded`` ``{memory_unit_id, by}`` (+ ``conflict_id`` from MERGE)
 ``memory.contested``  ``{memory_unit_id, conflict_id}``
 ``conflict.detected`` ``{conflict}``: the full Conflict
-``subscription.created``   ``{subscription}``
+``subscription.created``   ``{subscription}`` (+ ``delivery``: a durable delivery's record)
 ``subscription.cancelled`` ``{subscription_id, reason}``
+``delivery.acked``    ``{cursors: {subscription_id: position}}``: deliveries acknowledged
+                      up to those cursors
+``delivery.changed``  ``{subscription_id, action, reason}``: a delivery's state moved
+                      (see :mod:`field.subscriptions.delivery`)
 ``memory.archived``   ``{memory_unit_id, reason}`` (COMPACT)
 ``memory.purged``     ``{memory_unit_id, reason, purged_at}`` (COMPACT)
 ``session.*``         ``{session, ...}``: see :mod:`field.core.sessions`
@@ -42,24 +46,29 @@ tombstone (id, type, source, task, epoch) for readers of old entries;
 
 The conflict lifecycle and what MERGE writes are in :mod:`field.core.conflicts`.
 
-Deregistering an agent cancels its subscriptions too.
+Deregistering an agent cancels its subscriptions too, and retires its id:
+``retired`` keeps the hash of the id's last token until the id is
+registered again (see ``Field._register``), so an id never passes to a
+different registrant with the units recorded under it.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import ChainMap, Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import Limits
-from ..store.base import LogEntry, StoredEntry
+from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits, LogEntry, StoredEntry
+from ..subscriptions import delivery
 from ..subscriptions.registry import SubscriptionRegistry
 from . import sessions, tasks
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
 from .embedding import Embedder
 from .entities import EntityIndex
+from .pages import Order
 from .relevance import UnitIndex
 from .visibility import Membership
 
@@ -98,26 +107,45 @@ class FieldState:
     field_id: str | None = None
     clock: LamportClock = field(init=False)
     agents: dict[str, AgentRecord] = field(default_factory=dict)
+    #: the ids of ``agents``, sorted: the order ``GET /v1/agents`` pages through
+    agent_ids: list[str] = field(default_factory=list)
     tokens: dict[str, str] = field(default_factory=dict)
     revoked_tokens: dict[str, str] = field(default_factory=dict)
+    #: deregistered agent id -> hash of its last token: the id is retired, and only
+    #: that token (its registrant coming back) or the operator may register it again
+    retired: dict[str, str] = field(default_factory=dict)
     units: dict[str, dict[str, Any]] = field(default_factory=dict)
     units_by_agent: Counter[str] = field(default_factory=Counter)
+    #: per unit, its author's authority level when it recorded it: superseding
+    #: another agent's unit needs as much (see authority.may_supersede)
+    unit_authority: dict[str, int] = field(default_factory=dict)
     unit_statuses: Counter[str] = field(default_factory=Counter)
     #: embeds unit contents and subscriber profiles (None: the default embedder)
     embedder: Embedder | None = None
     index: UnitIndex = field(init=False)
     conflicts: dict[str, dict[str, Any]] = field(default_factory=dict)
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: conflicts and tasks in the order they were created (lists page through them)
+    conflict_order: Order = field(default_factory=Order)
+    task_order: Order = field(default_factory=Order)
+    #: the unresolved conflicts in the order they were detected, all of them and, per
+    #: agent, those involving its units (ATTUNE reads the newest without a scan)
+    unresolved: dict[str, None] = field(default_factory=dict)
+    unresolved_by_agent: dict[str, dict[str, None]] = field(default_factory=dict)
     sessions: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: per agent, the ids of its open tasks and of the sessions it belongs to
     open_tasks_by_agent: dict[str, set[str]] = field(default_factory=dict)
     sessions_by_member: dict[str, set[str]] = field(default_factory=dict)
+    #: per agent, the sessions it has a pending invitation to
+    invitations: dict[str, set[str]] = field(default_factory=dict)
     #: who was a member of which session when (for push visibility)
     membership: Membership = field(default_factory=Membership)
     #: per task, the tasks that depend on it
     dependent_tasks: dict[str, list[str]] = field(default_factory=dict)
     subscriptions: dict[str, dict[str, Any]] = field(default_factory=dict)
     active_subscriptions: dict[str, set[str]] = field(default_factory=dict)
+    #: the durable deliveries (webhook, RAP) by subscription: record, cursor, state
+    deliveries: dict[str, dict[str, Any]] = field(default_factory=dict)
     registry: SubscriptionRegistry = field(init=False)
     #: tombstones of purged units (no content), by id
     purged: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -132,7 +160,9 @@ class FieldState:
     last_ts: float = 0.0
 
     def __post_init__(self) -> None:
-        self.clock = LamportClock(max_skew=self.limits.max_epoch_skew)
+        self.clock = LamportClock(
+            max_skew=self.limits.max_epoch_skew, rate=self.limits.max_epoch_rate
+        )
         self.index = UnitIndex(self.embedder)
         self.registry = SubscriptionRegistry(self.index.embedder)
         self.known_units = ChainMap(self.units, self.purged)
@@ -154,6 +184,8 @@ class FieldState:
             handler(self, entry.data)
         self.history.note(position, entry.data)
         self.clock.value = max(self.clock.value, entry.epoch)
+        if self.clock.origin is None:  # the Field's first entry: its creation
+            self.clock.origin = entry.ts
         self.last_ts = max(self.last_ts, entry.ts)
         if isinstance(entry, StoredEntry):
             self.last_position = entry.position
@@ -182,12 +214,16 @@ class FieldState:
             authority=agent.get("authority", STANDARD),
         )
         self.agents[record.id] = record
+        insort(self.agent_ids, record.id)
         self.tokens[record.token_hash] = record.id
+        self.retired.pop(record.id, None)
 
     def _agent_deregistered(self, data: dict[str, Any]) -> None:
         record = self.agents.pop(data["agent_id"])
+        del self.agent_ids[bisect_left(self.agent_ids, record.id)]
         del self.tokens[record.token_hash]
         self.revoked_tokens[record.token_hash] = record.id
+        self.retired[record.id] = record.token_hash
         for subscription_id in sorted(self.active_subscriptions.pop(record.id, ())):
             self._cancel(subscription_id, "agent deregistered")
 
@@ -203,7 +239,20 @@ class FieldState:
         self.units_by_agent[unit["source"]["agent_id"]] += 1
         self.unit_statuses[unit["status"]] += 1
         session_id = unit["source"].get("session_id")
+        self.unit_authority[unit["id"]] = self._author_authority(unit)
         self.index.add(unit, session_id=session_id if session_id in self.sessions else None)
+
+    def _author_authority(self, unit: dict[str, Any]) -> int:
+        """The unit's author's own level (not a session creator's 8), as the unit is applied.
+
+        Applied in log order, the author is registered (or is the operator)
+        at this point both live and in a replay, so the level is a function
+        of the log like the rest of the state, and stays with the unit when
+        its author deregisters.
+        """
+        author = unit["source"]["agent_id"]
+        record = OPERATOR_RECORD if author == OPERATOR_ID else self.agents.get(author)
+        return STANDARD if record is None else record.authority  # None: no log of this Field
 
     def _set_unit_status(self, unit_id: str, status: str) -> None:
         unit = self.units[unit_id]
@@ -223,6 +272,7 @@ class FieldState:
 
     def _memory_purged(self, data: dict[str, Any]) -> None:
         unit = self.units.pop(data["memory_unit_id"])
+        del self.unit_authority[unit["id"]]
         self.unit_statuses[unit["status"]] -= 1
         self.units_by_agent[unit["source"]["agent_id"]] -= 1
         self.index.set_status(unit["id"], "purged")
@@ -235,6 +285,8 @@ class FieldState:
     def _conflict_detected(self, data: dict[str, Any]) -> None:
         conflict = data["conflict"]
         self.conflicts[conflict["id"]] = conflict
+        self.conflict_order.add(conflict["id"])
+        self._track_unresolved(conflict)
 
     # conflicts are replaced, never changed in place: an entry's data stays as logged
     def _conflict_transitioned(self, data: dict[str, Any]) -> None:
@@ -248,6 +300,7 @@ class FieldState:
         if data.get("quorum") is not None:
             conflict["vote"] = {"quorum": data["quorum"], "opened_by": data["by"], "ballots": []}
         self.conflicts[conflict["id"]] = conflict
+        self._track_unresolved(conflict)
 
     def _conflict_vote_cast(self, data: dict[str, Any]) -> None:
         conflict = self.conflicts[data["conflict_id"]]
@@ -258,6 +311,28 @@ class FieldState:
     def _conflict_resolved(self, data: dict[str, Any]) -> None:
         conflict = data["conflict"]
         self.conflicts[conflict["id"]] = dict(conflict)
+        self._track_unresolved(conflict)
+
+    def _track_unresolved(self, conflict: dict[str, Any]) -> None:
+        """Keep ``unresolved`` and ``unresolved_by_agent`` in step with a conflict's status.
+
+        A conflict is detected unresolved and, once resolved, stays so: it is
+        added once, at detection (so both keep detection order), and removed once.
+        """
+        conflict_id = conflict["id"]
+        agents = {self.known_units[conflict[k]]["source"]["agent_id"] for k in ("unit_a", "unit_b")}
+        if conflict["status"] in UNRESOLVED_CONFLICT_STATUSES:
+            self.unresolved.setdefault(conflict_id, None)
+            for agent_id in agents:
+                self.unresolved_by_agent.setdefault(agent_id, {}).setdefault(conflict_id, None)
+            return
+        self.unresolved.pop(conflict_id, None)
+        for agent_id in agents:
+            mine = self.unresolved_by_agent.get(agent_id)
+            if mine is not None:
+                mine.pop(conflict_id, None)
+                if not mine:
+                    del self.unresolved_by_agent[agent_id]
 
     def _memory_reinstated(self, data: dict[str, Any]) -> None:
         self._set_unit_status(data["memory_unit_id"], "active")
@@ -268,6 +343,18 @@ class FieldState:
         owner = subscription["agent_id"]
         self.active_subscriptions.setdefault(owner, set()).add(subscription["id"])
         self.registry.add(subscription, self.principal(owner).to_wire())
+        record = data.get("delivery")
+        if record is not None:
+            # a RAP delivery owes its tool result first: the entry before its subscription
+            first = self.applied_position - (record["type"] == "rap")
+            self.deliveries[subscription["id"]] = {
+                **record,
+                "agent_id": owner,
+                "created_position": self.applied_position,
+                "acked": first,
+                "state": "active",
+                "reason": None,
+            }
 
     def _subscription_cancelled(self, data: dict[str, Any]) -> None:
         subscription = self.subscriptions[data["subscription_id"]]
@@ -278,7 +365,19 @@ class FieldState:
         subscription = self.subscriptions[subscription_id]
         subscription["status"] = "cancelled"
         subscription["cancel_reason"] = reason
+        # where its stream ends: a durable delivery still owes what came before
+        subscription["ended_position"] = self.applied_position
         self.registry.cancel(subscription_id)
+
+    def _delivery_acked(self, data: dict[str, Any]) -> None:
+        for subscription_id, position in data["cursors"].items():
+            record = self.deliveries[subscription_id]
+            record["acked"] = max(record["acked"], position)
+
+    def _delivery_changed(self, data: dict[str, Any]) -> None:
+        record = self.deliveries[data["subscription_id"]]
+        record["state"] = delivery.TRANSITIONS[record["state"]][data["action"]]
+        record["reason"] = data.get("reason")
 
 
 _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
@@ -294,6 +393,8 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "conflict.detected": FieldState._conflict_detected,
     "subscription.created": FieldState._subscription_created,
     "subscription.cancelled": FieldState._subscription_cancelled,
+    "delivery.acked": FieldState._delivery_acked,
+    "delivery.changed": FieldState._delivery_changed,
     "memory.archived": FieldState._memory_archived,
     "memory.purged": FieldState._memory_purged,
     **dict.fromkeys(sessions.ENTRY_KIND.values(), sessions.apply_session),

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..errors import Code, NotFound
-from ..store.base import LogEntry
+from ..model import LogEntry
 from .machines import step
 
 if TYPE_CHECKING:
@@ -161,6 +161,7 @@ def apply_task(state: FieldState, data: dict[str, Any]) -> None:
     task_id = task["id"]
     old = state.tasks.get(task_id)
     if old is None:
+        state.task_order.add(task_id)
         for dependency in task["depends_on"]:
             state.dependent_tasks.setdefault(dependency, []).append(task_id)
     elif _is_open(old):

@@ -31,6 +31,7 @@ from ..model import (
     UNIT_STATUSES,
     Limits,
 )
+from . import pages
 
 #: Authority of an agent that does not ask for another (spec 11.2, standard agent).
 STANDARD_AUTHORITY = 4
@@ -66,6 +67,18 @@ def _is_number(value: Any) -> TypeGuard[float]:
 def _member(value: Any, allowed: frozenset[str] | tuple[str, ...]) -> bool:
     """``value in allowed`` for any JSON value (lists and objects are unhashable)."""
     return isinstance(value, str) and value in allowed
+
+
+def shown(value: Any, limit: int = 64) -> str:
+    """A client's value for an error message: a short string's repr, else its JSON type.
+
+    Messages never echo a client's document at length (nor walk a nested one).
+    """
+    if isinstance(value, str):
+        return repr(value if len(value) <= limit else value[:limit] + "…")
+    if isinstance(value, bool) or value is None or isinstance(value, int | float):
+        return repr(value)[:limit]
+    return f"a JSON {'object' if isinstance(value, dict) else 'array'}"
 
 
 def _fail(message: str, code: str = Code.INVALID_PAYLOAD) -> ValidationError:
@@ -175,7 +188,7 @@ def envelope(value: Any, *, expected_operation: str | None, limits: Limits) -> E
         raise InvalidEnvelope(f"envelope id must be a string of 1 to {limits.max_id_chars} chars")
     operation = value["operation"]
     if not _member(operation, OPERATIONS):
-        raise InvalidEnvelope(f"unknown operation {operation!r}")
+        raise InvalidEnvelope(f"unknown operation {shown(operation)}")
     if expected_operation is not None and operation != expected_operation:
         raise InvalidEnvelope(
             f"this endpoint takes {expected_operation}, the envelope says {operation}"
@@ -326,7 +339,8 @@ def record_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
         raise _fail("type is required", Code.INVALID_TYPE)
     if not _member(memory_type, MEMORY_TYPES):
         raise _fail(
-            f"unknown memory type {memory_type!r}; use one of {', '.join(sorted(MEMORY_TYPES))}",
+            f"unknown memory type {shown(memory_type)}; "
+            f"use one of {', '.join(sorted(MEMORY_TYPES))}",
             Code.INVALID_TYPE,
         )
     if "content" not in payload:
@@ -544,7 +558,7 @@ def _since_epoch(payload: dict[str, Any], scope: dict[str, Any]) -> int | None:
 
 # -- DETECT -------------------------------------------------------------------
 
-_DETECT_KEYS = frozenset({"mode", "target_id", "filter"})
+_DETECT_KEYS = frozenset({"mode", "target_id", "filter", "after", "limit"})
 _FILTER_KEYS = frozenset({"status", "types", "involving_agents"})
 
 
@@ -573,6 +587,7 @@ def detect_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
                 max_chars=128,
             )
         ],
+        "page": pages.page_request(payload, limits),  # read by list only
     }
 
 
@@ -637,7 +652,15 @@ def merge_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
 # -- SUBSCRIBE ----------------------------------------------------------------
 
 _SUBSCRIBE_KEYS = frozenset({"action", "subscription"})
-_SUBSCRIPTION_KEYS = frozenset({"id", "events", "min_relevance", "debounce_ms", "include_own"})
+_SUBSCRIPTION_KEYS = frozenset(
+    {"id", "events", "min_relevance", "debounce_ms", "include_own", "delivery"}
+)
+_DELIVERY_KEYS = frozenset({"type", "url", "secret"})
+#: SUBSCRIBE actions that name an existing subscription by ``subscription.id``.
+_NAMING_ACTIONS = ("unsubscribe", "resume")
+#: Longest webhook URL, and longest secret text.
+MAX_URL_CHARS = 2048
+MAX_SECRET_CHARS = 128
 
 
 def subscribe_payload(
@@ -646,8 +669,8 @@ def subscribe_payload(
     """Validate a SUBSCRIBE payload (spec 6.7); returns action and normalized fields."""
     _closed(payload, _SUBSCRIBE_KEYS, "SUBSCRIBE payload")
     action = payload.get("action")
-    if not _member(action, ("subscribe", "unsubscribe", "list")):
-        raise _fail('action must be "subscribe", "unsubscribe" or "list"')
+    if not _member(action, ("subscribe", "unsubscribe", "resume", "list")):
+        raise _fail('action must be "subscribe", "unsubscribe", "resume" or "list"')
     raw = payload.get("subscription")
     if raw is None:
         if action != "list":
@@ -655,7 +678,7 @@ def subscribe_payload(
         return {"action": action}
     sub = _object(raw, "subscription")
     _closed(sub, _SUBSCRIPTION_KEYS, "subscription")
-    if action == "unsubscribe":
+    if action in _NAMING_ACTIONS:
         return {
             "action": action,
             "id": _string(sub.get("id"), "subscription.id", max_chars=limits.max_id_chars),
@@ -698,7 +721,33 @@ def subscribe_payload(
         "min_relevance": float(min_relevance or 0.0),
         "debounce_ms": int(debounce or 0),
         "include_own": include_own,
+        "delivery": _delivery(sub.get("delivery")),
     }
+
+
+def _delivery(value: Any) -> dict[str, Any]:
+    """``subscription.delivery``: absent or ``stream``, or a ``webhook`` with its URL and an
+    optional secret (checked further by the Field: the URL's destination, the secret's form)."""
+    if value is None:
+        return {"type": "stream"}
+    delivery = _object(value, "subscription.delivery")
+    _closed(delivery, _DELIVERY_KEYS, "subscription.delivery")
+    kind = delivery.get("type", "stream")
+    if not _member(kind, ("stream", "webhook")):
+        raise _fail('subscription.delivery.type must be "stream" or "webhook", not ' + shown(kind))
+    if kind == "stream":
+        if delivery.keys() - {"type"}:
+            raise _fail("a stream delivery takes no url or secret")
+        return {"type": "stream"}
+    if "url" not in delivery:
+        raise _fail("a webhook delivery needs subscription.delivery.url")
+    url = _string(delivery["url"], "subscription.delivery.url", max_chars=MAX_URL_CHARS)
+    secret = _optional_string(
+        delivery.get("secret"), "subscription.delivery.secret", max_chars=MAX_SECRET_CHARS
+    )
+    if secret is not None and not secret.startswith("whsec_"):
+        raise _fail('subscription.delivery.secret must start with "whsec_"')
+    return {"type": "webhook", "url": url, "secret": secret}
 
 
 # -- SESSION, COORDINATE, HANDOFF (Coordination Extension) --------------------
@@ -708,7 +757,22 @@ TITLE_CHARS = 256
 #: Most units a HANDOFF packages (``context.max_units`` and ``context.include_units``).
 MAX_HANDOFF_UNITS = 50
 DEFAULT_HANDOFF_UNITS = 10
-_SESSION_KEYS = frozenset({"action", "session_id", "name", "purpose", "reason", "visibility"})
+_SESSION_KEYS = frozenset(
+    {
+        "action",
+        "session_id",
+        "name",
+        "purpose",
+        "reason",
+        "visibility",
+        "invitees",
+        "after",
+        "limit",
+    }
+)
+#: SESSION actions that take ``invitees``; those that need it.
+_INVITING_ACTIONS = frozenset({"create", "invite", "uninvite"})
+_INVITEES_REQUIRED = frozenset({"invite", "uninvite"})
 _VISIBILITY_RULE_KEYS = frozenset({"roles", "min_authority"})
 _COORDINATE_KEYS = frozenset(
     {
@@ -721,6 +785,8 @@ _COORDINATE_KEYS = frozenset(
         "priority",
         "reason",
         "result",
+        "after",
+        "limit",
     }
 )
 _HANDOFF_KEYS = frozenset({"task_id", "to_agent_id", "notes", "context"})
@@ -776,7 +842,25 @@ def session_payload(
         "purpose": _text(payload, "purpose", limits),
         "reason": _text(payload, "reason", limits),
         "visibility": _session_visibility(payload, action, limits),
+        "invitees": _invitees(payload, action, limits),
+        "page": pages.page_request(payload, limits),  # read by list only
     }
+
+
+def _invitees(payload: dict[str, Any], action: str, limits: Limits) -> list[str]:
+    """The agent ids a ``create``, ``invite`` or ``uninvite`` names; repeats are ignored."""
+    if "invitees" not in payload:
+        if action in _INVITEES_REQUIRED:
+            raise _fail(f"{action} needs invitees: the agent ids to {action}")
+        return []
+    if action not in _INVITING_ACTIONS:
+        raise _fail("invitees belong to create, invite and uninvite only")
+    value = payload["invitees"]
+    if not isinstance(value, list) or len(value) > limits.max_list_items:
+        raise _fail(f"invitees must be an array of at most {limits.max_list_items} agent ids")
+    if action in _INVITEES_REQUIRED and not value:
+        raise _fail(f"{action} needs at least one agent id in invitees")
+    return list(dict.fromkeys(agent_id(a, "invitees[]") for a in value))
 
 
 def _session_visibility(
@@ -791,7 +875,7 @@ def _session_visibility(
     normalized: dict[str, dict[str, Any]] = {}
     for memory_type, rule in rules.items():
         if memory_type not in MEMORY_TYPES:
-            raise _fail(f"visibility names {memory_type!r}, which is not a memory type")
+            raise _fail(f"visibility names {shown(memory_type)}, which is not a memory type")
         where = f"visibility.{memory_type}"
         rule = _object(rule, where)
         _closed(rule, _VISIBILITY_RULE_KEYS, where)
@@ -844,6 +928,7 @@ def coordinate_payload(
         "priority": priority,
         "reason": _text(payload, "reason", limits),
         "result": _text(payload, "result", limits),
+        "page": pages.page_request(payload, limits),  # read by list only
     }
 
 

@@ -15,7 +15,9 @@ Invariants every backend keeps:
 * ``read(after, limit)`` returns entries with ``position > after`` in
   ascending order, at most ``limit`` of them.
 * ``read_positions(positions)`` returns the entries at those positions,
-  ascending, each once; positions not in the log are left out.
+  ascending, each once; positions not in the log are left out. With
+  ``max_bytes`` it returns the longest prefix of them whose stored data fits
+  (at least one entry).
 * The log is never rewritten: there is no update and no delete.
 """
 
@@ -23,32 +25,12 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
 
+import orjson
 
-@dataclass(frozen=True, slots=True)
-class LogEntry:
-    """One state change, before it has a position."""
+from field.model import LogEntry, StoredEntry
 
-    epoch: int
-    kind: str
-    data: dict[str, Any]
-    agent_id: str | None = None
-    ts: float = 0.0
-
-
-@dataclass(slots=True)
-class StoredEntry:
-    """One state change as stored in the log (never changed once read: not frozen only
-    because a frozen dataclass costs 0.5 us more to build, and replays build millions)."""
-
-    position: int
-    epoch: int
-    kind: str
-    data: dict[str, Any]
-    agent_id: str | None
-    ts: float
+__all__ = ["EventLog", "LogEntry", "StoredEntry"]
 
 
 class EventLog(abc.ABC):
@@ -67,16 +49,30 @@ class EventLog(abc.ABC):
     def read(self, after: int = 0, limit: int = 1000) -> list[StoredEntry]:
         """Entries with ``position > after``, ascending, at most ``limit``."""
 
-    def read_positions(self, positions: Iterable[int]) -> list[StoredEntry]:
+    def read_positions(
+        self, positions: Iterable[int], *, max_bytes: int | None = None
+    ) -> list[StoredEntry]:
         """The entries at ``positions`` (ascending, each once; absent ones left out).
 
+        With ``max_bytes``, a prefix of them: the read stops before the first
+        entry whose stored data would take the total past ``max_bytes`` (the
+        first entry is always read), so a caller can bound what it decodes.
         Backends override this with one query; this fallback reads each
         position on its own.
         """
         found: list[StoredEntry] = []
+        size = 0
         for position in sorted(set(positions)):
-            if position >= 1:
-                found.extend(e for e in self.read(position - 1, 1) if e.position == position)
+            if position < 1:
+                continue
+            for entry in self.read(position - 1, 1):
+                if entry.position != position:
+                    continue
+                if max_bytes is not None:
+                    size += len(orjson.dumps(entry.data))
+                    if found and size > max_bytes:
+                        return found
+                found.append(entry)
         return found
 
     @abc.abstractmethod

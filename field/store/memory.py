@@ -64,6 +64,16 @@ def encode_entry(entry: LogEntry, index: int = 0) -> bytes:
         ) from exc
 
 
+def within(max_bytes: int, sizes: Sequence[int]) -> int:
+    """How many of ``sizes``, from the first, fit in ``max_bytes`` (always at least one)."""
+    total = 0
+    for count, size in enumerate(sizes):
+        total += size
+        if total > max_bytes and count:
+            return count
+    return len(sizes)
+
+
 def encode_batch(entries: Sequence[LogEntry]) -> list[bytes]:
     """Encode every entry of a batch, or raise LogWriteError before any is stored."""
     return [encode_entry(entry, index) for index, entry in enumerate(entries)]
@@ -108,11 +118,16 @@ class MemoryEventLog(EventLog):
             for i, (epoch, kind, agent_id, ts, blob) in enumerate(rows)
         ]
 
-    def read_positions(self, positions: Iterable[int]) -> list[StoredEntry]:
-        """The entries at ``positions`` (ascending, each once; absent ones left out)."""
+    def read_positions(
+        self, positions: Iterable[int], *, max_bytes: int | None = None
+    ) -> list[StoredEntry]:
+        """The entries at ``positions`` (ascending, each once; absent ones left out);
+        with ``max_bytes``, the prefix whose stored data fits (at least one)."""
         wanted = sorted(set(positions))
         with self._lock:
             rows = [(p, self._rows[p - 1]) for p in wanted if 1 <= p <= len(self._rows)]
+        if max_bytes is not None:
+            rows = rows[: within(max_bytes, [len(row[4]) for _, row in rows])]
         return [
             StoredEntry(p, epoch, kind, orjson.loads(blob), agent_id, ts)
             for p, (epoch, kind, agent_id, ts, blob) in rows

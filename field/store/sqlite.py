@@ -23,15 +23,18 @@ from typing import IO
 
 import orjson
 
-from field.errors import LogWriteError, OperationalError, StorageFull
+from field.errors import LogUnavailable, LogWriteError, OperationalError, StorageFull
 from field.store.base import EventLog, LogEntry, StoredEntry
-from field.store.memory import encode_batch
+from field.store.memory import encode_batch, within
 
 #: The schema version stored in ``PRAGMA user_version``.
 SCHEMA_VERSION = 1
 
-#: How long a connection waits for a lock held by another connection (ms).
-BUSY_TIMEOUT_MS = 5000
+#: How long a connection waits for a lock held by another connection (ms). One process
+#: owns the file, so only an outside process (a backup tool, a shell) can hold it: the
+#: wait is short, and a write that finds the log locked is refused as LOG_UNAVAILABLE
+#: while reads go on and the Field retries in the background.
+BUSY_TIMEOUT_MS = 250
 
 _SYNCHRONOUS = {"full": "FULL", "normal": "NORMAL"}
 _SQLITE_FULL = 13
@@ -55,6 +58,7 @@ _SELECT_AT = (
     "SELECT position, epoch, kind, agent_id, ts, data FROM log"
     " WHERE position IN ({}) ORDER BY position"
 )
+_SIZES_AT = "SELECT position, length(data) FROM log WHERE position IN ({}) ORDER BY position"
 #: positions asked for in one query (below SQLite's bound on parameters)
 _POSITIONS_PER_QUERY = 500
 _MAX_POSITION = "SELECT COALESCE(MAX(position), 0) FROM log"
@@ -68,11 +72,24 @@ def _is_disk_full(exc: sqlite3.Error) -> bool:
     return "is full" in str(exc).lower()
 
 
-def _write_error(exc: sqlite3.Error) -> OperationalError:
-    """The Field error for a failed append."""
-    if _is_disk_full(exc):
-        return StorageFull(f"The event log's disk or database is full: {exc}")
-    return LogWriteError(f"The event log could not store the entries: {exc}")
+#: Free bytes under which an I/O error on append is taken for a full disk (SQLite reports
+#: some ENOSPC failures, in the WAL or at fsync, as SQLITE_IOERR rather than SQLITE_FULL).
+LOW_SPACE_BYTES = 1 << 20
+
+
+def _low_space(path: str) -> bool:
+    try:
+        stats = os.statvfs(os.path.dirname(path) or ".")
+    except OSError:
+        return False
+    return stats.f_bavail * stats.f_frsize < LOW_SPACE_BYTES
+
+
+def _write_error(exc: sqlite3.Error, path: str) -> OperationalError:
+    """The Field error for a failed append: the disk is full, or the log is unavailable."""
+    if _is_disk_full(exc) or _low_space(path):
+        return StorageFull(f"The event log's disk or database is full ({exc}); writes are refused")
+    return LogUnavailable(f"The event log cannot be written now ({exc}); writes are refused")
 
 
 def _acquire_lock(lock_path: str) -> IO[bytes]:
@@ -180,7 +197,7 @@ class SQLiteEventLog(EventLog):
                 conn.execute("COMMIT")
             except sqlite3.Error as exc:
                 self._recover(conn)
-                raise _write_error(exc) from exc
+                raise _write_error(exc, self.path) from exc
             self._last = first + len(rows) - 1
         return list(range(first, first + len(rows)))
 
@@ -212,8 +229,15 @@ class SQLiteEventLog(EventLog):
             for position, epoch, kind, agent_id, ts, data in rows
         ]
 
-    def read_positions(self, positions: Iterable[int]) -> list[StoredEntry]:
-        """The entries at ``positions`` (ascending, each once; absent ones left out)."""
+    def read_positions(
+        self, positions: Iterable[int], *, max_bytes: int | None = None
+    ) -> list[StoredEntry]:
+        """The entries at ``positions`` (ascending, each once; absent ones left out).
+
+        With ``max_bytes``, the prefix whose stored data fits (at least one
+        entry): the sizes are read first (SQLite keeps each value's length in
+        its record header), so data past the budget is never fetched.
+        """
         wanted = sorted(set(positions))
         rows: list[tuple[int, int, str, str | None, float, bytes]] = []
         with self._read_lock:
@@ -221,6 +245,8 @@ class SQLiteEventLog(EventLog):
             if conn is None:
                 raise OperationalError("The event log is closed.")
             try:
+                if max_bytes is not None:
+                    wanted = self._fitting(conn, wanted, max_bytes)
                 for start in range(0, len(wanted), _POSITIONS_PER_QUERY):
                     chunk = wanted[start : start + _POSITIONS_PER_QUERY]
                     query = _SELECT_AT.format(", ".join("?" * len(chunk)))
@@ -231,6 +257,16 @@ class SQLiteEventLog(EventLog):
             StoredEntry(position, epoch, kind, orjson.loads(data), agent_id, ts)
             for position, epoch, kind, agent_id, ts, data in rows
         ]
+
+    @staticmethod
+    def _fitting(conn: sqlite3.Connection, wanted: list[int], max_bytes: int) -> list[int]:
+        """The stored ones of ``wanted``, up to the first that passes ``max_bytes`` in all."""
+        sized: list[tuple[int, int]] = []
+        for start in range(0, len(wanted), _POSITIONS_PER_QUERY):
+            chunk = wanted[start : start + _POSITIONS_PER_QUERY]
+            query = _SIZES_AT.format(", ".join("?" * len(chunk)))
+            sized.extend(conn.execute(query, chunk).fetchall())
+        return [p for p, _ in sized[: within(max_bytes, [size for _, size in sized])]]
 
     def last_position(self) -> int:
         """The position of the newest entry, or 0 for an empty log."""

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.tasks import handoff_wire
-from ..store.base import StoredEntry
+from ..core.text import shorten
+from ..model import StoredEntry
 
 #: The 13 SubscriptionEvent names of spec 6.7, in a fixed order (bit i = name i).
 SUBSCRIPTION_EVENTS: tuple[str, ...] = (
@@ -86,8 +87,7 @@ class FieldEvent:
 
 
 def _short(text: str, limit: int = SUMMARY_CHARS) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 1].rstrip() + "…"
+    return shorten(text, limit)
 
 
 def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEvent | None:
@@ -182,7 +182,7 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
     if name.startswith(("task.", "handoff.")):
         return _task_event(entry, name, units)
     if name in ("session.paused", "session.ended"):
-        session = data["session"]
+        session = {"invited": [], **data["session"]}  # none in logs from before invitations
         verb = name.removeprefix("session.")
         reason = data.get("reason")
         return FieldEvent(

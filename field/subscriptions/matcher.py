@@ -160,6 +160,8 @@ class Scope:
     candidates: dict[str, _Candidates]
     registry: SubscriptionRegistry
     version: int
+    #: whether cancelled rows are matched too (replaying a stream up to its end)
+    inactive: bool = False
 
     def fits(self, registry: SubscriptionRegistry) -> bool:
         """Whether this scope still describes ``registry``'s rows."""
@@ -183,8 +185,12 @@ class Matcher:
         #: the agents that may see an event (None: everyone), for session visibility
         self.audience = audience
 
-    def scope(self, only: npt.NDArray[np.intp] | None = None) -> Scope:
-        """The scope of matching against ``only`` those registry rows (None: all of them)."""
+    def scope(self, only: npt.NDArray[np.intp] | None = None, *, inactive: bool = False) -> Scope:
+        """The scope of matching against ``only`` those registry rows (None: all of them).
+
+        With ``inactive``, cancelled rows are matched as if active: for a replay of
+        one stream from the log up to where it ended, which the caller bounds.
+        """
         reg = self.registry
         # relevance depends on the agent profile only: score each profile once
         if only is None:
@@ -194,7 +200,7 @@ class Matcher:
             rows = np.asarray(only, dtype=np.intp)
             profiles, of_row = np.unique(reg.profile.view[rows], return_inverse=True)
         of_row = of_row.astype(np.intp, copy=False)
-        return Scope(rows, profiles, of_row, {}, reg, reg.version)
+        return Scope(rows, profiles, of_row, {}, reg, reg.version, inactive)
 
     def match(
         self,
@@ -202,18 +208,20 @@ class Matcher:
         *,
         only: npt.NDArray[np.intp] | None = None,
         scope: Scope | None = None,
+        inactive: bool = False,
     ) -> list[Match]:
         """Matches of each event (events with no subscriber are left out).
 
         ``only`` restricts matching to those registry rows (used to replay
-        one subscription's stream from the log); or ``scope``, made earlier
-        by :meth:`scope` and still fitting the registry, gives the rows.
+        one subscription's stream from the log), also cancelled ones with
+        ``inactive``; or ``scope``, made earlier by :meth:`scope` and still
+        fitting the registry, gives the rows.
         """
         reg = self.registry
         if len(reg) == 0 or not events:
             return []
         if scope is None:
-            scope = self.scope(only)
+            scope = self.scope(only, inactive=inactive)
         elif not scope.fits(reg):
             raise ValueError("the scope was made before the registry changed")
         step = max(1, MATRIX_CELLS // max(1, len(scope.profiles)))
@@ -230,9 +238,11 @@ class Matcher:
         if found is None:
             reg, rows = self.registry, scope.rows
             whole = len(rows) == len(reg)
-            active = reg.active.view if whole else reg.active.view[rows]
             masks = reg.event_mask.view if whole else reg.event_mask.view[rows]
-            pick = np.flatnonzero(active & ((masks & EVENT_BIT[name]) != 0))
+            listed = (masks & EVENT_BIT[name]) != 0
+            if not scope.inactive:
+                listed &= reg.active.view if whole else reg.active.view[rows]
+            pick = np.flatnonzero(listed)
             chosen = rows[pick]
             agent = reg.agent.view[chosen]
             created = reg.created_epoch.view[chosen]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -56,6 +57,7 @@ class Outbox:
         "_pacers",
         "overflowed",
         "closed",
+        "notify",
     )
 
     def __init__(self, *, max_frames: int, max_bytes: int) -> None:
@@ -65,10 +67,13 @@ class Outbox:
         self._bytes = 0
         #: the consumer waiting in get(), if any
         self._reader: asyncio.Future[None] | None = None
-        #: producers waiting in wait_for_room(), if any
-        self._pacers: list[asyncio.Future[None]] = []
+        #: producers waiting in wait_for_room(), if any (a list only while one waits)
+        self._pacers: list[asyncio.Future[None]] | None = None
         self.overflowed = False
         self.closed = False
+        #: called when a frame arrives or the outbox closes: a consumer that holds no
+        #: task while idle (a durable sink) is woken by it instead of awaiting get()
+        self.notify: Callable[[], None] | None = None
 
     def __len__(self) -> int:
         return len(self._frames) if self._frames is not None else 0
@@ -103,12 +108,14 @@ class Outbox:
     def _wake_reader(self) -> None:
         if self._reader is not None and not self._reader.done():
             self._reader.set_result(None)
+        if self.notify is not None:
+            self.notify()
 
     def _wake_pacers(self) -> None:
-        for pacer in self._pacers:
+        pacers, self._pacers = self._pacers, None
+        for pacer in pacers or ():
             if not pacer.done():
                 pacer.set_result(None)
-        self._pacers.clear()
 
     def _has_room(self) -> bool:
         """Under half of both bounds: a paced producer may add more."""
@@ -122,11 +129,13 @@ class Outbox:
         """Wait until the outbox is under half full (replay paces itself with this)."""
         while not self._has_room() and not self.closed:
             pacer = asyncio.get_running_loop().create_future()
+            if self._pacers is None:
+                self._pacers = []
             self._pacers.append(pacer)
             try:
                 await pacer
             finally:
-                if pacer in self._pacers:
+                if self._pacers is not None and pacer in self._pacers:
                     self._pacers.remove(pacer)
 
     def _popped(self, frame: Frame) -> None:
@@ -157,4 +166,6 @@ class Outbox:
             frame = frames.popleft()
             self._popped(frame)
             out.append(frame)
+        if frames is not None and not frames:
+            self._frames = None  # idle: hold no queue
         return out

@@ -57,7 +57,8 @@ class Stream:
         self.window_ms = window_ms
         #: cursor of the last notification delivered (or skipped as already seen)
         self.after = after
-        self._pending: dict[str, Notification] = {}
+        #: the open debounce window's notifications by entity (a dict only while one is open)
+        self._pending: dict[str, Notification] | None = None
         self._window: int | None = None
 
     def window_of(self, ts: float) -> int:
@@ -85,10 +86,13 @@ class Stream:
             return self._deliver([notification])
         due = self.advance(notification.event.ts)
         key = notification.event.entity_key
-        earlier = self._pending.get(key)
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = {}
+        earlier = pending.get(key)
         if earlier is not None:
             notification.folded = earlier.folded + 1
-        self._pending[key] = notification
+        pending[key] = notification
         self._window = self.window_of(notification.event.ts)
         return due
 
@@ -96,8 +100,8 @@ class Stream:
         """Deliver the pending window if it has ended by ``now`` (log time)."""
         if self._window is None or self.window_of(now) <= self._window:
             return []
-        due = sorted(self._pending.values(), key=lambda n: n.position)
-        self._pending.clear()
+        due = sorted((self._pending or {}).values(), key=lambda n: n.position)
+        self._pending = None
         self._window = None
         return self._deliver(due)
 

@@ -10,6 +10,7 @@ ever gets a stack trace: unexpected failures become ``INTERNAL_ERROR``.
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -18,7 +19,7 @@ from typing import Any
 import orjson
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
@@ -28,22 +29,33 @@ from ..config import Config
 from ..core.context import Outcome
 from ..core.embedding import Embedder, load_embedder
 from ..core.field import Field
+from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
+from ..core.secrets import SecretBox
 from ..core.state import AgentRecord
 from ..errors import (
     Code,
     FieldError,
-    InvalidJSON,
     InvalidPayload,
+    Overloaded,
     PayloadTooLarge,
     ValidationError,
     internal_error,
 )
 from ..liveness import Liveness
-from ..model import CONFLICT_STATUSES, CONFLICT_TYPES, OPERATIONS, UNRESOLVED_CONFLICT_STATUSES
+from ..model import (
+    CONFLICT_STATUSES,
+    CONFLICT_TYPES,
+    OPERATIONS,
+    UNRESOLVED_CONFLICT_STATUSES,
+    Limits,
+)
 from ..service import FieldService
-from ..store import EventLog, open_log
+from ..store import WEBHOOK_KEY_FILENAME, EventLog, open_log
+from ..store.keys import load_or_create_key
+from .delivery import DeliveryEngine, check_webhook
+from .documents import decode_document
 from .push import PushHub
-from .streaming import absolute_urls, sse_endpoint, ws_endpoint
+from .streaming import absolute_urls, deny_websocket, sse_endpoint, ws_endpoint
 
 logger = logging.getLogger("field.http")
 
@@ -56,10 +68,11 @@ def json_response(body: Any, status: int = 200) -> Response:
 
 
 def error_response(error: FieldError, operation: str | None = None) -> Response:
-    headers = {"WWW-Authenticate": "Bearer"} if error.http_status == 401 else None
     response = json_response(error.to_response(operation), error.http_status)
-    if headers:
-        response.headers.update(headers)
+    if error.http_status == 401:
+        response.headers["WWW-Authenticate"] = "Bearer"
+    if error.retry_after is not None:
+        response.headers["Retry-After"] = str(max(1, round(error.retry_after)))
     return response
 
 
@@ -71,16 +84,17 @@ def bearer_token(request: Request) -> str | None:
     return token.strip()
 
 
-async def read_json(request: Request, limit: int) -> Any:
-    """The request body as JSON, refusing bodies over ``limit`` bytes unread."""
+async def read_json(request: Request, limits: Limits) -> Any:
+    """The request body as JSON within ``limits`` (size first, unread past it)."""
     content_type = request.headers.get("content-type", "")
     media = content_type.split(";", 1)[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
         raise ValidationError(
-            f"requests must be sent as application/json, not {media or 'no content type'}",
+            f"requests must be sent as application/json, not {_media_shown(media)}",
             code=Code.UNSUPPORTED_MEDIA_TYPE,
             suggested_action="Send the header 'Content-Type: application/json'.",
         )
+    limit = limits.max_body_bytes
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit} byte limit")
@@ -91,10 +105,17 @@ async def read_json(request: Request, limit: int) -> Any:
         if size > limit:
             raise PayloadTooLarge(f"request body exceeds the {limit} byte limit")
         chunks.append(chunk)
-    try:
-        return orjson.loads(b"".join(chunks))
-    except orjson.JSONDecodeError as exc:
-        raise InvalidJSON(f"the request body is not valid JSON: {exc}") from None
+    return decode_document(b"".join(chunks), limits)
+
+
+def _media_shown(media: str) -> str:
+    """A client's media type for a message: bounded, whatever was sent."""
+    return _bounded(media, 80) if media else "no content type"
+
+
+def _bounded(text: str, limit: int = 200) -> str:
+    """A client's text (a path, a method) for a message or a log line: at most ``limit``."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 class HTTPBinding:
@@ -104,6 +125,9 @@ class HTTPBinding:
         self.config = config
         self.service: FieldService | None = None
         self.hub: PushHub | None = None
+        self.deliveries: DeliveryEngine | None = None
+        #: where webhooks may go (checked again, with DNS, before a SUBSCRIBE runs)
+        self.egress = config.egress_policy()
         self.started = time.monotonic()
 
     def _service(self) -> FieldService:
@@ -119,14 +143,18 @@ class HTTPBinding:
 
     async def operation(self, request: Request, operation: str) -> Response:
         try:
-            body = await read_json(request, self.config.limits.max_body_bytes)
+            body = await read_json(request, self.config.limits)
             token = bearer_token(request)
+            await check_webhook(body, self._service().field.egress)
             outcome = await self._service().execute(
                 lambda field: field.handle(body, token=token, operation=operation),
                 operation=operation,
             )
         except FieldError as error:
             return error_response(error, operation)
+        except ClientDisconnect:
+            # the client left before its body arrived: nothing ran, no one to answer
+            return Response(status_code=400)
         return json_response(absolute_urls(outcome.response, str(request.base_url).rstrip("/")))
 
     async def _read(
@@ -144,23 +172,27 @@ class HTTPBinding:
         return json_response(outcome.response)
 
     async def field_status(self, request: Request) -> Response:
-        service = self._service()
-
-        def status(field: Field) -> Outcome:
-            body = field.status()
-            body["server_version"] = __version__
-            body["log"] = {
-                "backend": service.log.backend,
-                "last_position": field.state.last_position,
-            }
-            body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
-            return Outcome(body)
-
+        """The status page, read straight from the Field: it never waits for the writer,
+        so it answers while the writer is busy or the log is stalled."""
         try:
-            outcome = await service.execute(status)
+            service = self._service()
         except FieldError as error:
             return error_response(error)
-        return json_response(outcome.response)
+        field = service.field
+        body = field.status()
+        body["server_version"] = __version__
+        refusing = service.refusing
+        body["log"] = {
+            "backend": service.log.backend,
+            "last_position": field.state.last_position,
+            "writable": refusing is None,
+            "refusing": None
+            if refusing is None
+            else {"code": refusing.code, "message": refusing.message},
+        }
+        body["writer"] = {"running": service.running, "queued": service.queued}
+        body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
+        return json_response(body)
 
     async def subscription_events(self, request: Request) -> Response:
         if self.hub is None:
@@ -168,35 +200,68 @@ class HTTPBinding:
         return await sse_endpoint(request, self.hub, error_response)
 
     async def agents(self, request: Request) -> Response:
-        return await self._read(
-            request,
-            lambda field, _: {"status": "ok", "agents": field.list_agents(), "epoch": field.epoch},
-        )
+        params = request.query_params
+
+        def listing(field: Field, _: AgentRecord) -> dict[str, Any]:
+            ids = _query_values(params, "id", None, field.limits)
+            return field.agents_page(_page_request(params, field.limits), ids=ids)
+
+        return await self._read(request, listing)
 
     async def conflicts(self, request: Request) -> Response:
         params = request.query_params
 
         def listing(field: Field, viewer: AgentRecord) -> dict[str, Any]:
-            statuses = _query_values(params.getlist("status"), CONFLICT_STATUSES, "status")
-            types = _query_values(params.getlist("type"), CONFLICT_TYPES, "type")
-            agents = [a for v in params.getlist("involving_agent") for a in v.split(",") if a]
-            conflicts = field.list_conflicts(
+            limits = field.limits
+            statuses = _query_values(params, "status", CONFLICT_STATUSES, limits)
+            types = _query_values(params, "type", CONFLICT_TYPES, limits)
+            agents = _query_values(params, "involving_agent", None, limits)
+            return field.conflicts_page(
                 viewer,
+                _page_request(params, limits),
                 statuses=statuses or sorted(UNRESOLVED_CONFLICT_STATUSES),
                 types=types,
                 involving_agents=agents,
             )
-            return {"status": "ok", "conflicts": conflicts, "epoch": field.epoch}
 
         return await self._read(request, listing)
 
 
-def _query_values(raw: list[str], allowed: Any, name: str) -> list[str]:
-    values = [v for item in raw for v in item.split(",") if v]
-    unknown = [v for v in values if v not in allowed]
+def webhook_key_of(config: Config) -> bytes:
+    """The key that seals webhook secrets: from ``--webhook-key-file``, else from
+    ``<data-dir>/webhook.key`` (made at first start), else (a log in memory, whose
+    secrets die with the process anyway) a new one."""
+    if config.webhook_key_file is not None:
+        return load_or_create_key(config.webhook_key_file)
+    if config.data_dir is not None:
+        return load_or_create_key(config.data_dir / WEBHOOK_KEY_FILENAME)
+    return secrets.token_bytes(32)
+
+
+def _query_values(params: Any, name: str, allowed: Any, limits: Limits) -> list[str]:
+    """The values of a repeatable, comma-separated parameter; ``allowed`` None: any."""
+    values = [v for item in params.getlist(name) for v in item.split(",") if v]
+    if len(values) > limits.max_page_items:
+        raise InvalidPayload(f"at most {limits.max_page_items} {name} values")
+    unknown = [v for v in values if allowed is not None and v not in allowed]
     if unknown:
-        raise InvalidPayload(f"unknown {name} value(s): {', '.join(unknown)}")
+        raise InvalidPayload(f"unknown {name} value(s): {_quoted(unknown)}")
     return values
+
+
+def _page_request(params: Any, limits: Limits) -> PageRequest:
+    """``?after=`` and ``?limit=`` of a GET list (default limit: 100)."""
+    raw = params.get("limit")
+    if raw is not None and not (raw.isascii() and raw.isdigit() and len(raw) <= 9):
+        raise InvalidPayload(f"limit must be an integer from 1 to {limits.max_page_items}")
+    source = {"after": params.get("after"), "limit": None if raw is None else int(raw)}
+    return page_request(source, limits, default=DEFAULT_GET_LIMIT)
+
+
+def _quoted(values: list[str], most: int = 5) -> str:
+    """A few client values for a message, each cut short: never a client's whole input."""
+    shown = ", ".join(repr(v[:64]) for v in values[:most])
+    return shown + (f" and {len(values) - most} more" if len(values) > most else "")
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
@@ -204,7 +269,7 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     if status == 405:
         response = error_response(
             FieldError(
-                f"{request.method} is not allowed on {request.url.path}",
+                f"{_bounded(request.method, 16)} is not allowed on {_bounded(request.url.path)}",
                 code=Code.METHOD_NOT_ALLOWED,
                 recoverable=False,
                 suggested_action="Operations are POST; field/status, agents, conflicts are GET.",
@@ -215,7 +280,7 @@ async def _not_found(request: Request, exc: Exception) -> Response:
         return response
     return error_response(
         FieldError(
-            f"no endpoint at {request.url.path}",
+            f"no endpoint at {_bounded(request.url.path)}",
             code=Code.NOT_FOUND,
             recoverable=False,
             suggested_action="See protocol/README.md for the endpoints.",
@@ -223,9 +288,32 @@ async def _not_found(request: Request, exc: Exception) -> Response:
     )
 
 
+def _no_endpoint() -> FieldError:
+    return FieldError(
+        "no WebSocket endpoint at this path; the one WebSocket endpoint is /v1/ws",
+        code=Code.NOT_FOUND,
+        recoverable=False,
+        suggested_action="See protocol/README.md for the endpoints.",
+    )
+
+
 async def _crash(request: Request, exc: Exception) -> Response:
-    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    if isinstance(exc, ClientDisconnect):  # nobody is left to answer, and no fault of ours
+        logger.debug("a client went away before its request was read")
+    else:
+        logger.exception(
+            "unhandled error on %s %s", _bounded(request.method, 16), _bounded(request.url.path)
+        )
     return error_response(internal_error())
+
+
+def _not_a_handshake() -> FieldError:
+    return FieldError(
+        "/v1/ws is a WebSocket endpoint and the request is not a WebSocket handshake",
+        code=Code.INVALID_HANDSHAKE,
+        recoverable=True,
+        suggested_action="Open /v1/ws with a WebSocket client (GET, HTTP/1.1, no body).",
+    )
 
 
 class _FieldApp(Starlette):
@@ -256,28 +344,44 @@ class _FieldApp(Starlette):
                     response = await _crash(request, exc)
                 await response(scope, receive, send)
                 return
-        elif kind == "websocket" and scope["path"] == "/v1/ws":
+        if kind == "http" and scope["path"] == "/v1/ws":
+            response = error_response(_not_a_handshake())
+            response.headers["Sec-WebSocket-Version"] = "13"  # the version the Field speaks
+            await response(scope, receive, send)
+            return
+        if kind == "websocket":
             scope["app"] = self
             hub = self._binding.hub
-            if hub is None:  # starting or stopping: try again
-                await send({"type": "websocket.close", "code": 1013, "reason": ""})
-                return
-            await ws_endpoint(scope, receive, send, hub)
+            if scope["path"] != "/v1/ws":
+                await deny_websocket(scope, send, _no_endpoint())
+            elif hub is None:  # starting or stopping: try again
+                await deny_websocket(scope, send, Overloaded("the Field is not running"))
+            else:
+                await ws_endpoint(scope, receive, send, hub)
             return
         await super().__call__(scope, receive, send)
 
 
 def create_app(
-    config: Config, *, log: EventLog | None = None, embedder: Embedder | None = None
+    config: Config,
+    *,
+    log: EventLog | None = None,
+    embedder: Embedder | None = None,
+    webhook_key: bytes | None = None,
 ) -> Starlette:
     """The ASGI application serving one Field.
 
     Its log is ``log`` if given (the caller opened it, to report a busy data
     directory before the server starts), else the one ``config`` names,
     opened at start-up. The app closes the log when it stops. Likewise its
-    embedder is ``embedder`` if given, else the one ``config`` names.
+    embedder is ``embedder`` if given, else the one ``config`` names, and the
+    key that seals webhook secrets ``webhook_key`` if given, else
+    :func:`webhook_key_of` ``config``.
     """
+    from .rap import RapBinding  # it builds on this module
+
     binding = HTTPBinding(config)
+    rap = RapBinding(binding)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -285,6 +389,7 @@ def create_app(
         if log is None:
             log = open_log(config.data_dir, synchronous=config.sync)
         chosen = embedder or load_embedder(config.embedder)
+        box = SecretBox(webhook_key or webhook_key_of(config))
         service = FieldService(
             log,
             lambda: Field(
@@ -292,13 +397,15 @@ def create_app(
                 persistent=log.persistent,
                 operator_token=config.operator_token,
                 embedder=chosen,
+                egress=binding.egress,
+                secret_box=box,
             ),
             max_queue=config.max_queue,
             max_batch=config.max_batch,
         )
         await service.start()
         binding.service = service
-        binding.hub = PushHub(service, config.push)
+        binding.hub = PushHub(service, config.push, max_per_agent=config.max_push_per_agent)
         liveness = Liveness(
             service,
             failure_grace=config.failure_grace,
@@ -307,6 +414,15 @@ def create_app(
         service.on_seen = liveness.seen
         binding.hub.liveness = liveness
         liveness.start()
+        deliveries = DeliveryEngine(
+            service,
+            binding.hub,
+            config.delivery_settings(),
+            policy=binding.egress,
+            secret_box=box,
+        )
+        await deliveries.start()
+        binding.deliveries = deliveries
         app.state.service = service
         app.state.push_hub = binding.hub
         state = service.field.state
@@ -325,6 +441,8 @@ def create_app(
             yield
         finally:
             await liveness.stop()
+            await rap.stop()
+            await deliveries.stop()
             binding.hub.shutdown()
             binding.service = None
             await service.stop()
@@ -343,6 +461,7 @@ def create_app(
             Route(f"/v1/{name}", binding.operation_endpoint(operation), methods=["POST"])
             for name, operation in OPERATION_ROUTES.items()
         ),
+        *rap.routes(),
     ]
     app = _FieldApp(
         binding,

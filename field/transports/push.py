@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -30,9 +31,10 @@ import orjson
 
 from ..core import visibility
 from ..core.field import Field
+from ..errors import Code, FieldError
 from ..liveness import Liveness
+from ..model import StoredEntry
 from ..service import FieldService
-from ..store.base import StoredEntry
 from ..subscriptions.events import FieldEvent, event_name, event_of
 from ..subscriptions.matcher import Match, Matcher, Scope, reason_text
 from ..subscriptions.outbox import Frame, Outbox, PushLimits
@@ -64,11 +66,18 @@ def _middle(name: str, flags: int, requires_action: bool) -> bytes:
 
 
 REPLAY_PAGE = 2000
+#: Default of ``--max-push-per-agent``.
+DEFAULT_MAX_PER_AGENT = 16
 
 
-@dataclass(eq=False)
+#: Connections that are the Field's own durable sinks (webhook, RAP), not an agent's
+#: sockets: neither counted against the agent's cap nor proof that the agent is alive.
+SINK_KINDS = frozenset({"webhook", "rap"})
+
+
+@dataclass(eq=False, slots=True)
 class Connection:
-    """One WebSocket or SSE consumer of one agent's subscriptions."""
+    """One WebSocket, SSE or durable-sink consumer of one agent's subscriptions."""
 
     agent_id: str
     kind: str
@@ -78,7 +87,7 @@ class Connection:
     ended: tuple[int, str] | None = None
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Binding:
     stream: Stream
     connection: Connection
@@ -90,14 +99,25 @@ class _Binding:
     detached: bool = False
     #: the subscription's part of its notifications' bytes (:func:`subscription_prefix`)
     prefix: bytes = b""
+    #: the log position where the subscription ended (it was cancelled), once it has:
+    #: the stream owes what matched before it, then ends
+    ending: int | None = None
 
 
 class PushHub:
     """Routes committed entries to the streams attached to them."""
 
-    def __init__(self, service: FieldService, limits: PushLimits | None = None) -> None:
+    def __init__(
+        self,
+        service: FieldService,
+        limits: PushLimits | None = None,
+        *,
+        max_per_agent: int = DEFAULT_MAX_PER_AGENT,
+    ) -> None:
         self.service = service
         self.limits = limits or PushLimits()
+        #: most push connections (WebSocket and SSE together) one agent may hold
+        self.max_per_agent = max_per_agent
         self.connections: set[Connection] = set()
         #: each agent's connections (a few each: a list is the smallest)
         self._by_agent: dict[str, list[Connection]] = {}
@@ -111,7 +131,7 @@ class PushHub:
         self._tasks: set[asyncio.Task[None]] = set()
         #: told of every connection and disconnection, if set
         self.liveness: Liveness | None = None
-        service.listener = self.publish
+        service.listeners.append(self.publish)
 
     @property
     def field(self) -> Field:
@@ -124,6 +144,17 @@ class PushHub:
     # -- connections -----------------------------------------------------------
 
     def connect(self, agent_id: str, kind: str) -> Connection:
+        """A new push connection of ``agent_id``; ``TOO_MANY_CONNECTIONS`` past the
+        agent's cap (each connection may queue a full outbox)."""
+        held = len(self._by_agent.get(agent_id, ()))
+        if held >= self.max_per_agent:
+            raise FieldError(
+                f"the agent already holds {held} push connections, as many as the Field allows",
+                code=Code.TOO_MANY_CONNECTIONS,
+                recoverable=True,
+                suggested_action="Close one first; one WebSocket carries all of an agent's "
+                "subscriptions.",
+            )
         outbox = Outbox(max_frames=self.limits.outbox_frames, max_bytes=self.limits.outbox_bytes)
         connection = Connection(agent_id, kind, outbox)
         self.connections.add(connection)
@@ -132,8 +163,19 @@ class PushHub:
             self.liveness.connected(agent_id)
         return connection
 
+    def connect_sink(self, agent_id: str, kind: str, outbox: Outbox) -> Connection:
+        """A durable sink's connection (``kind`` in :data:`SINK_KINDS`): its own small
+        outbox, no cap, and it says nothing about the agent's liveness."""
+        connection = Connection(agent_id, kind, outbox)
+        self.connections.add(connection)
+        return connection
+
     def disconnect(self, connection: Connection) -> None:
-        if connection in self.connections and self.liveness is not None:
+        if (
+            connection in self.connections
+            and self.liveness is not None
+            and connection.kind not in SINK_KINDS
+        ):
             self.liveness.disconnected(connection.agent_id)
         self.connections.discard(connection)
         same_agent = self._by_agent.get(connection.agent_id)
@@ -192,13 +234,18 @@ class PushHub:
                 after = position
             else:
                 report.update(recovered=False, reason=problem)
-        binding = self._bind(connection, subscription, after, replaying=after < last)
+        ending = subscription.get("ended_position")
+        until = last if ending is None else min(last, ending - 1)
+        binding = self._bind(connection, subscription, after, replaying=after < until)
+        binding.ending = ending
         report["from"] = format_cursor(self.tag, after)
         self._control(connection, "resume", report, subscription_id)
-        if binding.held is None:
+        if binding.held is None and ending is not None:
+            self._end_stream(binding, "subscription cancelled")
+        elif binding.held is None:
             self._went_live(binding, 0)
         else:
-            task = asyncio.create_task(self._replay(binding, after, last))
+            task = asyncio.create_task(self._replay(binding, after, until))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
@@ -250,7 +297,12 @@ class PushHub:
     # -- replay ----------------------------------------------------------------
 
     async def _replay(self, binding: _Binding, after: int, until: int) -> None:
-        """Offer the stream every event in (start, until], then release held ones."""
+        """Offer the stream every event in (start, until], then release held ones.
+
+        If the subscription ends meanwhile (or had ended: ``binding.ending``),
+        the replay goes on to just before its end, and the stream ends there
+        instead of going live: what was held is in that stretch of the log.
+        """
         ahead: asyncio.Future[list[StoredEntry]] | None = None
         try:
             stream = binding.stream
@@ -261,14 +313,19 @@ class PushHub:
             names = frozenset(state.subscriptions[stream.subscription_id]["events"])
             replayed = 0
             position = start
-            while position < until and binding.connection.ended is None and not binding.detached:
+
+            def target() -> int:
+                return until if binding.ending is None else binding.ending - 1
+
+            while position < target() and binding.connection.ended is None and not binding.detached:
                 await outbox.wait_for_room()
                 if ahead is None:
                     # an entry yields at most one notification: never read more than fit
-                    page = max(1, min(REPLAY_PAGE, outbox.room(), until - position))
+                    page = max(1, min(REPLAY_PAGE, outbox.room(), target() - position))
                     entries = await asyncio.to_thread(self.service.log.read, position, page)
                 else:
                     entries, ahead = await ahead, None
+                entries = [e for e in entries if e.position <= target()]
                 if not entries:
                     break
                 # each entry is at most one frame: never offer more than fits now (a page
@@ -277,7 +334,7 @@ class PushHub:
                 position = entries[-1].position
                 # read the next page while this one is matched and encoded; it fits in
                 # what is left of the outbox after this page, whatever the consumer does
-                page = min(REPLAY_PAGE, outbox.room() - len(entries), until - position)
+                page = min(REPLAY_PAGE, outbox.room() - len(entries), target() - position)
                 if page > 0:
                     ahead = asyncio.ensure_future(
                         asyncio.to_thread(self.service.log.read, position, page)
@@ -287,6 +344,10 @@ class PushHub:
             # was held) before going live, as for any page
             await outbox.wait_for_room()
             if binding.connection.ended is not None or binding.detached:
+                return
+            if binding.ending is not None:  # what was held is in what was replayed
+                binding.held = None
+                self._end_stream(binding, "subscription cancelled")
                 return
             held, binding.held = binding.held or [], None
             for notification in held:
@@ -344,7 +405,8 @@ class PushHub:
                 event = event_of(entry, units)
                 if event is not None:
                     events.append(event)
-        matches = self._matcher().match(events, only=rows)
+        # a replay is bounded by the stream's end: its row counts even once cancelled
+        matches = self._matcher().match(events, only=rows, inactive=True)
         stream = binding.stream
         delivered = 0
         if not stream.window_ms:  # no debounce: straight to frames
@@ -422,7 +484,7 @@ class PushHub:
 
     def publish(self, entries: list[StoredEntry]) -> None:
         """Route a batch of newly durable entries (called by the writer)."""
-        self._lifecycle(entries)
+        ended = self._lifecycle(entries)
         if not self._by_subscription:
             return
         events = self._events(entries)
@@ -435,6 +497,8 @@ class PushHub:
                 scope = self._scope = matcher.scope(np.sort(np.array(rows, dtype=np.intp)))
             for match in matcher.match(events, scope=scope):
                 self._route(match)
+        for subscription_id, position in ended.items():
+            self._finish(subscription_id, position, entries)
         self.flush_due(entries[-1].ts)
 
     def _route(self, match: Match) -> None:
@@ -575,8 +639,11 @@ class PushHub:
         self.end(connection, 4008, "outbox overflow", Frame(body, "overflow"))
         self.disconnect(connection)
 
-    def _lifecycle(self, entries: list[StoredEntry]) -> None:
-        """Attach new subscriptions to their agent's sockets; end cancelled ones."""
+    def _lifecycle(self, entries: list[StoredEntry]) -> dict[str, int]:
+        """Attach new subscriptions to their agent's sockets; return the subscriptions the
+        batch ended (cancelled, or their agent deregistered) with where they ended."""
+        ended: dict[str, int] = {}
+        subscriptions = self.field.state.subscriptions
         for entry in entries:
             if entry.kind == "subscription.created":
                 subscription = entry.data["subscription"]
@@ -584,14 +651,49 @@ class PushHub:
                     if connection.kind == "ws":
                         self._bind(connection, subscription, entry.position, replaying=False)
             elif entry.kind == "subscription.cancelled":
-                subscription_id = entry.data["subscription_id"]
-                for binding in list(self._by_subscription.get(subscription_id, [])):
-                    self.detach(binding.connection, subscription_id, "subscription cancelled")
+                ended[entry.data["subscription_id"]] = entry.position
             elif entry.kind == "agent.deregistered":
-                # an agent's subscriptions stream only to its own connections
+                agent_id = entry.data["agent_id"]
+                for subscription_id in self._by_subscription:
+                    subscription = subscriptions[subscription_id]
+                    if (
+                        subscription["agent_id"] == agent_id
+                        and subscription.get("ended_position") == entry.position
+                    ):
+                        ended[subscription_id] = entry.position
+                # after its streams have ended and the DEREGISTER response is queued
                 loop = asyncio.get_running_loop()
-                for connection in list(self._by_agent.get(entry.data["agent_id"], ())):
-                    for subscription_id in list(connection.streams):
-                        self.detach(connection, subscription_id, "subscription cancelled")
-                    # after the DEREGISTER response has been queued on it
+                for connection in list(self._by_agent.get(agent_id, ())):
                     loop.call_soon(self.end, connection, 4409, "agent deregistered", None)
+        return ended
+
+    def _finish(self, subscription_id: str, ended: int, entries: list[StoredEntry]) -> None:
+        """End the streams of a subscription that ended at position ``ended``.
+
+        Its row was cancelled before this batch was published, so what the batch
+        held for it before ``ended`` is matched here (as a replay would), then its
+        last debounce window is delivered and its ``end`` queued. A stream still
+        replaying goes on to ``ended`` itself.
+        """
+        bindings = list(self._by_subscription.get(subscription_id, ()))
+        if not bindings:
+            return
+        state = self.field.state
+        row = np.array([state.registry.rows[subscription_id]])
+        names = frozenset(state.subscriptions[subscription_id]["events"])
+        before = [e for e in entries if e.position < ended]
+        for binding in bindings:
+            binding.ending = ended
+            if binding.held is not None:
+                continue
+            if before:
+                self._offer_entries(binding, before, row, names)
+            if binding.connection.ended is None:
+                self._end_stream(binding, "subscription cancelled")
+
+    def _end_stream(self, binding: _Binding, reason: str) -> None:
+        """Deliver a stream's open debounce window, then its ``end``."""
+        stream = binding.stream
+        if stream.window_ms:
+            self._deliver(binding, stream.advance(math.inf))
+        self.detach(binding.connection, stream.subscription_id, reason)

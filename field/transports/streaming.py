@@ -5,9 +5,10 @@ with the client's cursors, then copy frames from the connection's outbox
 to the socket until one side ends. The framing is in
 ``protocol/README.md`` ("Push").
 
-WebSocket close codes: 4401 authentication failed, 4008 outbox overflow
-(the consumer was too slow; resume from the cursors of the ``overflow``
-frame), 4409 the agent deregistered, 1001 the server is stopping.
+WebSocket close codes: 4401 authentication failed, 4429 the agent holds as
+many push connections as it may, 4008 outbox overflow (the consumer was too
+slow; resume from the cursors of the ``overflow`` frame), 4409 the agent
+deregistered, 1001 the server is stopping.
 """
 
 from __future__ import annotations
@@ -27,8 +28,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..core.context import Outcome
 from ..core.field import Field
-from ..errors import FieldError, InvalidJSON, internal_error
+from ..errors import FieldError, internal_error
+from ..model import OPERATIONS
 from ..subscriptions.outbox import Frame, Outbox
+from .delivery import check_webhook
+from .documents import decode_document
 from .push import Connection, PushHub
 from .wsprotocol import BATCH_EXTENSION
 
@@ -87,7 +91,10 @@ async def sse_endpoint(
     if request.method == "HEAD":  # what a GET would answer, and no stream (nothing to release)
         return EventSourceResponse(_no_events(), headers=SSE_HEADERS)
     since = request.headers.get("last-event-id") or request.query_params.get("since")
-    connection = hub.connect(outcome.response["agent_id"], "sse")
+    try:
+        connection = hub.connect(outcome.response["agent_id"], "sse")
+    except FieldError as error:  # TOO_MANY_CONNECTIONS
+        return error_response(error)
     try:
         hub.attach(connection, subscription_id, since)
     except Exception:
@@ -173,11 +180,14 @@ async def ws_endpoint(scope: Scope, receive: Receive, send: Send, hub: PushHub) 
             lambda field: Outcome({"agent_id": field.authenticate(token).id})
         )
     except FieldError as error:
-        await websocket.send_text(_frame("error", error.to_response()).decode())
-        await websocket.close(code=4401, reason=error.code)
+        await _refuse(websocket, error, 4401)
         return
     agent_id = outcome.response["agent_id"]
-    connection = hub.connect(agent_id, "ws")
+    try:
+        connection = hub.connect(agent_id, "ws")
+    except FieldError as error:  # TOO_MANY_CONNECTIONS
+        await _refuse(websocket, error, 4429)
+        return
     default, each = since_cursors(websocket.query_params.getlist("since"))
     base_http = str(websocket.base_url).replace("ws", "http", 1).rstrip("/")  # the Host header
     _release_handshake(websocket)
@@ -199,6 +209,26 @@ async def ws_endpoint(scope: Scope, receive: Receive, send: Send, hub: PushHub) 
         await sender
 
 
+async def _refuse(websocket: WebSocket, error: FieldError, code: int) -> None:
+    """An ``error`` frame with the error response, then close with ``code`` (reason: the
+    error code)."""
+    await websocket.send_text(_frame("error", error.to_response()).decode())
+    await websocket.close(code=code, reason=error.code)
+
+
+async def deny_websocket(scope: Scope, send: Send, error: FieldError) -> None:
+    """Answer a WebSocket handshake with an HTTP error response instead of accepting it
+    (the ASGI denial response; a server without it answers 403)."""
+    if "websocket.http.response" not in scope.get("extensions", {}):
+        await send({"type": "websocket.close", "code": 1008, "reason": error.code})
+        return
+    body = orjson.dumps(error.to_response())
+    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    start = {"type": "websocket.http.response.start", "status": error.http_status}
+    await send({**start, "headers": headers})
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
 async def _ws_reader(
     websocket: WebSocket,
     hub: PushHub,
@@ -214,10 +244,11 @@ async def _ws_reader(
             return
         if message["type"] == "websocket.disconnect":
             return
-        text = message.get("text")
-        if text is None:  # a binary frame: accept it if it is UTF-8 JSON
-            text = (message.get("bytes") or b"").decode("utf-8", errors="replace")
-        msg_id, status, body = await _run_envelope(hub, text, token, base_http)
+        # a binary frame is accepted if it is UTF-8 JSON
+        data = message.get("text")
+        if data is None:
+            data = message.get("bytes") or b""
+        msg_id, status, body = await _run_envelope(hub, data, token, base_http)
         frame = orjson.dumps({"type": "response", "id": msg_id, "status": status, "body": body})
         if not connection.outbox.put(Frame(frame, "response")):
             hub.overflow(connection)
@@ -225,19 +256,18 @@ async def _ws_reader(
 
 
 async def _run_envelope(
-    hub: PushHub, message: str, token: str | None, base_http: str
+    hub: PushHub, message: str | bytes, token: str | None, base_http: str
 ) -> tuple[Any, int, dict[str, Any]]:
     msg_id = None
     try:
-        try:
-            body = orjson.loads(message)
-        except orjson.JSONDecodeError as exc:
-            raise InvalidJSON(f"the frame is not valid JSON: {exc}") from None
+        body = decode_document(message, hub.field.limits, what="the message")
+        operation = None
         if isinstance(body, dict):
-            msg_id = body.get("id")
+            msg_id = _echoed_id(body.get("id"))
+            operation = _known_operation(body.get("operation"))
+        await check_webhook(body, hub.field.egress)
         outcome = await hub.service.execute(
-            lambda field: field.handle(body, token=token, operation=None),
-            operation=body.get("operation") if isinstance(body, dict) else None,
+            lambda field: field.handle(body, token=token, operation=None), operation=operation
         )
     except FieldError as error:
         return msg_id, error.http_status, error.to_response()
@@ -245,6 +275,16 @@ async def _run_envelope(
         logger.exception("a WebSocket request failed")
         return msg_id, 500, internal_error().to_response()
     return msg_id, 200, absolute_urls(outcome.response, base_http)
+
+
+def _echoed_id(value: Any) -> str | None:
+    """The envelope id a ``response`` frame echoes: only an id the envelope may carry."""
+    return value if isinstance(value, str) and 1 <= len(value) <= 256 else None
+
+
+def _known_operation(value: Any) -> str | None:
+    """The envelope's operation if it names one (it is logged): never a raw client value."""
+    return value if isinstance(value, str) and value in OPERATIONS else None
 
 
 def absolute_urls(response: dict[str, Any], base_http: str) -> dict[str, Any]:

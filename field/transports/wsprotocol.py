@@ -2,8 +2,8 @@
 
 A Field may hold tens of thousands of push connections open for hours,
 nearly all idle. uvicorn's websockets sans-I/O protocol is used as it is,
-with three things taken away from what an idle connection keeps and one
-thing added:
+with three things taken away from what an idle connection keeps and three
+things added:
 
 * its receive queue is an :class:`Inbox` (no deque until a message waits)
   instead of an ``asyncio.Queue`` (four deques, about 3 KB);
@@ -17,7 +17,12 @@ thing added:
   as one ASGI message, written to the socket in one call instead of a
   system call per frame. The extension is announced in the scope's
   ``extensions``, as ASGI extensions are; an application that finds it
-  missing (another server) sends frame by frame.
+  missing (another server) sends frame by frame;
+* a handshake websockets refuses is answered with the Field's error body
+  (``400 INVALID_HANDSHAKE``) instead of plain text (:class:`FieldServerProtocol`);
+* the connection's place in the server's connection counts
+  (:class:`~field.transports.connections.Admission`), handed over by the HTTP
+  protocol at the upgrade, is given back when the connection closes.
 
 Everything else, the wire included, is uvicorn's and websockets' own.
 """
@@ -26,14 +31,23 @@ from __future__ import annotations
 
 import asyncio
 import collections
-from typing import Any
+import email.utils
+from typing import TYPE_CHECKING, Any
 
+import orjson
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.datastructures import Headers
 from websockets.exceptions import InvalidState
+from websockets.http11 import Request, Response
 from websockets.protocol import Protocol
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
+
+from ..errors import Code, FieldError
+
+if TYPE_CHECKING:
+    from .connections import Admission
 
 #: The scope extension, and the type of its message: ``{"type": BATCH_EXTENSION,
 #: "texts": [bytes, ...], "timeout": seconds}``, each text the UTF-8 of one text
@@ -120,13 +134,66 @@ class Flag:
         return True
 
 
+#: Longest reason from websockets quoted in a refused handshake's message.
+MAX_REASON_CHARS = 200
+
+
+class FieldServerProtocol(ServerProtocol):
+    """websockets' server side, whose handshake refusals carry the Field's error body."""
+
+    def accept(self, request: Request) -> Response:
+        response = super().accept(request)
+        if response.status_code == 101:
+            return response
+        return handshake_refusal(response)
+
+
+def handshake_refusal(refusal: Response) -> Response:
+    """``400 INVALID_HANDSHAKE`` with the error body, saying what websockets found wrong,
+    and ``Sec-WebSocket-Version: 13``, the one version the Field speaks (RFC 6455 4.4)."""
+    text = refusal.body.decode("utf-8", "replace").partition("\n")[0]
+    reason = text.removeprefix("Failed to open a WebSocket connection: ").rstrip(".")
+    if len(reason) > MAX_REASON_CHARS:
+        reason = reason[:MAX_REASON_CHARS] + "..."
+    error = FieldError(
+        f"the WebSocket handshake is invalid: {reason}",
+        code=Code.INVALID_HANDSHAKE,
+        recoverable=True,
+        suggested_action="Open /v1/ws with a WebSocket client (GET, HTTP/1.1, no body).",
+    )
+    body = orjson.dumps(error.to_response())
+    headers = Headers(
+        [
+            ("Date", email.utils.formatdate(usegmt=True)),
+            ("Connection", "close"),
+            ("Content-Length", str(len(body))),
+            ("Content-Type", "application/json"),
+            ("Sec-WebSocket-Version", "13"),
+        ]
+    )
+    return Response(error.http_status, "Bad Request", headers, body)
+
+
 class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's websockets sans-I/O protocol, lean when idle, with batched text frames."""
+
+    #: this connection's place in the server's counts, given back when it closes
+    admission: Admission | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.queue = Inbox()  # type: ignore[assignment]
         self.writable = Flag(True)  # type: ignore[assignment]
+        # the same object, refusing handshakes in the Field's words (it adds no state)
+        self.conn.__class__ = FieldServerProtocol
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        try:
+            super().connection_lost(exc)
+        finally:
+            if self.admission is not None:
+                self.admission.release()
+                self.admission = None
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
@@ -141,6 +208,10 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
         await super().send(message)
         if message["type"] == "websocket.accept" and self.handshake_complete:
             self._forget_handshake()
+        elif message["type"] == "websocket.http.response.body" and self.close_sent:
+            # a denial response went out whole: the handshake is over (uvicorn
+            # would otherwise log that the application never completed it)
+            self.handshake_complete = True
 
     async def _send_texts(self, texts: list[bytes], timeout: float | None) -> None:
         """Frame every text as ``send`` would, and write them all in one go.

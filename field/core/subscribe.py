@@ -1,0 +1,313 @@
+"""SUBSCRIBE (spec 6.7), and the durable deliveries it may create.
+
+A subscription is read by its agent (``stream``: WebSocket, SSE, polling)
+or delivered by the Field (``webhook``, ``rap``; see
+:mod:`field.subscriptions.delivery`). For a durable delivery the
+``subscription.created`` entry carries, beside the public subscription,
+the delivery's record: the webhook URL and its secret *sealed* with the
+server's key (the log never holds a secret the Field signs with), or the
+RAP call it answers. The delivery's progress is in the log too:
+``delivery.acked`` entries (the cursor each delivery has been acknowledged
+up to, many per entry) and ``delivery.changed`` entries (its state).
+
+The delivery engine (``field/transports/delivery.py``) reports progress
+through :func:`ack_deliveries` and :func:`change_delivery`, which write
+those entries like any operation: durable before they count.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ..errors import AuthError, Code, InvalidPayload, NotFound, StateError
+from ..model import LogEntry
+from ..subscriptions import delivery as deliveries
+from ..subscriptions.events import SUBSCRIPTION_EVENTS
+from ..subscriptions.stream import format_cursor
+from . import validation
+from .context import Context, Outcome
+from .secrets import secret_key
+
+if TYPE_CHECKING:
+    from .field import Field
+    from .state import FieldState
+
+
+def subscribe(field: Field, ctx: Context) -> Outcome:
+    """SUBSCRIBE: subscribe, unsubscribe, resume a delivery, or list."""
+    request = validation.subscribe_payload(ctx.envelope.payload, field.limits, SUBSCRIPTION_EVENTS)
+    assert ctx.agent is not None  # guaranteed by handle(): SUBSCRIBE is authenticated
+    agent_id = ctx.agent.id
+    state = field.state
+    action = request["action"]
+    if action == "list":
+        mine = sorted(state.active_subscriptions.get(agent_id, ()))
+        subscriptions = [subscription_wire(field, s) for s in mine]
+        return Outcome({"status": "ok", "subscriptions": subscriptions, "epoch": ctx.epoch})
+    if action == "unsubscribe":
+        subscription = active_subscription(state, request["id"], agent_id)
+        data = {"subscription_id": subscription["id"], "reason": "unsubscribed"}
+        entry = LogEntry(ctx.epoch, "subscription.cancelled", data, agent_id, ctx.now)
+        cancelled = {**subscription_wire(field, subscription["id"]), "status": "cancelled"}
+        return Outcome(_answer(subscription["id"], cancelled, ctx), [entry])
+    if action == "resume":
+        subscription = owned_subscription(state, request["id"], agent_id)
+        record = state.deliveries.get(subscription["id"])
+        if record is None:
+            raise StateError(
+                f"subscription {subscription['id']} is read by its agent: there is no "
+                "delivery to resume",
+                code=Code.INVALID_TRANSITION,
+                recoverable=False,
+                suggested_action="Reconnect to its stream with your last cursor instead.",
+            )
+        deliveries.step(record["state"], "resume", subscription["id"])
+        data = {"subscription_id": subscription["id"], "action": "resume", "reason": None}
+        entry = LogEntry(ctx.epoch, "delivery.changed", data, agent_id, ctx.now)
+        body = _answer(subscription["id"], subscription_wire(field, subscription["id"]), ctx)
+        body["subscription"]["delivery"]["state"] = "active"
+        body["resumed"] = True
+        return Outcome(body, [entry])
+    return _create(field, ctx, request)
+
+
+def _answer(subscription_id: str, wire: dict[str, Any], ctx: Context) -> dict[str, Any]:
+    return {
+        "status": "ok",
+        "subscription_id": subscription_id,
+        "subscription": wire,
+        "epoch": ctx.epoch,
+    }
+
+
+def _create(field: Field, ctx: Context, request: dict[str, Any]) -> Outcome:
+    assert ctx.agent is not None
+    agent_id = ctx.agent.id
+    state = field.state
+    active = state.active_subscriptions.get(agent_id, set())
+    if ctx.rap is not None:
+        sent = _rap_subscription(field, agent_id, ctx.rap.group_id, ctx.rap.tool_call_id)
+        if sent is not None:  # the runtime sent the call again: one subscription, one result
+            return Outcome(_answer(sent, subscription_wire(field, sent), ctx))
+    cap = field.limits.max_subscriptions_per_agent
+    if len(active) >= cap:
+        raise StateError(
+            f"agent {agent_id!r} already has {cap} active subscriptions",
+            code=Code.SUBSCRIPTION_LIMIT,
+            suggested_action="Unsubscribe from one first, or widen an existing one.",
+        )
+    subscription_id = field.new_id("sub")
+    subscription: dict[str, Any] = {
+        "id": subscription_id,
+        "agent_id": agent_id,
+        "events": request["events"],
+        "min_relevance": request["min_relevance"],
+        "debounce_ms": request["debounce_ms"],
+        "include_own": request["include_own"],
+        "status": "active",
+        "created_epoch": ctx.epoch,
+    }
+    data: dict[str, Any] = {"subscription": subscription}
+    secret: str | None = None
+    if ctx.rap is not None:
+        record = _rap_record(field, ctx, agent_id)
+    elif request["delivery"]["type"] == "webhook":
+        secret = request["delivery"]["secret"] or field.new_secret()
+        record = _webhook_record(field, request["delivery"]["url"], secret, subscription_id)
+    else:
+        record = None
+    if record is not None:
+        subscription["delivery"] = deliveries.public_delivery(record)
+        data["delivery"] = record
+    entry = LogEntry(ctx.epoch, "subscription.created", data, agent_id, ctx.now)
+    shown = dict(subscription)
+    if secret is not None:  # the secret is shown this once, and kept only sealed
+        shown["delivery"] = {**subscription["delivery"], "secret": secret}
+    response: dict[str, Any] = {
+        "status": "ok",
+        "subscription_id": subscription_id,
+        "subscription": shown,
+        "epoch": ctx.epoch,
+        "cursor": None,
+        "ws_url": "/v1/ws",
+        "sse_url": f"/v1/subscriptions/{subscription_id}/events",
+    }
+
+    def with_cursor(positions: list[int]) -> None:
+        response["cursor"] = format_cursor(field.field_tag, positions[0])
+
+    return Outcome(response, [entry], on_durable=with_cursor)
+
+
+def _webhook_record(field: Field, url: str, secret: str, subscription_id: str) -> dict[str, Any]:
+    """A webhook delivery: its URL, if the Field may reach it, and its secret, sealed."""
+    checked = field.egress.check_url(url)
+    if isinstance(checked, str):
+        raise refused_url(checked)
+    try:
+        secret_key(secret)
+    except ValueError as exc:
+        raise InvalidPayload(
+            f"subscription.delivery.secret is not a webhook secret: {exc}",
+            suggested_action='Leave it out (the Field makes one), or send "whsec_" and the '
+            "base64 of 24 to 64 random bytes.",
+        ) from None
+    return {
+        "type": "webhook",
+        "url": url,
+        "secret": field.secret_box.seal(secret, context=subscription_id),
+    }
+
+
+def refused_url(reason: str, name: str = "subscription.delivery.url") -> InvalidPayload:
+    """The error of a webhook URL (or a RAP ``callback_url``) the Field may not deliver
+    to, saying why."""
+    return InvalidPayload(
+        f"{name} is refused: {reason}",
+        operation="SUBSCRIBE",
+        details={"reason": reason},
+        suggested_action="Give a public http(s) URL, or ask the operator to allow its "
+        "network (--webhook-allow-net).",
+    )
+
+
+def _rap_record(field: Field, ctx: Context, agent_id: str) -> dict[str, Any]:
+    """A RAP delivery: the call this subscription answers, within the thread's cap."""
+    call = ctx.rap
+    assert call is not None
+    checked = field.egress.check_url(call.callback_url)
+    if isinstance(checked, str):
+        raise refused_url(checked, "callback_url")
+    cap = field.limits.max_subscriptions_per_thread
+    held = [
+        s
+        for s in field.state.active_subscriptions.get(agent_id, ())
+        if field.state.deliveries.get(s, {}).get("group_id") == call.group_id
+    ]
+    if len(held) >= cap:
+        raise StateError(
+            f"thread {call.group_id!r} already has {cap} active subscriptions",
+            code=Code.SUBSCRIPTION_LIMIT,
+            suggested_action="Cancel one of the thread's subscriptions first.",
+        )
+    return {
+        "type": "rap",
+        "callback_url": call.callback_url,
+        "group_id": call.group_id,
+        "tool_call_id": call.tool_call_id,
+        "user_id": call.user_id,
+        "associative": call.associative,
+        "call_id": call.call_id,
+    }
+
+
+def _rap_subscription(field: Field, agent_id: str, group_id: str, call: str) -> str | None:
+    """The agent's active subscription made by RAP call ``call`` of thread ``group_id``."""
+    for subscription_id in field.state.active_subscriptions.get(agent_id, ()):
+        record = field.state.deliveries.get(subscription_id)
+        if record and (record.get("group_id"), record.get("tool_call_id")) == (group_id, call):
+            return subscription_id
+    return None
+
+
+def owned_subscription(state: FieldState, subscription_id: str, agent_id: str) -> dict[str, Any]:
+    """The caller's subscription ``subscription_id``; refuses other agents'."""
+    subscription = state.subscriptions.get(subscription_id)
+    if subscription is None:
+        raise NotFound(
+            f"no subscription {subscription_id!r} in this Field",
+            code=Code.SUBSCRIPTION_NOT_FOUND,
+            suggested_action='List your subscriptions with action "list".',
+        )
+    if subscription["agent_id"] != agent_id:
+        raise AuthError(
+            f"subscription {subscription_id!r} belongs to another agent",
+            code=Code.FORBIDDEN,
+            recoverable=False,
+            suggested_action="Only the agent that subscribed can read or cancel it.",
+        )
+    return subscription
+
+
+def active_subscription(state: FieldState, subscription_id: str, agent_id: str) -> dict[str, Any]:
+    """The caller's subscription, which must still be active (INVALID_TRANSITION if not)."""
+    subscription = owned_subscription(state, subscription_id, agent_id)
+    if subscription["status"] != "active":
+        raise StateError(
+            f"subscription {subscription_id} is cancelled",
+            code=Code.INVALID_TRANSITION,
+            recoverable=False,
+            suggested_action="It no longer notifies; subscribe again if needed.",
+        )
+    return subscription
+
+
+def subscription_wire(field: Field, subscription_id: str) -> dict[str, Any]:
+    """A subscription as ``list`` shows it; a durable delivery with its progress."""
+    subscription = field.state.subscriptions[subscription_id]
+    wire = {k: v for k, v in subscription.items() if k not in ("cancel_reason", "ended_position")}
+    record = field.state.deliveries.get(subscription_id)
+    if record is not None:
+        shown = deliveries.public_delivery(record)
+        shown["state"] = record["state"]
+        shown["acked_cursor"] = format_cursor(field.field_tag, record["acked"])
+        progress = field.delivery_status(subscription_id) if field.delivery_status else None
+        shown.update(progress or deliveries.IDLE_PROGRESS)
+        if shown.get("last_error") is None and record["reason"] is not None:
+            shown["last_error"] = record["reason"]
+        wire["delivery"] = shown
+    return wire
+
+
+# -- what the delivery engine reports (no envelope: the server decides these) ----------
+
+
+def ack_entries(field: Field, cursors: dict[str, int], epoch: int, now: float) -> list[LogEntry]:
+    """A ``delivery.acked`` entry for the deliveries ``cursors`` moves forward, if any."""
+    records = field.state.deliveries
+    moved = {
+        subscription_id: position
+        for subscription_id, position in sorted(cursors.items())
+        if subscription_id in records
+        and records[subscription_id]["state"] != "ended"
+        and position > records[subscription_id]["acked"]
+    }
+    if not moved:
+        return []
+    return [LogEntry(epoch, "delivery.acked", {"cursors": moved}, None, now)]
+
+
+def change_entries(
+    field: Field, subscription_id: str, action: str, reason: str | None, epoch: int, now: float
+) -> list[LogEntry]:
+    """A ``delivery.changed`` entry moving the delivery by ``action`` (none if it is gone)."""
+    record = field.state.deliveries.get(subscription_id)
+    if record is None:
+        return []
+    deliveries.step(record["state"], action, subscription_id)
+    data = {"subscription_id": subscription_id, "action": action, "reason": reason}
+    return [LogEntry(epoch, "delivery.changed", data, None, now)]
+
+
+def cancel_entries(
+    field: Field,
+    agent_id: str,
+    group_id: str,
+    tool_call_id: str | None,
+    reason: str,
+    epoch: int,
+    now: float,
+) -> list[LogEntry]:
+    """``subscription.cancelled`` for the agent's active RAP subscriptions of a thread
+    (only the one ``tool_call_id`` created, if given)."""
+    state = field.state
+    entries = []
+    for subscription_id in sorted(state.active_subscriptions.get(agent_id, ())):
+        record = state.deliveries.get(subscription_id)
+        if record is None or record["type"] != "rap" or record["group_id"] != group_id:
+            continue
+        if tool_call_id is not None and record["tool_call_id"] != tool_call_id:
+            continue
+        data = {"subscription_id": subscription_id, "reason": reason}
+        entries.append(LogEntry(epoch, "subscription.cancelled", data, agent_id, now))
+    return entries

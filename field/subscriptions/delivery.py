@@ -1,0 +1,160 @@
+"""Durable delivery of a subscription: its state machine and its retry policy.
+
+A subscription is delivered in one of three ways (``subscription.delivery``):
+
+* ``stream``: the default; the agent reads it over a WebSocket or SSE, or
+  polls. The Field keeps no delivery state for it.
+* ``webhook``: the Field POSTs each notification, signed, to a URL.
+* ``rap``: the Field POSTs the RAP ``tool_result`` of the subscribing call,
+  then each notification as a ``subscription_event``, then one ``final``
+  event, to a RAP runtime's ``callback_url``.
+
+The last two are *durable*: their acknowledged cursor and their state are in
+the log, so a restart resumes them where they stood. Their state is one
+table, :data:`TRANSITIONS` (state x action -> state)::
+
+    active   --fail-->    failing     (a refusal, or retries past their limit)
+    failing  --recover--> active      (a delivery succeeded again)
+    failing  --suspend--> suspended   (failing for longer than suspend_after)
+    failing|suspended --resume--> active   (SUBSCRIBE "resume")
+    active|failing|suspended --end--> ended (terminal: the subscription ended and
+                                             everything it owed was delivered)
+
+Nothing is dropped in any state: a delivery keeps its cursor, and the log
+holds what it owes. ``failing`` keeps trying, at ``failing_interval``;
+``suspended`` waits for a ``resume``.
+
+This module is pure: it decides, the transport acts (``field/transports/delivery.py``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import Code, StateError
+
+DELIVERY_TYPES: tuple[str, ...] = ("stream", "webhook", "rap")
+#: The types the Field delivers itself (with state in the log).
+DURABLE_TYPES: frozenset[str] = frozenset({"webhook", "rap"})
+DELIVERY_STATES: tuple[str, ...] = ("active", "failing", "suspended", "ended")
+
+#: The delivery state machine: state -> {action: state after}.
+TRANSITIONS: dict[str, dict[str, str]] = {
+    "active": {"fail": "failing", "end": "ended"},
+    "failing": {"recover": "active", "suspend": "suspended", "resume": "active", "end": "ended"},
+    "suspended": {"resume": "active", "end": "ended"},
+    "ended": {},
+}
+
+
+def step(state: str, action: str, subscription_id: str) -> str:
+    """The state after ``action``, or INVALID_TRANSITION naming the allowed actions."""
+    after = TRANSITIONS[state].get(action)
+    if after is None:
+        allowed = sorted(TRANSITIONS[state])
+        raise StateError(
+            f"the delivery of {subscription_id} is {state}; {action!r} is not allowed",
+            code=Code.INVALID_TRANSITION,
+            recoverable=False,
+            suggested_action=(
+                f"Allowed now: {', '.join(allowed)}." if allowed else "It has ended."
+            ),
+            details={"from": state, "action": action, "allowed": allowed},
+        )
+    return after
+
+
+class Verdict(enum.Enum):
+    """What one attempt's answer means for the delivery."""
+
+    DELIVERED = "delivered"  #: a 2xx: the next notification may go
+    RETRY = "retry"  #: no answer, a timeout, 408, 429 or a 5xx: the same again, later
+    REFUSED = "refused"  #: any other answer: the receiver will not take it as it is
+
+
+def verdict(status: int | None) -> Verdict:
+    """The verdict of an attempt answered with HTTP ``status`` (None: no answer at all)."""
+    if status is None or status in (408, 429) or status >= 500:
+        return Verdict.RETRY
+    if 200 <= status < 300:
+        return Verdict.DELIVERED
+    return Verdict.REFUSED
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RetryPolicy:
+    """When to try a notification again, and when to give up on the receiver for now.
+
+    Delays are exponential with *full jitter*: attempt n (from 1) waits a
+    uniform draw in ``[0, min(cap, base * 2**(n-1))]``, and never less than
+    the receiver's ``Retry-After``. A notification that failed
+    ``max_attempts`` times, or for ``max_age`` seconds since its first
+    failure, makes the delivery ``failing``; from then on one attempt is
+    made every ``failing_interval`` seconds, and after ``suspend_after``
+    seconds of failing the delivery is ``suspended``.
+    """
+
+    base: float = 1.0
+    cap: float = 60.0
+    max_attempts: int = 10
+    max_age: float = 3600.0
+    failing_interval: float = 300.0
+    suspend_after: float = 86400.0
+
+    def __post_init__(self) -> None:
+        for name in ("base", "cap", "max_age", "failing_interval", "suspend_after"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
+        if self.max_attempts < 1:
+            raise ValueError(f"max_attempts must be at least 1, not {self.max_attempts}")
+
+    def delay(
+        self, attempt: int, draw: Callable[[], float], retry_after: float | None = None
+    ) -> float:
+        """Seconds before attempt ``attempt + 1``, after ``attempt`` failed (``draw``: [0, 1))."""
+        ceiling = min(self.cap, self.base * 2.0 ** min(attempt - 1, 62))
+        wait = draw() * ceiling
+        if retry_after is not None and math.isfinite(retry_after):
+            wait = max(wait, min(retry_after, self.failing_interval))
+        return wait
+
+    def exhausted(self, attempts: int, first_failure: float, now: float) -> bool:
+        """Whether a notification failing since ``first_failure`` makes the delivery failing."""
+        return attempts >= self.max_attempts or now - first_failure >= self.max_age
+
+
+@dataclass(frozen=True, slots=True)
+class RapCall:
+    """The RAP invocation a subscription answers: where its events go, and for whom."""
+
+    callback_url: str
+    group_id: str
+    tool_call_id: str
+    user_id: str | None
+    associative: bool = False
+    #: the invocation's secondary call id, echoed in its tool result
+    call_id: str | None = None
+
+
+#: A durable delivery's progress when no engine reports it (a Field with no server).
+IDLE_PROGRESS: dict[str, Any] = {
+    "owed": None,
+    "attempts": 0,
+    "last_status": None,
+    "last_error": None,
+    "next_attempt_at": None,
+}
+
+
+def public_delivery(delivery: dict[str, Any]) -> dict[str, Any]:
+    """A durable delivery as the wire shows it: never its secret, never its tool result."""
+    return {k: v for k, v in delivery.items() if k not in _PRIVATE}
+
+
+#: Fields of a delivery's record that stay inside the Field.
+_PRIVATE = frozenset({"secret", "acked", "created_position", "agent_id", "reason", "state"})

@@ -1,0 +1,744 @@
+"""Durable delivery: the Field POSTs subscriptions to webhooks and RAP runtimes.
+
+One :class:`Sink` per durable delivery (``field/subscriptions/delivery.py``
+has its state machine). A sink is a consumer of the push hub, as a
+WebSocket is: the hub streams the subscription to it from the sink's
+acknowledged cursor (replaying the log, then live) into a small outbox,
+and the sink POSTs each frame, one at a time and in cursor order, moving
+on only once the receiver answered 2xx. So a webhook receives exactly the
+notifications the subscription's SSE stream carries, with the same bodies
+and cursors.
+
+* **Durable.** What a sink delivered is acknowledged in the log, many
+  deliveries per ``delivery.acked`` entry, each written as soon as the
+  previous one is durable. After a crash every delivery resumes from its
+  last acknowledged cursor: only deliveries whose acknowledgement was in
+  flight are sent again, with the same ``webhook-id`` (the cursor).
+* **Bounded.** An idle sink holds no task and no frame. Its outbox holds
+  at most :attr:`DeliverySettings.sink_frames` frames: a receiver slower
+  than the Field overflows it, the hub lets go, and the sink attaches
+  again from what it delivered, reading the log like a resumed stream.
+* **Isolated.** Requests go through one client with caps on concurrent
+  requests in all and per host, connect and total timeouts, a bound on the
+  response bytes read, no redirects, and the egress policy at every
+  connection. A receiver that is slow, dead or refusing holds only its own
+  sink: never the writer, another sink or a stream.
+
+The RAP framing (:class:`RapFrames`) sends the subscribing call's
+``tool_result`` first, each notification as a ``subscription_event``, and,
+when the subscription ends, one ``final`` event, after which nothing is
+ever sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import email.utils
+import functools
+import logging
+import random
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import aiohttp
+import orjson
+
+from .. import __version__
+from ..core.clock import iso_timestamp
+from ..core.egress import EgressPolicy
+from ..core.field import Field
+from ..core.secrets import SecretBox, signature_headers
+from ..core.subscribe import refused_url
+from ..core.validation import MAX_URL_CHARS
+from ..errors import FieldError
+from ..model import StoredEntry
+from ..service import FieldService
+from ..subscriptions.delivery import RetryPolicy, Verdict, public_delivery, verdict
+from ..subscriptions.outbox import Frame, Outbox
+from ..subscriptions.stream import format_cursor, parse_cursor
+from .egress import PolicyConnector, check_destination, refusal_of
+from .push import PushHub
+
+logger = logging.getLogger("field.delivery")
+
+USER_AGENT = f"akashik-field/{__version__} (webhook delivery)"
+#: Seconds before an acknowledgement the log refused is written again.
+ACK_RETRY_SECONDS = 1.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeliverySettings:
+    """Bounds of the Field's outgoing requests (``field serve --webhook-*`` flags)."""
+
+    connect_timeout: float = 5.0
+    timeout: float = 15.0
+    max_response_bytes: int = 64 << 10
+    concurrency: int = 256
+    concurrency_per_host: int = 32
+    #: notifications one delivery may send per second, and in a burst
+    rate: float = 50.0
+    burst: int = 100
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    #: frames a sink's outbox holds before the sink falls back to reading the log
+    sink_frames: int = 32
+    sink_bytes: int = 2 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """What one POST got: a status (None: no answer), an error, a Retry-After in seconds."""
+
+    status: int | None
+    error: str | None = None
+    retry_after: float | None = None
+
+
+class Slots:
+    """At most ``limit`` holders at once; the others wait, first come, first served.
+
+    ``asyncio.Semaphore`` (Python 3.11) looks through its waiters on every release,
+    past those it woke that have not run yet: with hundreds of deliveries waiting for
+    the client's slots, that was tens of microseconds a release. Here a release hands
+    its slot to the first waiter still waiting, so a free slot and a waiter never
+    coexist, and both acquiring and releasing take constant time.
+    """
+
+    __slots__ = ("_free", "_waiters", "users")
+
+    def __init__(self, limit: int) -> None:
+        self._free = limit
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        #: tasks holding a slot or waiting for one
+        self.users = 0
+
+    async def __aenter__(self) -> None:
+        self.users += 1
+        if self._free > 0:  # then no one is waiting
+            self._free -= 1
+            return
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            await waiter
+        except asyncio.CancelledError:
+            self.users -= 1
+            if waiter.cancelled():
+                with contextlib.suppress(ValueError):
+                    self._waiters.remove(waiter)
+            else:  # handed a slot, then cancelled before it ran: pass the slot on
+                self._release()
+            raise
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.users -= 1
+        self._release()
+
+    def _release(self) -> None:
+        waiters = self._waiters
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
+
+
+class Poster:
+    """The one HTTP client of durable deliveries (see the module docstring)."""
+
+    def __init__(self, settings: DeliverySettings, policy: EgressPolicy) -> None:
+        self.settings = settings
+        self.policy = policy
+        self._session: aiohttp.ClientSession | None = None
+        self._all = Slots(settings.concurrency)
+        #: each host's slots, while some request holds or waits for one
+        self._hosts: dict[str, Slots] = {}
+
+    async def start(self) -> None:
+        connector = PolicyConnector(
+            self.policy,
+            limit=self.settings.concurrency,
+            limit_per_host=self.settings.concurrency_per_host,
+        )
+        self._session = aiohttp.ClientSession(
+            connector=connector,
+            headers={"User-Agent": USER_AGENT},
+            # a receiver's cookies are neither kept (without bound) nor sent on
+            cookie_jar=aiohttp.DummyCookieJar(),
+            timeout=aiohttp.ClientTimeout(
+                total=self.settings.timeout, sock_connect=self.settings.connect_timeout
+            ),
+        )
+
+    async def close(self) -> None:
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Answer:
+        """POST ``body`` to ``url``: the receiver's answer, or why there was none."""
+        assert self._session is not None, "the poster is not started"
+        target = aiohttp.helpers.URL(url)  # parsed once: aiohttp takes it as it is
+        host = target.host or ""
+        gate = self._hosts.get(host)
+        if gate is None:
+            gate = self._hosts[host] = Slots(self.settings.concurrency_per_host)
+        try:
+            async with gate, self._all:  # waiting for a busy host holds no slot of all
+                return await self._post(target, body, headers)
+        finally:
+            if not gate.users and self._hosts.get(host) is gate:
+                del self._hosts[host]
+
+    async def _post(self, url: aiohttp.helpers.URL, body: bytes, headers: dict[str, str]) -> Answer:
+        assert self._session is not None
+        try:
+            async with self._session.post(
+                url,
+                data=body,
+                headers={"Content-Type": "application/json", **headers},
+                allow_redirects=False,
+            ) as response:
+                # what a receiver answers is read only so far
+                await response.content.read(self.settings.max_response_bytes)
+                return Answer(response.status, None, _retry_after(response.headers))
+        except aiohttp.ClientConnectorError as exc:
+            refused = refusal_of(exc)
+            why = f"refused by the egress policy: {refused}" if refused else _why(exc)
+            return Answer(None, why)
+        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+            return Answer(None, _why(exc))
+
+
+def _why(exc: BaseException) -> str:
+    """A short, bounded description of a failed request."""
+    if isinstance(exc, TimeoutError):
+        return "timed out"
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 200 else text[:199] + "…"
+
+
+def _retry_after(headers: Any) -> float | None:
+    """``Retry-After`` in seconds: a number of seconds or an HTTP date."""
+    value = headers.get("Retry-After")
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - time.time())
+
+
+async def check_webhook(body: Any, policy: EgressPolicy) -> None:
+    """Before a SUBSCRIBE naming a webhook runs: refuse (422) a URL whose host name
+    resolves to an address the Field may not deliver to. (The Field checks the URL
+    itself again, and every connection checks where it goes: DNS may change.)"""
+    try:
+        url = body["payload"]["subscription"]["delivery"]["url"]
+        wanted = body["operation"] == "SUBSCRIBE"
+    except (KeyError, TypeError):
+        return
+    if not wanted or not isinstance(url, str) or len(url) > MAX_URL_CHARS:
+        return  # validation answers what is malformed
+    reason = await check_destination(policy, url)
+    if reason is not None:
+        raise refused_url(reason)
+
+
+# -- framing: what each kind of delivery POSTs ----------------------------------------
+
+
+class WebhookFrames:
+    """A notification as the SSE stream's ``data`` (the same JSON), signed twice."""
+
+    __slots__ = ("url", "_secret")
+
+    def __init__(self, url: str, secret: str) -> None:
+        self.url = url
+        self._secret = secret
+
+    def notification(self, frame: Frame, now: float) -> tuple[bytes, dict[str, str]]:
+        assert frame.cursor is not None
+        return frame.body, signature_headers(self._secret, frame.cursor, int(now), frame.body)
+
+
+class RapFrames:
+    """The RAP messages of a subscription made by a RAP call (``rap-and-webhooks.md``)."""
+
+    __slots__ = ("url", "_group", "_call", "_associative", "_call_id")
+
+    def __init__(self, record: dict[str, Any]) -> None:
+        self.url = record["callback_url"]
+        self._group = record["group_id"]
+        self._call = record["tool_call_id"]
+        self._associative = bool(record["associative"])
+        self._call_id = record.get("call_id")
+
+    def result(self, text: str) -> bytes:
+        message = {
+            "type": "tool_result",
+            "group_id": self._group,
+            "id": self._call,
+            "text": text,
+            "subscription": True,
+        }
+        if self._call_id is not None:
+            message["call_id"] = self._call_id
+        return orjson.dumps(message)
+
+    def notification(self, frame: Frame, now: float) -> tuple[bytes, dict[str, str]]:
+        return self._event(frame.body.decode(), final=False), _message_id(frame.cursor)
+
+    def final(self, report: bytes, reason: str | None) -> bytes:
+        """The last event: the stream's ``end`` report, with why the subscription ended."""
+        if reason is None:
+            return self._event(report.decode(), final=True)
+        return self._event(
+            orjson.dumps({**orjson.loads(report), "reason": reason}).decode(), final=True
+        )
+
+    def _event(self, text: str, *, final: bool) -> bytes:
+        message: dict[str, Any] = {
+            "type": "subscription_event",
+            "group_id": self._group,
+            "tool_call_id": self._call,
+            "text": text,
+            "associative": self._associative,
+        }
+        if final:
+            message["final"] = True
+        return orjson.dumps(message)
+
+
+def _message_id(cursor: str | None) -> dict[str, str]:
+    return {"webhook-id": cursor} if cursor else {}
+
+
+#: What one attempt POSTs, made at the attempt's time: (body, headers).
+Message = Callable[[float], tuple[bytes, dict[str, str]]]
+
+
+def _unsigned(body: bytes) -> Message:
+    """A message with no headers of its own (a RAP tool result or final event)."""
+    return lambda now: (body, {})
+
+
+# -- one delivery -----------------------------------------------------------------------
+
+
+class Sink:
+    """One durable delivery: a hub consumer that POSTs in order and acknowledges."""
+
+    __slots__ = (
+        "engine",
+        "subscription_id",
+        "agent_id",
+        "kind",
+        "frames",
+        "connection",
+        "task",
+        "delivered",
+        "created",
+        "state",
+        "attempts",
+        "first_failure",
+        "failing_since",
+        "last_status",
+        "last_error",
+        "next_attempt",
+        "tokens",
+        "refilled",
+        "in_flight",
+        "gone",
+        "closed",
+    )
+
+    def __init__(self, engine: DeliveryEngine, subscription_id: str, record: dict[str, Any]):
+        self.engine = engine
+        self.subscription_id = subscription_id
+        self.agent_id: str = record["agent_id"]
+        self.kind: str = record["type"]
+        self.frames: WebhookFrames | RapFrames = (
+            RapFrames(record)
+            if self.kind == "rap"
+            else WebhookFrames(
+                record["url"], engine.secret_box.open(record["secret"], context=subscription_id)
+            )
+        )
+        self.connection: Any = None
+        self.task: asyncio.Task[None] | None = None
+        #: the last position delivered (the acknowledged one, or past it)
+        self.delivered: int = record["acked"]
+        self.created: int = record["created_position"]
+        self.state: str = record["state"]
+        self.attempts = 0
+        self.first_failure: float | None = None
+        self.failing_since: float | None = engine.clock() if self.state == "failing" else None
+        self.last_status: int | None = None
+        self.last_error: str | None = None
+        self.next_attempt: float | None = None
+        self.tokens = float(engine.settings.burst)
+        self.refilled = engine.clock()
+        self.in_flight = False
+        #: a RAP runtime said it no longer knows the subscription: no final event for it
+        self.gone = False
+        self.closed = False
+
+    # -- life cycle ---------------------------------------------------------------
+
+    def open(self) -> None:
+        """Attach to the hub from what was delivered (the log holds everything after)."""
+        if self.closed or self.state == "suspended":
+            return
+        settings = self.engine.settings
+        outbox = Outbox(max_frames=settings.sink_frames, max_bytes=settings.sink_bytes)
+        outbox.notify = self.poke
+        hub = self.engine.hub
+        self.connection = hub.connect_sink(self.agent_id, self.kind, outbox)
+        start = max(self.delivered, self.created)
+        hub.attach(self.connection, self.subscription_id, format_cursor(hub.tag, start))
+        self.poke()
+
+    def let_go(self) -> None:
+        """Leave the hub (the frames it queued are read again from the log later)."""
+        if self.connection is not None:
+            self.connection.outbox.notify = None
+            self.engine.hub.disconnect(self.connection)
+            self.connection = None
+
+    def close(self) -> None:
+        self.closed = True
+        self.let_go()
+        if self.task is not None and self.task is not asyncio.current_task():
+            self.task.cancel()
+
+    def restart(self) -> None:
+        """Start over from what was delivered (after a resume, or a re-attach)."""
+        if self.task is not None and self.task is not asyncio.current_task():
+            self.task.cancel()
+            self.task = None
+        self.let_go()
+        self.attempts, self.first_failure, self.next_attempt = 0, None, None
+        self.open()
+
+    def poke(self) -> None:
+        """Something may be ready: make sure a task is delivering (never two)."""
+        if self.task is None and not self.closed and self.state != "suspended":
+            self.task = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        try:
+            if self.kind == "rap" and self.delivered < self.created:
+                await self._send_result()
+            while not self.closed and self.connection is not None:
+                frames = self.connection.outbox.drain_now(1)
+                if not frames:
+                    return
+                await self._handle(frames[0])
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("delivering %s failed; starting it over", self.subscription_id)
+            self.engine.loop_later(5.0, self.restart)
+        finally:
+            if self.task is asyncio.current_task():
+                self.task = None
+            connection = self.connection
+            if connection is not None and len(connection.outbox) and not self.closed:
+                self.poke()  # a frame came while the task was finishing
+
+    async def _handle(self, frame: Frame) -> None:
+        if frame.cursor is not None:
+            position, _ = parse_cursor(frame.cursor, self.engine.hub.tag)
+            if position is None or position <= self.delivered or self.gone:
+                return  # already delivered (before a re-attach), or no one listens
+            if await self._deliver(functools.partial(self.frames.notification, frame)):
+                self.delivered = position
+                self.engine.ack(self.subscription_id, position)
+        elif frame.kind == "overflow":
+            # the receiver fell behind the log: read on from the log, from where we are
+            self.connection = None
+            self.open()
+        elif frame.kind == "end":
+            await self._end(frame)
+        elif frame.kind == "resume":
+            report = orjson.loads(frame.body)
+            if not report.get("recovered", True):
+                self.last_error = f"could not resume: {report.get('reason')}"
+                logger.error("delivery %s %s", self.subscription_id, self.last_error)
+
+    async def _send_result(self) -> None:
+        """A RAP subscription's first message: the subscribing call's tool result."""
+        assert isinstance(self.frames, RapFrames)
+        text = self.engine.result_text(self.subscription_id, self.created)
+        if await self._deliver(_unsigned(self.frames.result(text))):
+            self.delivered = self.created
+            self.engine.ack(self.subscription_id, self.created)
+
+    async def _end(self, frame: Frame) -> None:
+        """The subscription ended and everything it owed before is delivered."""
+        rap = isinstance(self.frames, RapFrames)
+        if rap and not self.gone and not await self._deliver(_unsigned(self._final(frame.body))):
+            return  # suspended: the final event is sent when it resumes
+        self.closed = True
+        self.let_go()
+        await self.engine.change(self, "end", None)
+        self.engine.forget(self)
+
+    def _final(self, report: bytes) -> bytes:
+        assert isinstance(self.frames, RapFrames)
+        subscription = self.engine.field.state.subscriptions.get(self.subscription_id, {})
+        return self.frames.final(report, subscription.get("cancel_reason"))
+
+    # -- one message, until it is delivered ----------------------------------------
+
+    async def _deliver(self, message: Message) -> bool:
+        """POST until a 2xx (True); False when the delivery must stop for now. Each attempt
+        is signed when it is made: receivers refuse a signature's time long past."""
+        engine = self.engine
+        policy = engine.settings.retry
+        while not self.closed:
+            await self._take_token()
+            body, headers = message(engine.clock())
+            self.in_flight = True
+            try:
+                answer = await engine.poster.post(self.frames.url, body, headers)
+            finally:
+                self.in_flight = False
+            self.last_status = answer.status
+            judged = verdict(answer.status)
+            now = engine.clock()
+            if judged is Verdict.DELIVERED:
+                self.attempts, self.first_failure, self.next_attempt = 0, None, None
+                self.last_error = None
+                if self.state == "failing":
+                    await engine.change(self, "recover", None)
+                return True
+            self.attempts += 1
+            self.first_failure = self.first_failure or now
+            self.last_error = answer.error or f"answered HTTP {answer.status}"
+            if judged is Verdict.REFUSED and self.kind == "rap":
+                # the runtime no longer knows the subscription: it ends, with no final
+                self.gone = True
+                await engine.cancel_gone(self)
+                return False
+            fails = self.state == "active" and (
+                judged is Verdict.REFUSED
+                or policy.exhausted(self.attempts, self.first_failure, now)
+            )
+            if fails or self.state == "failing":
+                delay = policy.failing_interval * (0.5 + engine.random() / 2)
+            else:
+                delay = policy.delay(self.attempts, engine.random, answer.retry_after)
+            # set before any await: whoever reads the new state reads its next attempt too
+            self.next_attempt = now + delay
+            if fails:
+                self.failing_since = now
+                await engine.change(self, "fail", self.last_error)
+            if self.state == "failing" and now - (self.failing_since or now) >= (
+                policy.suspend_after
+            ):
+                self.next_attempt = None
+                await engine.change(self, "suspend", self.last_error)
+                self.let_go()
+                return False
+            await asyncio.sleep(delay)  # the pace of retries
+        return False
+
+    async def _take_token(self) -> None:
+        """The delivery's rate limit: a token bucket of ``burst`` at ``rate`` per second."""
+        settings = self.engine.settings
+        now = self.engine.clock()
+        self.tokens = min(settings.burst, self.tokens + (now - self.refilled) * settings.rate)
+        self.refilled = now
+        if self.tokens < 1.0:
+            await asyncio.sleep((1.0 - self.tokens) / settings.rate)  # over the rate: wait
+            self.tokens, self.refilled = 1.0, self.engine.clock()
+        self.tokens -= 1.0
+
+    def status(self) -> dict[str, Any]:
+        """This delivery's progress, for SUBSCRIBE ``list``."""
+        queued = len(self.connection.outbox) if self.connection is not None else 0
+        return {
+            "owed": queued + self.in_flight,
+            "attempts": self.attempts,
+            "last_status": self.last_status,
+            "last_error": self.last_error,
+            "next_attempt_at": (
+                iso_timestamp(self.next_attempt) if self.next_attempt is not None else None
+            ),
+        }
+
+
+# -- every delivery -----------------------------------------------------------------------
+
+
+class DeliveryEngine:
+    """Every durable delivery of one Field: its sinks, its client, its acknowledgements."""
+
+    def __init__(
+        self,
+        service: FieldService,
+        hub: PushHub,
+        settings: DeliverySettings,
+        *,
+        policy: EgressPolicy,
+        secret_box: SecretBox,
+        clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
+        self.service = service
+        self.hub = hub
+        self.settings = settings
+        self.secret_box = secret_box
+        self.poster = Poster(settings, policy)
+        self.clock = clock
+        self.random = rng
+        self.sinks: dict[str, Sink] = {}
+        self._acks: dict[str, int] = {}
+        self._flusher: asyncio.Task[None] | None = None
+        self._timers: set[asyncio.TimerHandle] = set()
+
+    @property
+    def field(self) -> Field:
+        return self.service.field
+
+    async def start(self) -> None:
+        """Resume every delivery the log has not seen end; follow the log from now on."""
+        await self.poster.start()
+        self.field.delivery_status = self.status
+        for subscription_id, record in list(self.field.state.deliveries.items()):
+            if record["state"] != "ended":
+                self._add(subscription_id, record)
+        self.service.listeners.append(self.observe)
+
+    async def stop(self) -> None:
+        """Stop every sink; write the acknowledgements still pending, then close the client."""
+        if self.observe in self.service.listeners:
+            self.service.listeners.remove(self.observe)
+        for timer in self._timers:
+            timer.cancel()
+        for sink in list(self.sinks.values()):
+            sink.close()
+        if self._flusher is not None:
+            with contextlib.suppress(asyncio.CancelledError, FieldError):
+                await asyncio.wait_for(self._flusher, 5)
+        await self.poster.close()
+
+    def observe(self, entries: list[StoredEntry]) -> None:
+        """New durable deliveries start; a resumed one starts over (the writer calls this)."""
+        for entry in entries:
+            if entry.kind == "subscription.created" and "delivery" in entry.data:
+                subscription_id = entry.data["subscription"]["id"]
+                record = self.field.state.deliveries.get(subscription_id)
+                if record is not None and subscription_id not in self.sinks:
+                    self._add(subscription_id, record)
+            elif entry.kind == "delivery.changed" and entry.data["action"] == "resume":
+                sink = self.sinks.get(entry.data["subscription_id"])
+                if sink is not None and sink.state != "active":
+                    sink.state = "active"
+                    sink.failing_since = None
+                    sink.restart()
+
+    def _add(self, subscription_id: str, record: dict[str, Any]) -> None:
+        try:
+            sink = Sink(self, subscription_id, record)
+        except ValueError:
+            logger.error("the secret of %s cannot be opened with this key", subscription_id)
+            return
+        self.sinks[subscription_id] = sink
+        sink.open()
+
+    def forget(self, sink: Sink) -> None:
+        self.sinks.pop(sink.subscription_id, None)
+
+    def status(self, subscription_id: str) -> dict[str, Any] | None:
+        sink = self.sinks.get(subscription_id)
+        return sink.status() if sink is not None else None
+
+    def result_text(self, subscription_id: str, created: int) -> str:
+        """The tool result of a RAP subscription's call: what a SUBSCRIBE answered."""
+        state = self.field.state
+        subscription = {
+            k: v
+            for k, v in state.subscriptions[subscription_id].items()
+            if k not in ("cancel_reason", "ended_position")
+        }
+        subscription["status"] = "active"  # as it was created, whatever happened since
+        subscription["delivery"] = public_delivery(state.deliveries[subscription_id])
+        body = {
+            "status": "ok",
+            "subscription_id": subscription_id,
+            "subscription": subscription,
+            "cursor": format_cursor(self.hub.tag, created),
+        }
+        return orjson.dumps(body).decode()
+
+    def loop_later(self, delay: float, callback: Callable[[], None]) -> None:
+        timer = asyncio.get_running_loop().call_later(delay, callback)
+        self._timers.add(timer)
+
+    # -- what the sinks report, made durable --------------------------------------------
+
+    def ack(self, subscription_id: str, position: int) -> None:
+        """``position`` was delivered: acknowledge it with the next write."""
+        self._acks[subscription_id] = max(position, self._acks.get(subscription_id, 0))
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            while self._acks:
+                batch, self._acks = self._acks, {}
+                try:
+                    await self.service.execute(
+                        functools.partial(Field.ack_deliveries, cursors=batch),
+                        operation="DELIVERY",
+                    )
+                except FieldError as error:  # the log refuses writes, or is overloaded
+                    logger.warning("acknowledging deliveries failed: %s", error.message)
+                    for subscription_id, position in batch.items():
+                        self._acks[subscription_id] = max(
+                            position, self._acks.get(subscription_id, 0)
+                        )
+                    await asyncio.sleep(ACK_RETRY_SECONDS)
+        finally:
+            self._flusher = None
+
+    async def change(self, sink: Sink, action: str, reason: str | None) -> None:
+        """Move a delivery's state, in the log first (the sink follows either way)."""
+        after = {"fail": "failing", "recover": "active", "suspend": "suspended", "end": "ended"}
+        sink.state = after.get(action, sink.state)
+        try:
+            await self.service.execute(
+                lambda field: field.change_delivery(sink.subscription_id, action, reason),
+                operation="DELIVERY",
+            )
+        except FieldError as error:
+            logger.warning(
+                "recording that %s is %s failed: %s", sink.subscription_id, sink.state, error
+            )
+
+    async def cancel_gone(self, sink: Sink) -> None:
+        """A RAP runtime no longer knows a subscription: cancel it (its stream then ends)."""
+        record = self.field.state.deliveries.get(sink.subscription_id)
+        if record is None:
+            return
+        reason = "the RAP runtime no longer knows the subscription"
+        try:
+            await self.service.execute(
+                lambda field: field.cancel_rap(
+                    sink.agent_id, record["group_id"], record["tool_call_id"], reason
+                ),
+                operation="DELIVERY",
+            )
+        except FieldError as error:
+            logger.warning("cancelling %s failed: %s", sink.subscription_id, error.message)
