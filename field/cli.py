@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds of silence before an agent is declared failed; 0 never (300)",
     )
     serve.add_argument(
+        "--max-subscription-timeout",
+        metavar="DURATION",
+        help="longest a subscription lives without activity from its agent, e.g. 72h "
+        "(default: only a subscription's own timeout)",
+    )
+    serve.add_argument(
         "--operator-token-file",
         type=Path,
         help="file holding the operator's bearer token (or set FIELD_OPERATOR_TOKEN)",
@@ -234,6 +240,7 @@ def _config(args: argparse.Namespace) -> Config:
         log_level=args.log_level,
         failure_grace=args.failure_grace,
         heartbeat_timeout=args.heartbeat_timeout,
+        max_subscription_timeout=args.max_subscription_timeout,
         embedder=args.embedder,
         ws_deflate=args.ws_deflate,
         max_connections=args.max_connections,

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .core.egress import EgressPolicy, parse_networks
+from .core.validation import duration_seconds
 from .model import Limits
 from .subscriptions.delivery import RetryPolicy
 from .subscriptions.outbox import PushLimits
@@ -93,10 +94,23 @@ class Config:
     delivery_burst: int = 100
     #: RAP invocations running at once (from their 200 to their tool result); past it, 503.
     rap_max_invocations: int = 256
+    #: Longest a subscription lives without activity from its agent (a duration such as
+    #: "72h"; ``--max-subscription-timeout``); None: subscriptions expire only by their own
+    #: ``timeout``. Sets ``limits.max_subscription_timeout_s``.
+    max_subscription_timeout: str | None = None
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
     def __post_init__(self) -> None:
+        if self.max_subscription_timeout is not None:
+            seconds = duration_seconds(self.max_subscription_timeout)
+            if seconds is None:
+                raise ValueError(
+                    "max_subscription_timeout must be a duration such as 90s, 30m, 72h or "
+                    f"1h30m, not {self.max_subscription_timeout[:40]!r}"
+                )
+            limits = replace(self.limits, max_subscription_timeout_s=math.ceil(seconds))
+            object.__setattr__(self, "limits", limits)
         if not 0 <= self.port <= 65535:
             raise ValueError(f"port must be between 0 and 65535, not {self.port}")
         if self.sync not in ("full", "normal"):

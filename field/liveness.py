@@ -10,8 +10,17 @@ through the service like any operation: an ``agent.failed`` entry, made
 durable, pushed to subscribers. A failed agent that is heard from again
 recovers (``agent.recovered``).
 
+The same monitor expires subscriptions: one whose agent has had no activity
+for its effective timeout (its own ``timeout``, at most
+``--max-subscription-timeout``) is cancelled with the reason ``expired``;
+the agent is not failed for it. Activity is what the agent does: a request
+(any operation, on any transport) or opening a push connection; holding a
+connection open is not (a listener with nothing to do lets its timed
+subscriptions expire, as a hibernating one does).
+
 What was last heard is not logged: after a restart every live agent gets
-a fresh ``heartbeat_timeout`` from the moment the server started.
+a fresh ``heartbeat_timeout`` (and subscription timeout) from the moment
+the server started.
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ import logging
 from collections import Counter
 from collections.abc import Callable
 
+from .core import subscribe
 from .core.field import Field
 from .errors import FieldError
 from .service import FieldService
@@ -52,6 +62,9 @@ class Liveness:
         self._connections: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
         self._recoveries: set[asyncio.Task[None]] = set()
+        #: each agent's shortest effective subscription timeout, as of a registry version
+        self._soonest: dict[str, float] = {}
+        self._soonest_as_of: int | None = None
 
     # -- what the transports and the service report ---------------------------
 
@@ -118,8 +131,44 @@ class Liveness:
                 if outcome.entries:
                     logger.info("agent %s failed: %s", agent_id, reason)
                 self._dropped.pop(agent_id, None)
+            for agent_id, idle in self.expiring():
+                try:
+                    outcome = await self.service.execute(
+                        functools.partial(Field.expire_subscriptions, agent_id=agent_id, idle=idle),
+                        operation="LIVENESS",
+                    )
+                except FieldError as error:
+                    logger.warning("could not expire %s's subscriptions: %s", agent_id, error)
+                    continue
+                for entry in outcome.entries:
+                    logger.info(
+                        "subscription %s of %s expired", entry.data["subscription_id"], agent_id
+                    )
             self.forget_departed()
             await asyncio.sleep(tick)
+
+    def expiring(self) -> list[tuple[str, float]]:
+        """Agents with a subscription whose timeout their inactivity has reached, and how
+        long (seconds) they have been inactive."""
+        state = self.service.field.state
+        if self._soonest_as_of != state.registry.version:
+            self._soonest = {}
+            for agent_id, mine in state.active_subscriptions.items():
+                timeouts = [
+                    subscribe.effective_timeout(state.subscriptions[s], self.service.field.limits)
+                    for s in mine
+                ]
+                known = [t for t in timeouts if t is not None]
+                if known:
+                    self._soonest[agent_id] = min(known)
+            self._soonest_as_of = state.registry.version
+        now = self._clock()
+        found = []
+        for agent_id, soonest in self._soonest.items():
+            idle = now - self._heard.get(agent_id, self._started)
+            if idle >= soonest:
+                found.append((agent_id, idle))
+        return found
 
     def forget_departed(self) -> None:
         """Drop what is known of agents no longer registered: the tables stay bounded."""

@@ -129,6 +129,9 @@ class Limits:
     #: active subscriptions one RAP thread (``group_id``) may hold
     max_subscriptions_per_thread: int = 32
     max_debounce_ms: int = 3_600_000
+    #: seconds of inactivity after which every subscription of the agent expires, at most
+    #: (``--max-subscription-timeout``); 0: no Field-wide bound
+    max_subscription_timeout_s: int = 0
     max_replay_events: int = 1000
     max_compact_units: int = 1000
     #: bounds on every JSON document the Field parses, checked before anything reads it

@@ -261,7 +261,7 @@ def request_schema(operation: str) -> dict[str, Any]:
 
 
 #: The fields of a new subscription ``akashik_subscribe`` takes (SUBSCRIBE ``subscribe``).
-SUBSCRIPTION_FIELDS = ("events", "min_relevance", "debounce_ms", "include_own")
+SUBSCRIPTION_FIELDS = ("events", "min_relevance", "debounce_ms", "include_own", "timeout")
 
 
 def _subscribe_schema() -> dict[str, Any]:

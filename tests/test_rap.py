@@ -331,6 +331,7 @@ async def test_the_toolset_lists_the_operations_with_their_schemas(
         "min_relevance",
         "debounce_ms",
         "include_own",
+        "timeout",
         "associative",
     }
     assert subscribe["properties"]["associative"]["default"] is False

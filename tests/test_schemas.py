@@ -2093,6 +2093,7 @@ ERROR_TABLE = {
     "TOO_MANY_CONNECTIONS": (429, "Yes"),
     "INVALID_HANDSHAKE": (400, "Yes"),
     "TOOLSET_CHANGED": (409, "Yes"),
+    "INVALID_FILTER": (422, "Yes"),
     "LOG_UNAVAILABLE": (503, "Yes"),
     "REPLAY_TOO_LARGE": (422, "Yes"),
 }

@@ -461,20 +461,29 @@ async def test_unsubscribing_delivers_what_was_owed_and_nothing_after(
     witness = await receivers()
     field_client, writer, reader = await agents(server.url)
     async with field_client:
-        sid = (await webhook(reader, slow.url))["subscription_id"]
+        subscribed = await webhook(reader, slow.url)
+        sid = subscribed["subscription_id"]
+        secret = subscribed["subscription"]["delivery"]["secret"]
         await webhook(reader, witness.url)
         owed = [(await note(writer, f"market {i}"))["memory_unit_id"] for i in range(4)]
         await reader.send("SUBSCRIBE", {"action": "unsubscribe", "subscription": {"id": sid}})
         await note(writer, "market after the end")
         await witness.until(lambda: len(witness.delivered) == 5, "the witness")
         gate.set()
-        await slow.until(lambda: len(slow.delivered) == 4, "what was owed")
-        units = [orjson.loads(r.body)["memory_unit_id"] for r in slow.delivered]
+        await slow.until(lambda: len(slow.delivered) == 5, "what was owed, then the final")
+        *notifications, final = slow.delivered
+        units = [orjson.loads(r.body)["memory_unit_id"] for r in notifications]
         assert units == owed
+        # the last POST says the subscription ended, and why; signed like the rest
+        ended = orjson.loads(final.body)
+        assert ended["final"] is True and ended["reason"] == "unsubscribed"
+        assert ended["subscription_id"] == sid and ended["cursor"] == notifications[-1].cursor
+        assert final.headers["webhook-id"] == f"{sid}.final"
+        Webhook(secret).verify(final.body, {k.lower(): v for k, v in final.headers.items()})
         # the delivery has ended: a later unit reaches the witness, and not it
         await note(writer, "market later still")
         await witness.until(lambda: len(witness.delivered) == 6, "the witness again")
-        assert len(slow.delivered) == 4
+        assert len(slow.delivered) == 5
 
 
 def free_port() -> int:

@@ -581,6 +581,13 @@ class Field:
             )
         )
 
+    def expire_subscriptions(self, agent_id: str, idle: float) -> Outcome:
+        """Cancel the agent's subscriptions whose timeout ``idle`` seconds of inactivity
+        reached (``reason``: expired); the agent itself is not failed."""
+        return self._system(
+            lambda epoch, now: subscribe.expiry_entries(self, agent_id, idle, epoch, now)
+        )
+
     def _system(self, build: Callable[[int, float], list[LogEntry]]) -> Outcome:
         """An operation the server itself makes: ``build`` gives its entries, if any."""
         now = self._entry_time()

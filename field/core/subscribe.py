@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ..errors import AuthError, Code, InvalidPayload, NotFound, StateError
-from ..model import LogEntry
+from ..model import Limits, LogEntry
 from ..subscriptions import delivery as deliveries
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.stream import format_cursor
@@ -107,6 +107,8 @@ def _create(field: Field, ctx: Context, request: dict[str, Any]) -> Outcome:
         "status": "active",
         "created_epoch": ctx.epoch,
     }
+    if request["timeout"] is not None:
+        subscription["timeout"] = request["timeout"]
     data: dict[str, Any] = {"subscription": subscription}
     secret: str | None = None
     if ctx.rap is not None:
@@ -257,6 +259,48 @@ def subscription_wire(field: Field, subscription_id: str) -> dict[str, Any]:
             shown["last_error"] = record["reason"]
         wire["delivery"] = shown
     return wire
+
+
+# -- lifetimes --------------------------------------------------------------------------
+
+
+def effective_timeout(subscription: dict[str, Any], limits: Limits) -> float | None:
+    """Seconds of its agent's inactivity after which a subscription expires: the smaller of
+    its own ``timeout`` and the Field's ``max_subscription_timeout_s``; None: never."""
+    own = subscription.get("timeout")
+    seconds = [
+        value
+        for value in (
+            validation.duration_seconds(own) if own is not None else None,
+            float(limits.max_subscription_timeout_s) or None,
+        )
+        if value is not None
+    ]
+    return min(seconds) if seconds else None
+
+
+def expiry_entries(
+    field: Field, agent_id: str, idle: float, epoch: int, now: float
+) -> list[LogEntry]:
+    """``subscription.cancelled`` for each of the agent's active subscriptions whose
+    effective timeout ``idle`` seconds of inactivity have reached."""
+    state = field.state
+    entries = []
+    for subscription_id in sorted(state.active_subscriptions.get(agent_id, ())):
+        timeout = effective_timeout(state.subscriptions[subscription_id], field.limits)
+        if timeout is None or idle < timeout:
+            continue
+        data = {"subscription_id": subscription_id, "reason": expiry_reason(timeout)}
+        entries.append(LogEntry(epoch, "subscription.cancelled", data, agent_id, now))
+    return entries
+
+
+def expiry_reason(timeout: float) -> str:
+    return f"{EXPIRED}: no activity from its agent for {timeout:g} s"
+
+
+#: How the ``reason`` of an expired subscription's cancellation begins.
+EXPIRED = "expired"
 
 
 # -- what the delivery engine reports (no envelope: the server decides these) ----------

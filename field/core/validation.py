@@ -653,7 +653,7 @@ def merge_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
 
 _SUBSCRIBE_KEYS = frozenset({"action", "subscription"})
 _SUBSCRIPTION_KEYS = frozenset(
-    {"id", "events", "min_relevance", "debounce_ms", "include_own", "delivery"}
+    {"id", "events", "min_relevance", "debounce_ms", "include_own", "delivery", "timeout"}
 )
 _DELIVERY_KEYS = frozenset({"type", "url", "secret"})
 #: SUBSCRIBE actions that name an existing subscription by ``subscription.id``.
@@ -715,6 +715,12 @@ def subscribe_payload(
     include_own = sub.get("include_own", False)
     if not isinstance(include_own, bool):
         raise _fail("subscription.include_own must be a boolean")
+    timeout = sub.get("timeout")
+    if timeout is not None and duration_seconds(timeout) is None:
+        raise _fail(
+            'subscription.timeout must be a duration such as "90s", "30m", "72h" or "1h30m" '
+            f"(from 1 s to {MAX_DURATION_S // 86_400} days), or null"
+        )
     return {
         "action": action,
         "events": sorted(set(events), key=event_names.index),
@@ -722,7 +728,29 @@ def subscribe_payload(
         "debounce_ms": int(debounce or 0),
         "include_own": include_own,
         "delivery": _delivery(sub.get("delivery")),
+        "timeout": timeout,
     }
+
+
+#: Longest duration (ten years), and the form of one: numbers with units, largest first.
+MAX_DURATION_S = 3650 * 86_400
+_DURATION = re.compile(r"(?:\d{1,9}d)?(?:\d{1,9}h)?(?:\d{1,9}m(?!s))?(?:\d{1,9}s)?(?:\d{1,9}ms)?")
+_UNIT_SECONDS = {"d": 86_400, "h": 3_600, "m": 60, "s": 1, "ms": 0.001}
+
+
+def duration_seconds(value: Any) -> float | None:
+    """Seconds in a duration such as ``"72h"`` or ``"1h30m"`` (units ``d h m s ms``, each
+    at most once, largest first), or None if ``value`` is no such duration, or is shorter
+    than a second or longer than :data:`MAX_DURATION_S`."""
+    if not isinstance(value, str) or len(value) > 64 or not value:
+        return None
+    if _DURATION.fullmatch(value) is None:
+        return None
+    seconds = sum(
+        int(number) * _UNIT_SECONDS[unit]
+        for number, unit in re.findall(r"(\d+)(ms|d|h|m|s)", value)
+    )
+    return float(seconds) if 1 <= seconds <= MAX_DURATION_S else None
 
 
 def _delivery(value: Any) -> dict[str, Any]:

@@ -269,6 +269,15 @@ class WebhookFrames:
         assert frame.cursor is not None
         return frame.body, signature_headers(self._secret, frame.cursor, int(now), frame.body)
 
+    def final(
+        self, report: bytes, reason: str | None, subscription_id: str, now: float
+    ) -> tuple[bytes, dict[str, str]]:
+        """The last POST: the stream's ``end`` report with ``final: true`` and why it ended;
+        its ``webhook-id`` is the subscription's id + ``.final`` (one per subscription)."""
+        body = orjson.dumps({**orjson.loads(report), "reason": reason, "final": True})
+        message_id = f"{subscription_id}.final"
+        return body, signature_headers(self._secret, message_id, int(now), body)
+
 
 class RapFrames:
     """The RAP messages of a subscription made by a RAP call (``rap-and-webhooks.md``)."""
@@ -484,25 +493,29 @@ class Sink:
             self.engine.ack(self.subscription_id, self.created)
 
     async def _end(self, frame: Frame) -> None:
-        """The subscription ended and everything it owed before is delivered."""
-        rap = isinstance(self.frames, RapFrames)
-        if rap and not self.gone and not await self._deliver(_unsigned(self._final(frame.body))):
-            return  # suspended: the final event is sent when it resumes
+        """The subscription ended and everything it owed before is delivered: send the
+        final message (RAP: the final event; a webhook: a final POST), then end."""
+        if not self.gone and not await self._deliver(self._final(frame.body), final=True):
+            return  # suspended: the final message is sent when it resumes
         self.closed = True
         self.let_go()
         await self.engine.change(self, "end", None)
         self.engine.forget(self)
 
-    def _final(self, report: bytes) -> bytes:
-        assert isinstance(self.frames, RapFrames)
+    def _final(self, report: bytes) -> Message:
         subscription = self.engine.field.state.subscriptions.get(self.subscription_id, {})
-        return self.frames.final(report, subscription.get("cancel_reason"))
+        reason = subscription.get("cancel_reason")
+        if isinstance(self.frames, RapFrames):
+            return _unsigned(self.frames.final(report, reason))
+        return functools.partial(self.frames.final, report, reason, self.subscription_id)
 
     # -- one message, until it is delivered ----------------------------------------
 
-    async def _deliver(self, message: Message) -> bool:
+    async def _deliver(self, message: Message, *, final: bool = False) -> bool:
         """POST until a 2xx (True); False when the delivery must stop for now. Each attempt
-        is signed when it is made: receivers refuse a signature's time long past."""
+        is signed when it is made: receivers refuse a signature's time long past. A receiver
+        that refuses the ``final`` message (a 4xx: it let go of the subscription) is done
+        with it too: True."""
         engine = self.engine
         policy = engine.settings.retry
         while not self.closed:
@@ -525,6 +538,8 @@ class Sink:
             self.attempts += 1
             self.first_failure = self.first_failure or now
             self.last_error = answer.error or f"answered HTTP {answer.status}"
+            if judged is Verdict.REFUSED and final:
+                return True  # a refused final message: the receiver is done with it
             if judged is Verdict.REFUSED and self.kind == "rap":
                 # the runtime no longer knows the subscription: it ends, with no final
                 self.gone = True

@@ -31,6 +31,7 @@ import orjson
 
 from ..core import visibility
 from ..core.field import Field
+from ..core.subscribe import EXPIRED
 from ..errors import Code, FieldError
 from ..liveness import Liveness
 from ..model import StoredEntry
@@ -241,7 +242,7 @@ class PushHub:
         report["from"] = format_cursor(self.tag, after)
         self._control(connection, "resume", report, subscription_id)
         if binding.held is None and ending is not None:
-            self._end_stream(binding, "subscription cancelled")
+            self._end_stream(binding, self._ended_because(binding))
         elif binding.held is None:
             self._went_live(binding, 0)
         else:
@@ -347,7 +348,7 @@ class PushHub:
                 return
             if binding.ending is not None:  # what was held is in what was replayed
                 binding.held = None
-                self._end_stream(binding, "subscription cancelled")
+                self._end_stream(binding, self._ended_because(binding))
                 return
             held, binding.held = binding.held or [], None
             for notification in held:
@@ -689,7 +690,13 @@ class PushHub:
             if before:
                 self._offer_entries(binding, before, row, names)
             if binding.connection.ended is None:
-                self._end_stream(binding, "subscription cancelled")
+                self._end_stream(binding, self._ended_because(binding))
+
+    def _ended_because(self, binding: _Binding) -> str:
+        """The ``end`` frame's reason: the subscription expired, or it was cancelled."""
+        subscription = self.field.state.subscriptions.get(binding.stream.subscription_id, {})
+        expired = (subscription.get("cancel_reason") or "").startswith(EXPIRED)
+        return "subscription expired" if expired else "subscription cancelled"
 
     def _end_stream(self, binding: _Binding, reason: str) -> None:
         """Deliver a stream's open debounce window, then its ``end``."""
