@@ -723,11 +723,12 @@ class ClientPool:
 class FieldWriter:
     """An agent recording units over HTTP; returns {memory_unit_id: ack time}."""
 
-    def __init__(self, port: int) -> None:
+    def __init__(self, port: int, *, topic: str = "fanout") -> None:
         self.base = f"http://{HOST}:{port}"
         self.rng = random.Random(3)
         self.session: aiohttp.ClientSession | None = None
         self.token = ""
+        self.intent = {"purpose": f"{topic} benchmark", "task_id": f"task-{topic}"}
 
     async def start(self) -> None:
         """A fresh session (the server drops connections idle for 30 s), registered once."""
@@ -747,7 +748,7 @@ class FieldWriter:
         payload = {
             "type": "finding",
             "content": " ".join(self.rng.choices(VOCABULARY, k=12)),
-            "intent": {"purpose": "fan-out benchmark", "task_id": "task-fanout"},
+            "intent": self.intent,
             "confidence": {"score": 0.8, "reasoning": "generated"},
         }
         body = envelope("RECORD", "writer", payload)

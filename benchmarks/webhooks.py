@@ -75,7 +75,7 @@ from typing import Any
 
 import aiohttp
 from _common import ROLES, VOCABULARY, bracketed, envelope, pct, progress
-from fanout import ChildServer, _post, cpu_seconds, raise_nofile, rss_kb
+from fanout import ChildServer, FieldWriter, _post, cpu_seconds, raise_nofile, rss_kb
 
 HOST = "127.0.0.1"
 #: Where the Field may deliver (every receiver is on loopback).
@@ -415,44 +415,8 @@ async def subscribe_all(
     return tokens
 
 
-class Writer:
-    """The writer agent: RECORDs over HTTP; {memory_unit_id: acknowledgement time}."""
-
-    def __init__(self, port: int) -> None:
-        self.base = f"http://{HOST}:{port}"
-        self.rng = random.Random(3)
-        self.session: aiohttp.ClientSession | None = None
-        self.token = ""
-
-    async def start(self) -> None:
-        await self.close()
-        self.session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64))
-        if not self.token:
-            payload = {"id": "writer", "role": "market_researcher", "interests": ["market size"]}
-            body = envelope("REGISTER", "writer", payload)
-            registered = await _post(self.session, self.base + "/v1/register", body, None)
-            self.token = registered["token"]
-
-    async def one(self) -> tuple[str, float]:
-        assert self.session is not None
-        payload = {
-            "type": "finding",
-            "content": " ".join(self.rng.choices(VOCABULARY, k=12)),
-            "intent": {"purpose": "webhook benchmark", "task_id": "task-webhooks"},
-            "confidence": {"score": 0.8, "reasoning": "generated"},
-        }
-        body = envelope("RECORD", "writer", payload)
-        response = await _post(self.session, self.base + "/v1/record", body, self.token)
-        return response["memory_unit_id"], time.time()
-
-    async def close(self) -> None:
-        if self.session is not None:
-            await self.session.close()
-            self.session = None
-
-
 async def sustained(
-    writer: Writer, pool: ReceiverPool, per_unit: int, window: int, seconds: float
+    writer: FieldWriter, pool: ReceiverPool, per_unit: int, window: int, seconds: float
 ) -> dict[str, float]:
     """Record whenever fewer than ``window`` units' deliveries are outstanding."""
     acks: dict[str, float] = {}
@@ -466,7 +430,7 @@ async def sustained(
     return acks
 
 
-async def paced(writer: Writer, units: int, per_second: float) -> dict[str, float]:
+async def paced(writer: FieldWriter, units: int, per_second: float) -> dict[str, float]:
     """Send ``units`` RECORDs at a steady rate, each at its time (open loop)."""
     loop = asyncio.get_running_loop()
     start = loop.time() + 0.02
@@ -567,7 +531,7 @@ def deliveries(args: argparse.Namespace, pool: ReceiverPool) -> tuple[list[Row],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
-        writer = Writer(port)
+        writer = FieldWriter(port, topic="webhooks")
 
         async def phases() -> None:
             await writer.start()
@@ -762,7 +726,7 @@ def memory(args: argparse.Namespace, pool: ReceiverPool) -> dict[str, float]:
             readings["webhooks"] = rss_kb(server.pid)
 
             async def one_each() -> None:
-                writer = Writer(port)
+                writer = FieldWriter(port, topic="webhooks")
                 await writer.start()
                 try:
                     before = pool.total()
