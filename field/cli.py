@@ -218,6 +218,7 @@ _DELIVERY_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("webhook-suspend-after", float, "seconds of failing before suspended (86400)"),
     ("delivery-rate", float, "notifications per second one delivery sends at most (50)"),
     ("delivery-burst", int, "notifications one delivery may send in a burst (100)"),
+    ("delivery-rest-after", float, "seconds a caught-up delivery stays attached (30)"),
     ("max-subscriptions-per-thread", int, "active subscriptions one RAP thread may hold (32)"),
     ("rap-max-invocations", int, "RAP invocations running at once; past it 503 (256)"),
 )

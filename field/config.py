@@ -92,6 +92,9 @@ class Config:
     #: Notifications one durable delivery sends per second at most, and in a burst.
     delivery_rate: float = 50.0
     delivery_burst: int = 100
+    #: Seconds a caught-up delivery stays attached to the push hub before it lets go of
+    #: its outbox and stream, dormant until a match wakes it (``--delivery-rest-after``).
+    delivery_rest_after: float = 30.0
     #: RAP invocations running at once (from their 200 to their tool result); past it, 503.
     rap_max_invocations: int = 256
     #: Longest a subscription lives without activity from its agent (a duration such as
@@ -156,6 +159,7 @@ class Config:
             concurrency=self.webhook_concurrency,
             concurrency_per_host=self.webhook_concurrency_per_host,
             rate=self.delivery_rate,
+            rest_after=self.delivery_rest_after,
             burst=self.delivery_burst,
             retry=RetryPolicy(
                 base=self.webhook_retry_base,
@@ -204,6 +208,7 @@ _DELIVERY_SECONDS = (
     "webhook_max_age",
     "webhook_failing_interval",
     "webhook_suspend_after",
+    "delivery_rest_after",
 )
 _DELIVERY_COUNTS = (
     "webhook_max_response_bytes",

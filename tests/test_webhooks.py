@@ -642,3 +642,44 @@ async def test_the_data_directory_gets_a_private_key_that_survives_restarts(
         r = receiver.delivered[0]
         Webhook(secret).verify(r.body, {k.lower(): v for k, v in r.headers.items()})
     assert second.stop() == 0
+
+
+# -- dormant deliveries ---------------------------------------------------------------------
+
+
+async def until_dormant(server: ThreadedServer, subscription_id: str, dormant: bool) -> None:
+    """Wait until the hub holds the delivery dormant (or attached), as its sweeps decide."""
+    hub = server.app.state.push_hub
+    deadline = time.monotonic() + TIMEOUT
+    while hub.is_dormant(subscription_id) != dormant:
+        assert time.monotonic() < deadline, f"the delivery never became dormant={dormant}"
+        await asyncio.sleep(0.02)  # the server's sweeps run on their own timer: poll
+
+
+async def test_a_caught_up_delivery_rests_and_a_match_or_its_end_wakes_it(
+    server_factory: Callable[..., ThreadedServer], receivers: Callable[..., Any]
+) -> None:
+    server = server_factory(
+        webhook_allow_net=("127.0.0.0/8",), delivery_rest_after=0.1, **FAST_RETRIES
+    )
+    receiver = await receivers()
+    field_client, writer, reader = await agents(server.url)
+    async with field_client:
+        sid = (await webhook(reader, receiver.url))["subscription_id"]
+        await until_dormant(server, sid, True)  # owing nothing, it starts dormant
+        units = []
+        for round_ in range(3):
+            units.append((await note(writer, f"market {round_}"))["memory_unit_id"])
+            await receiver.until(lambda: len(receiver.delivered) == len(units), "a delivery")
+            await until_dormant(server, sid, True)  # idle again: it lets go of the hub
+        assert [orjson.loads(r.body)["memory_unit_id"] for r in receiver.delivered] == units
+        in_order_without_loss(receiver, [r.cursor for r in receiver.delivered])
+        # a unit the subscription does not match leaves it dormant
+        await reader.record("finding", "market own", purpose="p", confidence=0.5, reasoning="r")
+        await reader.send("SUBSCRIBE", {"action": "list"})  # the record's batch is routed
+        assert server.app.state.push_hub.is_dormant(sid)
+        # its end wakes it: the final POST
+        await reader.send("SUBSCRIBE", {"action": "unsubscribe", "subscription": {"id": sid}})
+        await receiver.until(lambda: len(receiver.delivered) == 4, "the final POST")
+        assert orjson.loads(receiver.delivered[-1].body)["final"] is True
+        await until_dormant(server, sid, False)

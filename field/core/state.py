@@ -339,6 +339,8 @@ class FieldState:
 
     def _subscription_created(self, data: dict[str, Any]) -> None:
         subscription = dict(data["subscription"])
+        # a durable delivery's public part is shown from its record (``deliveries``)
+        subscription.pop("delivery", None)
         self.subscriptions[subscription["id"]] = subscription
         owner = subscription["agent_id"]
         self.active_subscriptions.setdefault(owner, set()).add(subscription["id"])

@@ -61,7 +61,7 @@ from ..subscriptions.delivery import RetryPolicy, Verdict, public_delivery, verd
 from ..subscriptions.outbox import Frame, Outbox
 from ..subscriptions.stream import format_cursor, parse_cursor
 from .egress import PolicyConnector, check_destination, refusal_of
-from .push import PushHub
+from .push import Connection, PushHub
 
 logger = logging.getLogger("field.delivery")
 
@@ -86,6 +86,9 @@ class DeliverySettings:
     #: frames a sink's outbox holds before the sink falls back to reading the log
     sink_frames: int = 32
     sink_bytes: int = 2 << 20
+    #: seconds a caught-up delivery keeps its hub connection before it lets go of it and
+    #: waits, dormant, for a match (which wakes it to read from the log)
+    rest_after: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,6 +371,7 @@ class Sink:
         "in_flight",
         "gone",
         "closed",
+        "quiet",
     )
 
     def __init__(self, engine: DeliveryEngine, subscription_id: str, record: dict[str, Any]):
@@ -394,27 +398,84 @@ class Sink:
         self.last_status: int | None = None
         self.last_error: str | None = None
         self.next_attempt: float | None = None
-        self.tokens = float(engine.settings.burst)
-        self.refilled = engine.clock()
+        # a full bucket, refilled long ago: floats shared by every idle delivery
+        self.tokens = engine.full_bucket
+        self.refilled = 0.0
         self.in_flight = False
         #: a RAP runtime said it no longer knows the subscription: no final event for it
         self.gone = False
         self.closed = False
+        #: sweeps of the engine since this delivery last sent anything (see :meth:`rest`)
+        self.quiet = 0
 
     # -- life cycle ---------------------------------------------------------------
 
     def open(self) -> None:
-        """Attach to the hub from what was delivered (the log holds everything after)."""
+        """Attach to the hub from what was delivered (the log holds everything after);
+        or, owing nothing, wait dormant for the hub to wake it."""
         if self.closed or self.state == "suspended":
             return
+        hub = self.engine.hub
+        start = max(self.delivered, self.created)
+        if self._owes_nothing(start):
+            hub.sleep(self.subscription_id, self)
+            return
+        hub.unsleep(self.subscription_id)
+        self.connection = self._connect()
+        hub.attach(self.connection, self.subscription_id, format_cursor(hub.tag, start))
+        self.quiet = 0
+        self.poke()
+
+    def awaken(self) -> Connection | None:
+        """The hub matched an event for this dormant delivery, or its subscription ended:
+        a connection, to which the hub binds the stream live (:meth:`PushHub.sleep`)."""
+        if self.closed or self.connection is not None:
+            return None
+        self.connection = self._connect()
+        self.quiet = 0
+        return self.connection
+
+    def _connect(self) -> Connection:
         settings = self.engine.settings
         outbox = Outbox(max_frames=settings.sink_frames, max_bytes=settings.sink_bytes)
         outbox.notify = self.poke
-        hub = self.engine.hub
-        self.connection = hub.connect_sink(self.agent_id, self.kind, outbox)
-        start = max(self.delivered, self.created)
-        hub.attach(self.connection, self.subscription_id, format_cursor(hub.tag, start))
-        self.poke()
+        return self.engine.hub.connect_sink(self.agent_id, self.kind, outbox)
+
+    def _owes_nothing(self, start: int) -> bool:
+        """Nothing after ``start`` can be owed but what the hub has yet to route: the
+        subscription is active, the hub has routed nothing past ``start``, and a RAP
+        call's result was delivered."""
+        state = self.engine.field.state
+        subscription = state.subscriptions.get(self.subscription_id)
+        return (
+            subscription is not None
+            and subscription["status"] == "active"
+            and start >= self.engine.hub.published
+            and not (self.kind == "rap" and self.delivered < self.created)
+        )
+
+    def rest(self) -> bool:
+        """Let go of the hub connection if this delivery has been idle, caught up, for a
+        whole sweep: it waits dormant (no outbox, no stream) until a match wakes it."""
+        connection = self.connection
+        if connection is None or self.closed or self.task is not None or self.in_flight:
+            return False
+        if self.state != "active" or len(connection.outbox):
+            return False
+        binding = connection.streams.get(self.subscription_id)
+        if binding is None or binding.held is not None or binding.stream.deadline is not None:
+            return False
+        subscription = self.engine.field.state.subscriptions.get(self.subscription_id)
+        if subscription is None or subscription["status"] != "active":
+            return False
+        self.quiet += 1
+        if self.quiet < 2:
+            return False
+        self.let_go()
+        # everything the stream was offered and did not deliver, it did not match: from
+        # what was delivered on, the log holds what a wake-up reads
+        self.engine.hub.sleep(self.subscription_id, self)
+        return True
 
     def let_go(self) -> None:
         """Leave the hub (the frames it queued are read again from the log later)."""
@@ -425,6 +486,7 @@ class Sink:
 
     def close(self) -> None:
         self.closed = True
+        self.engine.hub.unsleep(self.subscription_id)
         self.let_go()
         if self.task is not None and self.task is not asyncio.current_task():
             self.task.cancel()
@@ -469,6 +531,7 @@ class Sink:
             position, _ = parse_cursor(frame.cursor, self.engine.hub.tag)
             if position is None or position <= self.delivered or self.gone:
                 return  # already delivered (before a re-attach), or no one listens
+            self.quiet = 0
             if await self._deliver(functools.partial(self.frames.notification, frame)):
                 self.delivered = position
                 self.engine.ack(self.subscription_id, position)
@@ -618,9 +681,11 @@ class DeliveryEngine:
         self.clock = clock
         self.random = rng
         self.sinks: dict[str, Sink] = {}
+        self.full_bucket = float(settings.burst)
         self._acks: dict[str, int] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._timers: set[asyncio.TimerHandle] = set()
+        self._sweeper: asyncio.Task[None] | None = None
 
     @property
     def field(self) -> Field:
@@ -633,12 +698,24 @@ class DeliveryEngine:
         for subscription_id, record in list(self.field.state.deliveries.items()):
             if record["state"] != "ended":
                 self._add(subscription_id, record)
-        self.service.listeners.append(self.observe)
+        # before the hub routes a batch: a delivery created in it can wait dormant for it
+        self.service.listeners.insert(0, self.observe)
+        self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    async def _sweep(self) -> None:
+        """Every half ``rest_after``: deliveries idle and caught up since the last sweep
+        let go of their hub connections (:meth:`Sink.rest`)."""
+        while True:
+            await asyncio.sleep(self.settings.rest_after / 2)
+            for sink in [s for s in self.sinks.values() if s.connection is not None]:
+                sink.rest()
 
     async def stop(self) -> None:
         """Stop every sink; write the acknowledgements still pending, then close the client."""
         if self.observe in self.service.listeners:
             self.service.listeners.remove(self.observe)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         for timer in self._timers:
             timer.cancel()
         for sink in list(self.sinks.values()):

@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import orjson
@@ -88,6 +88,13 @@ class Connection:
     ended: tuple[int, str] | None = None
 
 
+class Sleeper(Protocol):
+    """A durable sink the hub matches while it holds no connection (:meth:`PushHub.sleep`)."""
+
+    def awaken(self) -> Connection | None:
+        """A connection for the stream the hub binds now (None: the sink is gone)."""
+
+
 @dataclass(eq=False, slots=True)
 class _Binding:
     stream: Stream
@@ -127,6 +134,11 @@ class PushHub:
         self._windowed: set[_Binding] = set()
         #: the matcher's scope of the bound subscriptions' rows; None when bindings changed
         self._scope: Scope | None = None
+        #: durable sinks that owe nothing and hold no connection, by subscription: matched
+        #: like bound streams, and woken by a match or by their subscription's end
+        self._dormant: dict[str, Sleeper] = {}
+        #: the last log position routed (a batch's, as its routing starts)
+        self.published = service.field.state.last_position
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -170,6 +182,35 @@ class PushHub:
         connection = Connection(agent_id, kind, outbox)
         self.connections.add(connection)
         return connection
+
+    def sleep(self, subscription_id: str, sleeper: Sleeper) -> None:
+        """Match ``subscription_id`` with no connection; the sleeper owes nothing up to
+        :attr:`published`. The first event it matches (or its end) wakes it: it gets a
+        connection from ``sleeper.awaken()`` with the stream bound live from there, as
+        if it had been attached all along, and it is forgotten here."""
+        self._dormant[subscription_id] = sleeper
+        self._scope = None
+
+    def is_dormant(self, subscription_id: str) -> bool:
+        return subscription_id in self._dormant
+
+    def unsleep(self, subscription_id: str) -> None:
+        if self._dormant.pop(subscription_id, None) is not None:
+            self._scope = None
+
+    def _wake(self, subscription_id: str, after: int) -> None:
+        """Bind a dormant subscription live from position ``after``: it was matched against
+        everything before (and matched nothing), so nothing is read from the log."""
+        sleeper = self._dormant.pop(subscription_id, None)
+        if sleeper is None:
+            return
+        self._scope = None
+        connection = sleeper.awaken()
+        if connection is None:
+            return
+        subscription = self.field.state.subscriptions[subscription_id]
+        binding = self._bind(connection, subscription, after, replaying=False)
+        binding.ending = subscription.get("ended_position")
 
     def disconnect(self, connection: Connection) -> None:
         if (
@@ -485,8 +526,9 @@ class PushHub:
 
     def publish(self, entries: list[StoredEntry]) -> None:
         """Route a batch of newly durable entries (called by the writer)."""
+        self.published = entries[-1].position
         ended = self._lifecycle(entries)
-        if not self._by_subscription:
+        if not self._by_subscription and not self._dormant:
             return
         events = self._events(entries)
         if events:
@@ -495,10 +537,12 @@ class PushHub:
             if scope is None or not scope.fits(matcher.registry):
                 registry = matcher.registry
                 rows = [registry.rows[sid] for sid in self._by_subscription]
-                scope = self._scope = matcher.scope(np.sort(np.array(rows, dtype=np.intp)))
+                rows.extend(registry.rows[sid] for sid in self._dormant)  # some in both
+                scope = self._scope = matcher.scope(np.unique(np.array(rows, dtype=np.intp)))
             for match in matcher.match(events, scope=scope):
                 self._route(match)
         for subscription_id, position in ended.items():
+            self._wake(subscription_id, entries[0].position - 1)  # a dormant one owes its end
             self._finish(subscription_id, position, entries)
         self.flush_due(entries[-1].ts)
 
@@ -511,7 +555,10 @@ class PushHub:
         relevance = match.relevance.tolist()
         flags = match.flags.tolist()
         actions = match.requires_action.tolist()
+        dormant = self._dormant
         for i, row in enumerate(match.rows.tolist()):
+            if dormant and ids[row] in dormant:
+                self._wake(ids[row], event.position - 1)
             bindings = by_subscription.get(ids[row])
             if not bindings:
                 continue
@@ -655,7 +702,7 @@ class PushHub:
                 ended[entry.data["subscription_id"]] = entry.position
             elif entry.kind == "agent.deregistered":
                 agent_id = entry.data["agent_id"]
-                for subscription_id in self._by_subscription:
+                for subscription_id in [*self._by_subscription, *self._dormant]:
                     subscription = subscriptions[subscription_id]
                     if (
                         subscription["agent_id"] == agent_id
