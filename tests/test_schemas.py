@@ -40,6 +40,7 @@ TYPES = [
     "subscription",
     "notification",
     "ws-frame",
+    "source",
     *coordination_cases.SCHEMAS["types"],
     *rap_cases.SCHEMAS["types"],
 ]
@@ -54,6 +55,7 @@ REQUESTS = [
     "compact.request",
     *coordination_cases.SCHEMAS["requests"],
     "merge.request",
+    "source.request",
     *rap_cases.SCHEMAS["requests"],
 ]
 RESPONSES = [
@@ -70,6 +72,10 @@ RESPONSES = [
     "compact.response",
     *coordination_cases.SCHEMAS["responses"],
     "merge.response",
+    "source.response",
+    "sources.response",
+    "source-remove.response",
+    "source-event.response",
     *rap_cases.SCHEMAS["responses"],
 ]
 ALL = TYPES + REQUESTS + RESPONSES

@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.applications import Starlette
@@ -56,6 +56,9 @@ from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .push import PushHub
 from .streaming import absolute_urls, deny_websocket, sse_endpoint, ws_endpoint
+
+if TYPE_CHECKING:
+    from .sources import SourcesBinding
 
 logger = logging.getLogger("field.http")
 
@@ -129,6 +132,8 @@ class HTTPBinding:
         #: where webhooks may go (checked again, with DNS, before a SUBSCRIBE runs)
         self.egress = config.egress_policy()
         self.started = time.monotonic()
+        #: inbound event sources (their counts appear in the status)
+        self.sources: SourcesBinding | None = None
 
     def _service(self) -> FieldService:
         if self.service is None:
@@ -191,6 +196,7 @@ class HTTPBinding:
             else {"code": refusing.code, "message": refusing.message},
         }
         body["writer"] = {"running": service.running, "queued": service.queued}
+        body["sources"] = {} if self.sources is None else self.sources.status(field)
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
         return json_response(body)
 
@@ -378,10 +384,12 @@ def create_app(
     key that seals webhook secrets ``webhook_key`` if given, else
     :func:`webhook_key_of` ``config``.
     """
-    from .rap import RapBinding  # it builds on this module
+    from .rap import RapBinding  # they build on this module
+    from .sources import SourcesBinding
 
     binding = HTTPBinding(config)
     rap = RapBinding(binding)
+    binding.sources = SourcesBinding(binding, tolerance=config.source_tolerance)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -462,6 +470,7 @@ def create_app(
             for name, operation in OPERATION_ROUTES.items()
         ),
         *rap.routes(),
+        *binding.sources.routes(),
     ]
     app = _FieldApp(
         binding,
