@@ -8,9 +8,14 @@ last position, the unit counts and ATTUNE do not move).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
+import json
+import os
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -373,3 +378,42 @@ async def test_an_unknown_source_is_404(operator: Operator) -> None:
     body = orjson.dumps(PULL_REQUEST)
     status, answer = await operator.post_event("nobody", body, github_headers(body))
     assert (status, answer["code"]) == (404, "SOURCE_NOT_FOUND")
+
+
+def field_command(*args: str, token: str | None = OPERATOR_TOKEN) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "FIELD_OPERATOR_TOKEN"}
+    if token is not None:
+        env["FIELD_OPERATOR_TOKEN"] = token
+    done = subprocess.run(
+        [sys.executable, "-m", "field", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+async def test_the_source_command_adds_lists_and_removes(
+    server: ThreadedServer, operator: Operator, tmp_path: Path
+) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(GITHUB_SECRET + "\n")
+    status, out, err = await asyncio.to_thread(
+        field_command, "source", "add", "github", "--url", server.url, "--scheme", "github",
+        "--secret-file", str(secret_file), "--filter", "payload.action == 'opened'",
+        "--content", "PR {payload.pull_request.title}", "--confidence", "0.7",
+    )  # fmt: skip
+    assert status == 0, err
+    assert_valid("source.response", json.loads(out))
+    body = orjson.dumps(PULL_REQUEST)
+    assert (await operator.post_event("github", body, github_headers(body)))[0] == 200
+    status, out, err = await asyncio.to_thread(field_command, "source", "list", "--url", server.url)
+    assert status == 0, err
+    [listed] = json.loads(out)["sources"]
+    assert (listed["name"], listed["counts"]["accepted"]) == ("github", 1)
+    status, out, err = await asyncio.to_thread(
+        field_command, "source", "remove", "github", "--url", server.url, token="wrong-token-0"
+    )
+    assert status == 1 and "401 UNAUTHENTICATED" in err
+    status, out, err = await asyncio.to_thread(
+        field_command, "source", "remove", "github", "--url", server.url
+    )
+    assert status == 0, err
+    assert (await operator.status())["sources"] == {}
