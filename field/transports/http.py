@@ -322,11 +322,20 @@ def _not_a_handshake() -> FieldError:
     )
 
 
+def _event_source(path: str) -> str | None:
+    """The source named by ``/v1/sources/<name>/events``, or None for any other path."""
+    if not (path.startswith("/v1/sources/") and path.endswith("/events")):
+        return None
+    name = path[len("/v1/sources/") : -len("/events")]
+    return name if name and "/" not in name else None
+
+
 class _FieldApp(Starlette):
     """Starlette, except that the two busiest paths go straight to their endpoints.
 
-    ``POST /v1/<operation>`` is every write: routing it past the middleware
-    stack and the router's list of routes saves their time on each one.
+    ``POST /v1/<operation>`` is every write, and ``POST /v1/sources/<name>/events``
+    every inbound event: routing them past the middleware stack and the router's
+    list of routes saves their time on each one.
     ``/v1/ws``: a WebSocket lives for hours and there may be tens of
     thousands; each layer it passed through would stay on its stack for
     its whole life. Both endpoints turn every failure into a response.
@@ -341,6 +350,17 @@ class _FieldApp(Starlette):
         kind = scope["type"]
         if kind == "http" and scope["method"] == "POST":
             operation = self._operations.get(scope["path"])
+            name = _event_source(scope["path"])
+            if name is not None and self._binding.sources is not None:
+                # an inbound event: as busy a path as the operations
+                scope["app"], scope["path_params"] = self, {"name": name}
+                request = Request(scope, receive)
+                try:
+                    response = await self._binding.sources.event(request)
+                except Exception as exc:
+                    response = await _crash(request, exc)
+                await response(scope, receive, send)
+                return
             if operation is not None:
                 scope["app"] = self
                 request = Request(scope, receive)
