@@ -24,7 +24,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from . import __version__
+from . import __version__, sources_cli
 from .config import Config
 from .core.embedding import EmbedderError, load_embedder
 from .errors import FieldError
@@ -154,6 +154,12 @@ def _parser() -> argparse.ArgumentParser:
         choices=["critical", "error", "warning", "info", "debug"],
         help="log verbosity (default info)",
     )
+    serve.add_argument(
+        "--source-tolerance",
+        type=float,
+        help="seconds a Standard Webhooks timestamp of an inbound event may be off (300)",
+    )
+    sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
         help="serve a running Field's operations as MCP tools on stdio (needs the mcp extra)",
@@ -252,6 +258,7 @@ def _config(args: argparse.Namespace) -> Config:
         idle_timeout=args.idle_timeout,
         webhook_allow_net=tuple(args.webhook_allow_net) if args.webhook_allow_net else None,
         webhook_key_file=args.webhook_key_file,
+        source_tolerance=args.source_tolerance,
         **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None
@@ -447,6 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "mcp":
         return _mcp(args)
+    if args.command == "source":
+        return sources_cli.run(args)
     try:
         config = _config(args)
     except (ValueError, OSError) as exc:

@@ -101,6 +101,9 @@ class Config:
     #: "72h"; ``--max-subscription-timeout``); None: subscriptions expire only by their own
     #: ``timeout``. Sets ``limits.max_subscription_timeout_s``.
     max_subscription_timeout: str | None = None
+    #: Seconds a Standard Webhooks ``webhook-timestamp`` of an inbound event may be from
+    #: the Field's time (either way); past it the event is refused as stale.
+    source_tolerance: float = 300.0
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -135,7 +138,7 @@ class Config:
         for name in ("max_connections", "max_connections_per_client", "max_push_per_agent"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
-        for name in (*_TIMEOUTS, *_DELIVERY_SECONDS, "delivery_rate"):
+        for name in (*_TIMEOUTS, *_DELIVERY_SECONDS, "delivery_rate", "source_tolerance"):
             seconds = getattr(self, name)
             if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT):
                 raise ValueError(f"{name} must be a positive number, at most {MAX_TIMEOUT:g}")
@@ -232,7 +235,14 @@ _INTEGERS = (
     *_NESTED,
     *_DELIVERY_COUNTS,
 )
-_FLOATS = ("failure_grace", "heartbeat_timeout", *_TIMEOUTS, *_DELIVERY_SECONDS, "delivery_rate")
+_FLOATS = (
+    "failure_grace",
+    "heartbeat_timeout",
+    *_TIMEOUTS,
+    *_DELIVERY_SECONDS,
+    "delivery_rate",
+    "source_tolerance",
+)
 
 
 def _parse(name: str, raw: str) -> Any:

@@ -40,6 +40,7 @@ TYPES = [
     "subscription",
     "notification",
     "ws-frame",
+    "source",
     *coordination_cases.SCHEMAS["types"],
     *rap_cases.SCHEMAS["types"],
 ]
@@ -54,6 +55,7 @@ REQUESTS = [
     "compact.request",
     *coordination_cases.SCHEMAS["requests"],
     "merge.request",
+    "source.request",
     *rap_cases.SCHEMAS["requests"],
 ]
 RESPONSES = [
@@ -70,6 +72,10 @@ RESPONSES = [
     "compact.response",
     *coordination_cases.SCHEMAS["responses"],
     "merge.response",
+    "source.response",
+    "sources.response",
+    "source-remove.response",
+    "source-event.response",
     *rap_cases.SCHEMAS["responses"],
 ]
 ALL = TYPES + REQUESTS + RESPONSES
@@ -470,8 +476,30 @@ FIELD_STATUS = {
         "memory_units": {"active": 3, "contested": 2, "draft": 1},
         "conflicts": {"total": 1, "unresolved": 1},
     },
+    "sources": {"github": {"scheme": "github", "accepted": 3, "filtered": 1, "refused": 0}},
     "limits": {"max_body_bytes": 1048576},
     "uptime_seconds": 12.5,
+}
+SOURCE = {
+    "name": "github",
+    "scheme": "github",
+    "filter": "payload.action == 'opened'",
+    "unit": {
+        "type": "observation",
+        "content": "PR {payload.pull_request.title}",
+        "purpose": "Follow pull requests",
+        "confidence": 0.9,
+        "task_id": None,
+        "session_id": None,
+    },
+    "max_payload_bytes": 65536,
+    "events_url": "http://127.0.0.1:8765/v1/sources/github/events",
+}
+SOURCE_REQUEST = {
+    "name": "github",
+    "scheme": "standard",
+    "secret": "whsec_" + "A" * 44,
+    "unit": {"type": "finding", "content": "{payload.type}"},
 }
 TOKEN = "Zk3x9Qm2-vB8_nT4rL6yW1cH5jD7sA0eGuPoIiKkMmN"
 EVENTS = [
@@ -1989,6 +2017,38 @@ INVALID += [
     case("scope", {"role": "r", "max_units": 1, "include_archived": 1}, "include-archived"),
     case("memory-unit", {**UNIT, "status": "purged"}, "purged"),
 ]
+VALID += [
+    case("source", SOURCE, "basic"),
+    case("source", {**SOURCE, "filter": None, "secret": "whsec_x"}, "made-secret"),
+    case("source", {**SOURCE, "counts": {"accepted": 1, "filtered": 0, "refused": 2}}, "counts"),
+    case("source.request", SOURCE_REQUEST, "basic"),
+    case("source.request", drop(SOURCE_REQUEST, "secret"), "no-secret"),
+    case(
+        "source.response", {"status": "ok", "source": SOURCE, "replaced": False, "epoch": 3}, "ok"
+    ),
+    case("sources.response", {"status": "ok", "sources": [SOURCE], "epoch": 3}, "ok"),
+    case("source-remove.response", {"status": "ok", "name": "github", "epoch": 4}, "ok"),
+    case(
+        "source-event.response",
+        {"status": "accepted", "memory_unit_id": "mem-1", "epoch": 5},
+        "accepted",
+    ),
+    case("source-event.response", {"status": "filtered"}, "filtered"),
+    case("memory-unit", {**UNIT, "payload": {"action": "opened"}}, "payload"),
+]
+INVALID += [
+    case("source", {**SOURCE, "name": "GitHub"}, "name-case"),
+    case("source", {**SOURCE, "scheme": "svix"}, "scheme"),
+    case("source", put(SOURCE, "unit.content", " "), "blank-template"),
+    case("source.request", {**SOURCE_REQUEST, "extra": 1}, "extra"),
+    case("source.request", drop(SOURCE_REQUEST, "unit.content"), "no-content"),
+    case("source.response", {"status": "ok", "source": SOURCE, "epoch": 3}, "no-replaced"),
+    case("sources.response", {"status": "ok", "sources": [{}], "epoch": 3}, "empty-source"),
+    case("source-remove.response", {"status": "ok", "name": "github"}, "no-epoch"),
+    case("source-event.response", {"status": "accepted"}, "no-unit"),
+    case("field-status.response", put(FIELD_STATUS, "sources.github.accepted", -1), "neg-count"),
+    case("memory-unit", {**UNIT, "payload": [1]}, "payload-array"),
+]
 VALID += coordination_cases.VALID + rap_cases.VALID
 INVALID += coordination_cases.INVALID + rap_cases.INVALID
 
@@ -2096,6 +2156,11 @@ ERROR_TABLE = {
     "INVALID_FILTER": (422, "Yes"),
     "LOG_UNAVAILABLE": (503, "Yes"),
     "REPLAY_TOO_LARGE": (422, "Yes"),
+    "SOURCE_NOT_FOUND": (404, "No"),
+    "SOURCE_LIMIT": (409, "Yes"),
+    "INVALID_SIGNATURE": (401, "No"),
+    "STALE_TIMESTAMP": (401, "No"),
+    "DUPLICATE_EVENT": (409, "No"),
 }
 
 

@@ -261,6 +261,7 @@ def _forms(unit: dict[str, Any], fmt: str) -> Iterator[tuple[str, dict[str, Any]
 def summarize(unit: dict[str, Any]) -> dict[str, Any]:
     """The unit in summary form: first sentence of its content, short confidence."""
     summary = dict(unit)
+    summary.pop("payload", None)  # an inbound event's payload: in the full form only
     summary["content"] = first_sentence(unit["content"], SUMMARY_CHARS)
     confidence = unit.get("confidence")
     if confidence is not None:

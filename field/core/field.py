@@ -45,6 +45,7 @@ from . import (
     history,
     listing,
     sessions,
+    sources,
     subscribe,
     tasks,
     validation,
@@ -366,7 +367,11 @@ class Field:
                 suggested_action="Register at authority 4 or lower, or have the operator "
                 "register the agent with its token.",
             )
-        if request["id"] in self.state.agents or request["id"] == OPERATOR_ID:
+        if (
+            request["id"] in self.state.agents
+            or request["id"] == OPERATOR_ID
+            or request["id"].startswith(sources.AGENT_PREFIX)
+        ):
             raise StateError(
                 f"agent id {request['id']!r} is already registered",
                 code=Code.AGENT_ID_TAKEN,
@@ -561,11 +566,11 @@ class Field:
 
     def ack_deliveries(self, cursors: dict[str, int]) -> Outcome:
         """Deliveries acknowledged up to ``cursors`` (by subscription): one entry for all."""
-        return self._system(lambda epoch, now: subscribe.ack_entries(self, cursors, epoch, now))
+        return self.system(lambda epoch, now: subscribe.ack_entries(self, cursors, epoch, now))
 
     def change_delivery(self, subscription_id: str, action: str, reason: str | None) -> Outcome:
         """Move a durable delivery's state (``fail``, ``recover``, ``suspend``, ``end``)."""
-        return self._system(
+        return self.system(
             lambda epoch, now: subscribe.change_entries(
                 self, subscription_id, action, reason, epoch, now
             )
@@ -575,7 +580,7 @@ class Field:
         self, agent_id: str, group_id: str, tool_call_id: str | None, reason: str
     ) -> Outcome:
         """Cancel the agent's RAP subscriptions of thread ``group_id`` (one call's, if given)."""
-        return self._system(
+        return self.system(
             lambda epoch, now: subscribe.cancel_entries(
                 self, agent_id, group_id, tool_call_id, reason, epoch, now
             )
@@ -584,11 +589,11 @@ class Field:
     def expire_subscriptions(self, agent_id: str, idle: float) -> Outcome:
         """Cancel the agent's subscriptions whose timeout ``idle`` seconds of inactivity
         reached (``reason``: expired); the agent itself is not failed."""
-        return self._system(
+        return self.system(
             lambda epoch, now: subscribe.expiry_entries(self, agent_id, idle, epoch, now)
         )
 
-    def _system(self, build: Callable[[int, float], list[LogEntry]]) -> Outcome:
+    def system(self, build: Callable[[int, float], list[LogEntry]]) -> Outcome:
         """An operation the server itself makes: ``build`` gives its entries, if any."""
         now = self._entry_time()
         epoch = self._next_epoch(0, now)
@@ -597,6 +602,25 @@ class Field:
             return Outcome({"status": "unchanged"})
         self._commit(epoch, entries)
         return Outcome({"status": "ok", "epoch": epoch}, entries)
+
+    # -- inbound event sources (field/core/sources.py) ---------------------------
+
+    def define_source(self, token: str | None, body: Any) -> Outcome:
+        """The operator defines (or redefines) a source."""
+        return sources.define(self, token, body)
+
+    def remove_source(self, token: str | None, name: str) -> Outcome:
+        """The operator removes a source."""
+        return sources.remove(self, token, name)
+
+    def list_sources(self, token: str | None) -> list[sources.Source]:
+        """The defined sources, by name; the operator's only."""
+        sources.require_operator(self, token)
+        return [self.state.sources[name] for name in sorted(self.state.sources)]
+
+    def ingest_event(self, event: sources.Event) -> Outcome:
+        """A verified inbound event becomes a unit of its source (or is refused)."""
+        return sources.ingest(self, event)
 
     # -- DETECT ----------------------------------------------------------------
 

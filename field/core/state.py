@@ -35,7 +35,12 @@ Entry kinds and their ``data``:
 ``conflict.vote_cast``     ``{conflict_id, ballot}``
 ``conflict.resolved``      ``{conflict, from}``: the resolved Conflict
 ``memory.reinstated``      ``{memory_unit_id, conflict_id}``: contested → active
+``source.defined``    ``{source}``: an inbound event source (its secret sealed)
+``source.removed``    ``{name}``
 ===================== ===============================================
+
+A ``memory.recorded`` entry of an inbound event also has ``delivery``:
+``{source, id, timestamp}`` (see :mod:`field.core.sources`).
 
 Every entry is also indexed by the entities it is about
 (:class:`~field.core.entities.EntityIndex`), under its log position, so
@@ -63,7 +68,7 @@ from typing import Any
 from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits, LogEntry, StoredEntry
 from ..subscriptions import delivery
 from ..subscriptions.registry import SubscriptionRegistry
-from . import sessions, tasks
+from . import sessions, sources, tasks
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
 from .embedding import Embedder
@@ -147,6 +152,8 @@ class FieldState:
     #: the durable deliveries (webhook, RAP) by subscription: record, cursor, state
     deliveries: dict[str, dict[str, Any]] = field(default_factory=dict)
     registry: SubscriptionRegistry = field(init=False)
+    #: inbound event sources by name (see :mod:`field.core.sources`)
+    sources: dict[str, sources.Source] = field(default_factory=dict)
     #: tombstones of purged units (no content), by id
     purged: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: ``units`` then ``purged``: for readers of entries about units that may be purged
@@ -235,6 +242,13 @@ class FieldState:
 
     def _memory_recorded(self, data: dict[str, Any]) -> None:
         unit = data["unit"]
+        delivery = data.get("delivery")
+        if delivery is not None:  # an inbound event; its source may since be gone
+            source = self.sources.get(delivery["source"])
+            if source is not None:
+                source.accepted += 1
+                if delivery["id"] is not None:
+                    source.deliveries.note(delivery["id"], delivery["timestamp"])
         self.units[unit["id"]] = unit
         self.units_by_agent[unit["source"]["agent_id"]] += 1
         self.unit_statuses[unit["status"]] += 1
@@ -371,6 +385,17 @@ class FieldState:
         subscription["ended_position"] = self.applied_position
         self.registry.cancel(subscription_id)
 
+    def _source_defined(self, data: dict[str, Any]) -> None:
+        definition = data["source"]
+        source = sources.compiled(definition)
+        previous = self.sources.get(source.name)
+        if previous is not None:  # a new definition keeps what the source has seen
+            source.deliveries, source.accepted = previous.deliveries, previous.accepted
+        self.sources[source.name] = source
+
+    def _source_removed(self, data: dict[str, Any]) -> None:
+        del self.sources[data["name"]]
+
     def _delivery_acked(self, data: dict[str, Any]) -> None:
         for subscription_id, position in data["cursors"].items():
             record = self.deliveries[subscription_id]
@@ -408,6 +433,8 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "conflict.vote_cast": FieldState._conflict_vote_cast,
     "conflict.resolved": FieldState._conflict_resolved,
     "memory.reinstated": FieldState._memory_reinstated,
+    "source.defined": FieldState._source_defined,
+    "source.removed": FieldState._source_removed,
 }
 
 

@@ -14,7 +14,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.applications import Starlette
@@ -56,6 +56,9 @@ from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .push import PushHub
 from .streaming import absolute_urls, deny_websocket, sse_endpoint, ws_endpoint
+
+if TYPE_CHECKING:
+    from .sources import SourcesBinding
 
 logger = logging.getLogger("field.http")
 
@@ -129,6 +132,8 @@ class HTTPBinding:
         #: where webhooks may go (checked again, with DNS, before a SUBSCRIBE runs)
         self.egress = config.egress_policy()
         self.started = time.monotonic()
+        #: inbound event sources (their counts appear in the status)
+        self.sources: SourcesBinding | None = None
 
     def _service(self) -> FieldService:
         if self.service is None:
@@ -191,6 +196,7 @@ class HTTPBinding:
             else {"code": refusing.code, "message": refusing.message},
         }
         body["writer"] = {"running": service.running, "queued": service.queued}
+        body["sources"] = {} if self.sources is None else self.sources.status(field)
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
         return json_response(body)
 
@@ -316,11 +322,20 @@ def _not_a_handshake() -> FieldError:
     )
 
 
+def _event_source(path: str) -> str | None:
+    """The source named by ``/v1/sources/<name>/events``, or None for any other path."""
+    if not (path.startswith("/v1/sources/") and path.endswith("/events")):
+        return None
+    name = path[len("/v1/sources/") : -len("/events")]
+    return name if name and "/" not in name else None
+
+
 class _FieldApp(Starlette):
     """Starlette, except that the two busiest paths go straight to their endpoints.
 
-    ``POST /v1/<operation>`` is every write: routing it past the middleware
-    stack and the router's list of routes saves their time on each one.
+    ``POST /v1/<operation>`` is every write, and ``POST /v1/sources/<name>/events``
+    every inbound event: routing them past the middleware stack and the router's
+    list of routes saves their time on each one.
     ``/v1/ws``: a WebSocket lives for hours and there may be tens of
     thousands; each layer it passed through would stay on its stack for
     its whole life. Both endpoints turn every failure into a response.
@@ -335,6 +350,17 @@ class _FieldApp(Starlette):
         kind = scope["type"]
         if kind == "http" and scope["method"] == "POST":
             operation = self._operations.get(scope["path"])
+            name = _event_source(scope["path"])
+            if name is not None and self._binding.sources is not None:
+                # an inbound event: as busy a path as the operations
+                scope["app"], scope["path_params"] = self, {"name": name}
+                request = Request(scope, receive)
+                try:
+                    response = await self._binding.sources.event(request)
+                except Exception as exc:
+                    response = await _crash(request, exc)
+                await response(scope, receive, send)
+                return
             if operation is not None:
                 scope["app"] = self
                 request = Request(scope, receive)
@@ -378,10 +404,12 @@ def create_app(
     key that seals webhook secrets ``webhook_key`` if given, else
     :func:`webhook_key_of` ``config``.
     """
-    from .rap import RapBinding  # it builds on this module
+    from .rap import RapBinding  # they build on this module
+    from .sources import SourcesBinding
 
     binding = HTTPBinding(config)
     rap = RapBinding(binding)
+    binding.sources = SourcesBinding(binding, tolerance=config.source_tolerance)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -462,6 +490,7 @@ def create_app(
             for name, operation in OPERATION_ROUTES.items()
         ),
         *rap.routes(),
+        *binding.sources.routes(),
     ]
     app = _FieldApp(
         binding,

@@ -1,0 +1,419 @@
+"""Inbound event sources end to end: a real server, real HTTP clients, signed events.
+
+An event is signed as its sender signs it (GitHub's ``X-Hub-Signature-256``, or
+Standard Webhooks), posted to ``/v1/sources/<name>/events``, and followed to a
+subscriber's SSE stream; every refusal is checked to have stored nothing (the log's
+last position, the unit counts and ATTUNE do not move).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import orjson
+import pytest
+
+from field.client import AgentClient, FieldClient, FieldClientError
+
+from .conftest import ThreadedServer
+from .schema_util import assert_valid
+from .test_push import sse_stream, subscribe
+
+OPERATOR_TOKEN = "operator-token-for-sources-0123456789"
+GITHUB_SECRET = "It's a Secret to Everybody"
+STANDARD_SECRET = "whsec_" + base64.b64encode(b"k" * 32).decode()
+
+PULL_REQUEST = {
+    "action": "opened",
+    "number": 42,
+    "pull_request": {
+        "title": "Add inbound event sources",
+        "user": {"login": "octocat"},
+        "labels": [{"name": "feature"}],
+    },
+    "repository": {"full_name": "buoyant-systems/agent-mesh"},
+}
+
+GITHUB_SOURCE = {
+    "name": "github",
+    "scheme": "github",
+    "secret": GITHUB_SECRET,
+    "filter": "payload.action == 'opened' && headers['x-github-event'] == 'pull_request'",
+    "unit": {
+        "type": "observation",
+        "content": "PR #{payload.number} {payload.pull_request.title} by "
+        "{payload.pull_request.user.login} in {payload.repository.full_name}",
+        "purpose": "Follow pull requests of {payload.repository.full_name}",
+        "confidence": 0.9,
+    },
+}
+
+
+def github_headers(body: bytes, *, secret: str = GITHUB_SECRET, delivery: str | None = None):
+    digest = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
+    return {
+        "Content-Type": "application/json",
+        "X-GitHub-Event": "pull_request",
+        "X-GitHub-Delivery": delivery or str(uuid.uuid4()),
+        "X-Hub-Signature-256": f"sha256={digest}",
+    }
+
+
+def standard_headers(
+    body: bytes, *, message_id: str | None = None, timestamp: int | None = None, key: bytes = b""
+) -> dict[str, str]:
+    message_id = message_id or f"msg_{uuid.uuid4().hex}"
+    timestamp = int(time.time()) if timestamp is None else timestamp
+    key = key or base64.b64decode(STANDARD_SECRET.removeprefix("whsec_"))
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    signature = base64.b64encode(hmac.digest(key, signed, hashlib.sha256)).decode()
+    return {
+        "Content-Type": "application/json",
+        "webhook-id": message_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": f"v1,{signature}",
+    }
+
+
+class Operator:
+    """The operator's side: sources defined over HTTP with the operator token."""
+
+    def __init__(self, http: aiohttp.ClientSession, url: str) -> None:
+        self.http = http
+        self.url = url
+
+    async def call(
+        self, method: str, path: str, body: Any = None, *, token: str | None = OPERATOR_TOKEN
+    ) -> tuple[int, dict[str, Any]]:
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        data = None if body is None else orjson.dumps(body)
+        async with self.http.request(method, self.url + path, data=data, headers=headers) as r:
+            return r.status, await r.json()
+
+    async def define(self, definition: dict[str, Any]) -> dict[str, Any]:
+        status, body = await self.call("POST", "/v1/sources", definition)
+        assert status == 200, body
+        assert_valid("source.response", body)
+        return body
+
+    async def post_event(self, name: str, body: bytes, headers: dict[str, str]):
+        url = f"{self.url}/v1/sources/{name}/events"
+        async with self.http.post(url, data=body, headers=headers) as response:
+            answer = await response.json()
+            if response.status == 200:
+                assert_valid("source-event.response", answer)
+            else:
+                assert_valid("error", answer)
+            return response.status, answer
+
+    async def status(self) -> dict[str, Any]:
+        async with self.http.get(self.url + "/v1/field/status") as response:
+            body = await response.json()
+            assert_valid("field-status.response", body)
+            return body
+
+
+@pytest.fixture
+def server(server_factory: Callable[..., ThreadedServer]) -> ThreadedServer:
+    return server_factory(operator_token=OPERATOR_TOKEN)
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    async with aiohttp.ClientSession() as session:
+        yield session
+
+
+@pytest.fixture
+async def operator(http: aiohttp.ClientSession, server: ThreadedServer) -> Operator:
+    return Operator(http, server.url)
+
+
+@pytest.fixture
+async def agent(server: ThreadedServer) -> AsyncIterator[AgentClient]:
+    async with FieldClient(server.url) as field:
+        yield await field.register("reviewer-01", "code_reviewer", interests=["pull requests"])
+
+
+async def snapshot(operator: Operator, agent: AgentClient) -> tuple[int, dict[str, int], list[str]]:
+    """What would show a stored event: the log's end, the unit counts, ATTUNE's units."""
+    status = await operator.status()
+    attuned = await agent.attune(max_units=100)
+    units = [r["memory_unit"]["id"] for r in attuned["record"]]
+    return status["log"]["last_position"], status["counts"]["memory_units"], units
+
+
+async def test_a_signed_github_event_reaches_a_subscriber_as_a_unit_of_its_source(
+    operator: Operator, agent: AgentClient, http: aiohttp.ClientSession
+) -> None:
+    defined = await operator.define(GITHUB_SOURCE)
+    source = defined["source"]
+    assert "secret" not in source  # the operator's own secret is never shown back
+    assert source["events_url"] == f"{operator.url}/v1/sources/github/events"
+    subscribed = await subscribe(agent, ["memory.recorded"])
+    async with sse_stream(http, subscribed["sse_url"], agent.token) as stream:
+        await stream.ready()
+        body = orjson.dumps(PULL_REQUEST)
+        status, answer = await operator.post_event("github", body, github_headers(body))
+        assert status == 200, answer
+        assert answer["status"] == "accepted"
+        [event] = await stream.notifications(1)
+    notification = event.data
+    assert notification["event"] == "memory.recorded"
+    assert notification["memory_unit_id"] == answer["memory_unit_id"]
+    assert notification["agent_id"] == "source:github"
+    attuned = await agent.attune(max_units=10)
+    [unit] = [r["memory_unit"] for r in attuned["record"]]
+    assert_valid("memory-unit", unit)
+    assert unit["id"] == answer["memory_unit_id"]
+    assert unit["content"] == (
+        "PR #42 Add inbound event sources by octocat in buoyant-systems/agent-mesh"
+    )
+    assert unit["intent"]["purpose"] == "Follow pull requests of buoyant-systems/agent-mesh"
+    assert unit["confidence"]["score"] == 0.9
+    assert unit["source"]["agent_id"] == "source:github"
+    assert unit["payload"] == PULL_REQUEST
+    counts = (await operator.status())["sources"]["github"]
+    assert counts == {"scheme": "github", "accepted": 1, "filtered": 0, "refused": 0}
+
+
+async def test_refused_events_store_nothing_and_are_counted(
+    operator: Operator, agent: AgentClient
+) -> None:
+    await operator.define({**GITHUB_SOURCE, "max_payload_bytes": 4096})
+    body = orjson.dumps(PULL_REQUEST)
+    accepted = github_headers(body)
+    status, first = await operator.post_event("github", body, accepted)
+    assert status == 200, first
+    before = await snapshot(operator, agent)
+    assert before[2] == [first["memory_unit_id"]]
+
+    wrong = github_headers(body, secret="not the secret")
+    tampered = github_headers(body)
+    unsigned = {k: v for k, v in github_headers(body).items() if k != "X-Hub-Signature-256"}
+    oversized = orjson.dumps({**PULL_REQUEST, "padding": "x" * 5000})
+    cases = [
+        (body, wrong, 401, "INVALID_SIGNATURE"),
+        (body.replace(b"opened", b"closed"), tampered, 401, "INVALID_SIGNATURE"),
+        (body, unsigned, 401, "INVALID_SIGNATURE"),
+        (body, accepted, 409, "DUPLICATE_EVENT"),  # a replay of the same delivery
+        (oversized, github_headers(oversized), 413, "PAYLOAD_TOO_LARGE"),
+        (b"[1, 2]", github_headers(b"[1, 2]"), 422, "INVALID_PAYLOAD"),
+        (b"{nope", github_headers(b"{nope"), 400, "INVALID_JSON"),
+        (body, {**github_headers(body), "Content-Type": "text/plain"}, 415, None),
+    ]
+    for raw, headers, expected, code in cases:
+        status, answer = await operator.post_event("github", raw, headers)
+        assert status == expected, answer
+        assert answer["code"] == (code or "UNSUPPORTED_MEDIA_TYPE")
+        assert answer["recoverable"] in (True, False) and answer["suggested_action"]
+    assert await snapshot(operator, agent) == (before[0], before[1], before[2])
+    counts = (await operator.status())["sources"]["github"]
+    assert counts == {"scheme": "github", "accepted": 1, "filtered": 0, "refused": len(cases)}
+
+
+async def test_events_the_filter_does_not_pass_are_counted_and_not_stored(
+    operator: Operator, agent: AgentClient
+) -> None:
+    await operator.define(GITHUB_SOURCE)
+    before = await snapshot(operator, agent)
+    for payload, event in [
+        ({**PULL_REQUEST, "action": "closed"}, "pull_request"),
+        (PULL_REQUEST, "issues"),
+        ({"zen": "Keep it simple."}, "ping"),
+    ]:
+        body = orjson.dumps(payload)
+        status, answer = await operator.post_event(
+            "github", body, {**github_headers(body), "X-GitHub-Event": event}
+        )
+        assert (status, answer) == (200, {"status": "filtered"})
+    assert await snapshot(operator, agent) == before
+    counts = (await operator.status())["sources"]["github"]
+    assert counts == {"scheme": "github", "accepted": 0, "filtered": 3, "refused": 0}
+
+
+async def test_standard_webhooks_refuse_replays_stale_and_future_timestamps(
+    operator: Operator, agent: AgentClient
+) -> None:
+    await operator.define(
+        {
+            "name": "billing",
+            "scheme": "standard",
+            "secret": STANDARD_SECRET,
+            "unit": {
+                "type": "finding",
+                "content": "Invoice {payload.invoice.id} is {payload.type}",
+            },
+        }
+    )
+    body = orjson.dumps({"type": "invoice.paid", "invoice": {"id": "in_1", "total": 1200}})
+    headers = standard_headers(body)
+    status, answer = await operator.post_event("billing", body, headers)
+    assert status == 200, answer
+    before = await snapshot(operator, agent)
+    now = int(time.time())
+    wrong_key = standard_headers(body, key=b"w" * 32)
+    rotated = {**headers, "webhook-signature": f"v1,AAAA {headers['webhook-signature']}"}
+    cases = [
+        (headers, 409, "DUPLICATE_EVENT"),  # the same message again
+        (rotated, 409, "DUPLICATE_EVENT"),  # one of several signatures verifies
+        (standard_headers(body, timestamp=now - 301), 401, "STALE_TIMESTAMP"),
+        (standard_headers(body, timestamp=now + 301), 401, "STALE_TIMESTAMP"),
+        (wrong_key, 401, "INVALID_SIGNATURE"),
+        ({**headers, "webhook-timestamp": str(now - 1)}, 401, "INVALID_SIGNATURE"),
+        ({k: v for k, v in headers.items() if k != "webhook-id"}, 401, "INVALID_SIGNATURE"),
+    ]
+    for sent, expected, code in cases:
+        status, answer = await operator.post_event("billing", body, sent)
+        assert (status, answer["code"]) == (expected, code), answer
+    assert await snapshot(operator, agent) == before
+    [unit] = [r["memory_unit"] for r in (await agent.attune())["record"]]
+    assert unit["content"] == "Invoice in_1 is invoice.paid"
+    assert unit["intent"]["purpose"] == "Event from source billing"
+    assert unit["confidence"]["score"] == 0.5
+
+
+async def test_accepted_delivery_ids_are_refused_after_a_restart(
+    server_factory: Callable[..., ThreadedServer], http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    settings = {"operator_token": OPERATOR_TOKEN, "data_dir": tmp_path / "data", "sync": "normal"}
+    first = server_factory(**settings)
+    operator = Operator(http, first.url)
+    await operator.define(GITHUB_SOURCE)
+    body = orjson.dumps(PULL_REQUEST)
+    headers = github_headers(body)
+    assert (await operator.post_event("github", body, headers))[0] == 200
+    first.stop()
+    again = Operator(http, server_factory(**settings).url)
+    status, answer = await again.post_event("github", body, headers)
+    assert (status, answer["code"]) == (409, "DUPLICATE_EVENT")
+    fresh = github_headers(body)  # the sealed secret opens after the restart
+    assert (await again.post_event("github", body, fresh))[0] == 200
+    counts = (await again.status())["sources"]["github"]
+    assert counts == {"scheme": "github", "accepted": 2, "filtered": 0, "refused": 1}
+
+
+async def test_only_the_operator_defines_lists_and_removes_sources(
+    operator: Operator, agent: AgentClient
+) -> None:
+    status, answer = await operator.call("POST", "/v1/sources", GITHUB_SOURCE, token=None)
+    assert (status, answer["code"]) == (401, "UNAUTHENTICATED")
+    status, answer = await operator.call("POST", "/v1/sources", GITHUB_SOURCE, token=agent.token)
+    assert (status, answer["code"]) == (403, "INSUFFICIENT_AUTHORITY")
+    status, answer = await operator.call("GET", "/v1/sources", token=agent.token)
+    assert (status, answer["code"]) == (403, "INSUFFICIENT_AUTHORITY")
+    made = await operator.define({**GITHUB_SOURCE, "secret": None, "name": "gh2"})
+    secret = made["source"]["secret"]  # made by the Field, shown once
+    status, listed = await operator.call("GET", "/v1/sources")
+    assert status == 200
+    assert_valid("sources.response", listed)
+    [shown] = listed["sources"]
+    assert "secret" not in shown and shown["counts"] == {"accepted": 0, "filtered": 0, "refused": 0}
+    body = orjson.dumps(PULL_REQUEST)
+    assert (await operator.post_event("gh2", body, github_headers(body, secret=secret)))[0] == 200
+    status, removed = await operator.call("DELETE", "/v1/sources/gh2")
+    assert status == 200, removed
+    assert_valid("source-remove.response", removed)
+    status, answer = await operator.post_event("gh2", body, github_headers(body, secret=secret))
+    assert (status, answer["code"]) == (404, "SOURCE_NOT_FOUND")
+    status, answer = await operator.call("DELETE", "/v1/sources/gh2")
+    assert (status, answer["code"]) == (404, "SOURCE_NOT_FOUND")
+    assert (await operator.status())["sources"] == {}
+
+
+@pytest.mark.parametrize(
+    ("change", "code"),
+    [
+        ({"name": "Not A Name"}, "INVALID_PAYLOAD"),
+        ({"scheme": "svix"}, "INVALID_PAYLOAD"),
+        ({"scheme": "standard", "secret": "whsec_short"}, "INVALID_PAYLOAD"),
+        ({"filter": "payload.action =="}, "INVALID_FILTER"),
+        ({"filter": "event.unit.payload.x == 1"}, "INVALID_FILTER"),
+        ({"unit": {"type": "finding", "content": "{payload.a"}}, "INVALID_PAYLOAD"),
+        ({"unit": {"type": "finding", "content": "{agent.token}"}}, "INVALID_PAYLOAD"),
+        ({"unit": {"type": "rumour", "content": "x"}}, "INVALID_PAYLOAD"),
+        ({"unit": {"type": "finding", "content": "x", "confidence": 2}}, "INVALID_PAYLOAD"),
+        (
+            {"unit": {"type": "finding", "content": "x", "session_id": "session-0"}},
+            "SESSION_NOT_FOUND",
+        ),
+        ({"max_payload_bytes": 10**9}, "INVALID_PAYLOAD"),
+        ({"extra": True}, "INVALID_PAYLOAD"),
+    ],
+)
+async def test_bad_definitions_are_refused_with_the_error_body(
+    operator: Operator, change: dict[str, Any], code: str
+) -> None:
+    status, answer = await operator.call("POST", "/v1/sources", {**GITHUB_SOURCE, **change})
+    assert answer["code"] == code, answer
+    assert status in (404, 422)
+    assert_valid("error", answer)
+    assert GITHUB_SECRET not in answer["message"]
+    assert (await operator.status())["sources"] == {}
+
+
+async def test_no_agent_may_register_a_source_id(server: ThreadedServer) -> None:
+    async with FieldClient(server.url) as field:
+        with pytest.raises(FieldClientError) as refused:
+            await field.register("source:github", "impostor")
+    assert (refused.value.status, refused.value.code) == (409, "AGENT_ID_TAKEN")
+
+
+async def test_an_unknown_source_is_404(operator: Operator) -> None:
+    body = orjson.dumps(PULL_REQUEST)
+    status, answer = await operator.post_event("nobody", body, github_headers(body))
+    assert (status, answer["code"]) == (404, "SOURCE_NOT_FOUND")
+
+
+def field_command(*args: str, token: str | None = OPERATOR_TOKEN) -> tuple[int, str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "FIELD_OPERATOR_TOKEN"}
+    if token is not None:
+        env["FIELD_OPERATOR_TOKEN"] = token
+    done = subprocess.run(
+        [sys.executable, "-m", "field", *args], capture_output=True, text=True, env=env, timeout=60
+    )
+    return done.returncode, done.stdout, done.stderr
+
+
+async def test_the_source_command_adds_lists_and_removes(
+    server: ThreadedServer, operator: Operator, tmp_path: Path
+) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(GITHUB_SECRET + "\n")
+    status, out, err = await asyncio.to_thread(
+        field_command, "source", "add", "github", "--url", server.url, "--scheme", "github",
+        "--secret-file", str(secret_file), "--filter", "payload.action == 'opened'",
+        "--content", "PR {payload.pull_request.title}", "--confidence", "0.7",
+    )  # fmt: skip
+    assert status == 0, err
+    assert_valid("source.response", json.loads(out))
+    body = orjson.dumps(PULL_REQUEST)
+    assert (await operator.post_event("github", body, github_headers(body)))[0] == 200
+    status, out, err = await asyncio.to_thread(field_command, "source", "list", "--url", server.url)
+    assert status == 0, err
+    [listed] = json.loads(out)["sources"]
+    assert (listed["name"], listed["counts"]["accepted"]) == ("github", 1)
+    status, out, err = await asyncio.to_thread(
+        field_command, "source", "remove", "github", "--url", server.url, token="wrong-token-0"
+    )
+    assert status == 1 and "401 UNAUTHENTICATED" in err
+    status, out, err = await asyncio.to_thread(
+        field_command, "source", "remove", "github", "--url", server.url
+    )
+    assert status == 0, err
+    assert (await operator.status())["sources"] == {}
