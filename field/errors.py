@@ -78,7 +78,6 @@ class Code:
     SOURCE_LIMIT = "SOURCE_LIMIT"
     INVALID_SIGNATURE = "INVALID_SIGNATURE"
     STALE_TIMESTAMP = "STALE_TIMESTAMP"
-    DUPLICATE_EVENT = "DUPLICATE_EVENT"
 
 
 #: HTTP status of each code; the only place where codes meet HTTP.
@@ -127,7 +126,6 @@ HTTP_STATUS: dict[str, int] = {
     Code.SOURCE_LIMIT: 409,
     Code.INVALID_SIGNATURE: 401,
     Code.STALE_TIMESTAMP: 401,
-    Code.DUPLICATE_EVENT: 409,
 }
 
 

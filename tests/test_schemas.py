@@ -2160,7 +2160,6 @@ ERROR_TABLE = {
     "SOURCE_LIMIT": (409, "Yes"),
     "INVALID_SIGNATURE": (401, "No"),
     "STALE_TIMESTAMP": (401, "No"),
-    "DUPLICATE_EVENT": (409, "No"),
 }
 
 

@@ -454,12 +454,11 @@ def ingest(field: Field, event: Event) -> Outcome:
         )
     seen = source.deliveries
     if event.delivery_id is not None and event.delivery_id in seen.ids:
-        raise StateError(
-            f"delivery {event.delivery_id!r} was already accepted by source {source.name!r}",
-            code=Code.DUPLICATE_EVENT,
-            recoverable=False,
-            suggested_action="Do not send an event again once it was accepted.",
-        )
+        # accepted before (its answer may have been lost): acknowledged again, not stored;
+        # a sender that retries until a 2xx stops here
+        outcome = field.system(lambda epoch, now: [])  # nothing is written
+        outcome.response = {"status": "duplicate", "delivery_id": event.delivery_id}
+        return outcome
     if event.timestamp is not None and event.timestamp <= seen.horizon:
         raise stale("the event is older than the deliveries the source still remembers")
     spec = source.definition["unit"]

@@ -152,6 +152,8 @@ class SourcesBinding:
         if outcome is None:
             self.filtered[name] += 1
             return json_response({"status": "filtered"})
+        if outcome.response["status"] == "duplicate":
+            self.refused[name] += 1  # nothing stored: counted with the refusals
         return json_response(outcome.response)
 
     async def _ingest(
