@@ -424,3 +424,20 @@ async def test_the_source_command_adds_lists_and_removes(
     )
     assert status == 0, err
     assert (await operator.status())["sources"] == {}
+
+
+async def test_a_senders_credentials_never_reach_filters_or_units(
+    operator: Operator, agent: AgentClient
+) -> None:
+    leaky = {
+        **GITHUB_SOURCE,
+        "filter": "!('authorization' in headers) && !('cookie' in headers)",
+        "unit": {**GITHUB_SOURCE["unit"], "content": "{headers.x-github-event}:{headers.cookie}"},
+    }
+    await operator.define(leaky)
+    body = orjson.dumps(PULL_REQUEST)
+    headers = {**github_headers(body), "Authorization": "Bearer s3cr3t", "Cookie": "id=s3cr3t"}
+    status, answer = await operator.post_event("github", body, headers)
+    assert (status, answer["status"]) == (200, "accepted"), answer
+    [unit] = [r["memory_unit"] for r in (await agent.attune())["record"]]
+    assert unit["content"].startswith("pull_request:") and "s3cr3t" not in unit["content"]

@@ -42,6 +42,10 @@ logger = logging.getLogger("field.sources")
 EVENTS_PATH = "/v1/sources/{name}/events"
 
 
+#: Request headers a source's filter and templates never see (credentials).
+_PRIVATE_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
+
+
 class SourcesBinding:
     """The endpoints of inbound event sources, and their in-memory counts."""
 
@@ -187,7 +191,8 @@ class SourcesBinding:
         payload = decode_document(body, service.field.limits, what="the event")
         if not isinstance(payload, dict):
             raise InvalidPayload("an event's body is a JSON object")
-        shown_headers = dict(headers)
+        # what a filter or a template may read: never a credential the sender attached
+        shown_headers = {k: v for k, v in headers.items() if k not in _PRIVATE_HEADERS}
         if source.filter is not None:
             passed = source.filter.evaluate({"payload": payload, "headers": shown_headers})
             if passed is not True:
