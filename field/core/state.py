@@ -64,6 +64,7 @@ from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits, LogEntry, StoredEntry
 from ..subscriptions import delivery
 from ..subscriptions.registry import SubscriptionRegistry
 from . import sessions, tasks
+from .allow_lists import AllowLists
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
 from .embedding import Embedder
@@ -152,6 +153,8 @@ class FieldState:
     #: ``units`` then ``purged``: for readers of entries about units that may be purged
     known_units: ChainMap[str, dict[str, Any]] = field(init=False)
     history: EntityIndex = field(default_factory=EntityIndex)
+    #: per agent, the ids its operations touched, by position (subscription filters)
+    allow_lists: AllowLists = field(default_factory=AllowLists)
     #: position of the newest entry applied (live entries are applied before they
     #: are stored, and positions are contiguous, so the next one is this plus one)
     applied_position: int = 0
@@ -182,6 +185,7 @@ class FieldState:
         handler = _APPLY.get(entry.kind)
         if handler is not None:
             handler(self, entry.data)
+        self.allow_lists.grow(entry.kind, entry.data, position, self.known_units)
         self.history.note(position, entry.data)
         self.clock.value = max(self.clock.value, entry.epoch)
         if self.clock.origin is None:  # the Field's first entry: its creation
@@ -234,7 +238,8 @@ class FieldState:
         self.agents[data["agent_id"]].status = "idle"
 
     def _memory_recorded(self, data: dict[str, Any]) -> None:
-        unit = data["unit"]
+        # a copy: the status changes in place, the entry keeps the unit as recorded
+        unit = dict(data["unit"])
         self.units[unit["id"]] = unit
         self.units_by_agent[unit["source"]["agent_id"]] += 1
         self.unit_statuses[unit["status"]] += 1
