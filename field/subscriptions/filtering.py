@@ -29,7 +29,10 @@ What an expression reads (documented in ``protocol/README.md``, "Filters"):
 Cost: an expression that reads only ``event`` runs once per event whatever
 the number of subscriptions holding it (texts are compiled once and shared);
 one that reads ``subscriber`` or ``parameters`` runs once per event and
-agent (per subscription where bindings seal a list it reads).
+distinct input: the ``subscriber`` fields it reads (all of them unless it
+reads them only as ``subscriber.<field>``) and the allow lists it reads
+(the same map for one agent's list as of one position, and for equal
+bindings).
 
 A failed evaluation (a missing field, a wrong type, a result that is not a
 boolean) is "no match" for that subscription; the stage counts it, in
@@ -60,6 +63,8 @@ if TYPE_CHECKING:
 FILTER_VARIABLES: tuple[str, ...] = ("event", "subscriber", "parameters")
 #: Most characters of a ``last_error`` kept.
 ERROR_CHARS = 200
+_SUBSCRIBER_WORD = re.compile(r"\bsubscriber\b")
+_SUBSCRIBER_FIELD = re.compile(r"\bsubscriber\s*\.\s*([A-Za-z_]\w*)")
 _PARAMETER = re.compile(r"""\bparameters\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*["']([^"']*)["']\s*\])""")
 
 
@@ -87,6 +92,9 @@ class _Program:
     event_only: bool
     #: the allow lists it reads
     parameters: tuple[str, ...]
+    #: the ``subscriber`` fields it reads, when it reads them only as ``subscriber.<f>``
+    #: (None: it may read all of it); subscribers alike in those share one evaluation
+    subscriber_fields: tuple[str, ...] | None = None
 
 
 def compile_filter(text: Any, field: str = "subscription.filter") -> _Program:
@@ -107,7 +115,14 @@ def compile_filter(text: Any, field: str = "subscription.filter") -> _Program:
         # named none (``size(parameters)``): it may read any of them
         names = tuple(n for n in ALLOW_LIST_NAMES if n in named) if named else ALLOW_LIST_NAMES
     check_types(expression, _SAMPLES, field)
-    return _Program(expression, expression.variables <= {"event"}, names)
+    fields = None
+    if "subscriber" in expression.variables:
+        dotted = _SUBSCRIBER_FIELD.findall(expression.text)
+        if len(dotted) == len(_SUBSCRIBER_WORD.findall(expression.text)):
+            fields = tuple(sorted(set(dotted)))
+    else:
+        fields = ()
+    return _Program(expression, expression.variables <= {"event"}, names, fields)
 
 
 @dataclass(slots=True)
@@ -158,6 +173,9 @@ class FilterStage:
         self._errors: dict[str, _Errors] = {}
         #: sealed allow lists by subscription: ``{name: {value: True}}``
         self._sealed: dict[str, dict[str, dict[str, bool]]] = {}
+        self._bound: dict[frozenset[str], dict[str, bool]] = {}
+        #: how many evaluations ran (for measurements)
+        self.evaluations = 0
 
     def status(self, subscription_id: str) -> dict[str, Any] | None:
         """``{expression, errors, last_error}`` of a subscription's filter (None: it has none)."""
@@ -207,6 +225,7 @@ class FilterStage:
                 self._failed(match, at, "the filter no longer compiles")
                 continue
             if program.event_only:
+                self.evaluations += 1
                 passed, error = run.run(program, None, None)
                 if passed:
                     keep[at] = True
@@ -224,30 +243,37 @@ class FilterStage:
         run: _EventRun,
         keep: npt.NDArray[np.bool_],
     ) -> None:
-        """A program reading ``subscriber`` or ``parameters``: once per agent (and per
-        subscription whose bindings seal a list it reads)."""
+        """A program reading ``subscriber`` or ``parameters``: once per distinct input
+        (the subscriber fields it reads, the allow lists it reads as of the event)."""
         state = self.state
         registry = state.registry
+        profiles = registry.profile.view
         position = match.event.position
-        results: dict[tuple[str, str | None], tuple[bool, str | None]] = {}
+        fields = program.subscriber_fields
+        results: dict[tuple[Any, ...], tuple[bool, str | None]] = {}
+        alive: list[Any] = []  # the maps whose ids are in keys, held for this event
         rows = match.rows[at].tolist()
         for i, row in zip(at.tolist(), rows, strict=True):
             subscription_id = registry.ids[row]
-            subscription = state.subscriptions[subscription_id]
-            agent_id = subscription["agent_id"]
-            sealed = self._sealed_lists(subscription) if program.parameters else {}
-            key = (agent_id, subscription_id if sealed else None)
+            profile = int(profiles[row])
+            subscriber = registry.profile_agent[profile]
+            parameters = None
+            if program.parameters:
+                subscription = state.subscriptions[subscription_id]
+                sealed = self._sealed_lists(subscription)
+                parameters = self._parameters(program, subscription["agent_id"], sealed, position)
+                if parameters is None:
+                    continue  # an empty, unsealed allow list: no match
+                alive.append(parameters)
+            if fields is None:
+                who: Any = profile
+            else:
+                who = tuple(_frozen(subscriber.get(name)) for name in fields)
+            key = (who, *(id(values) for values in (parameters or {}).values()))
             result = results.get(key)
             if result is None:
-                parameters = None
-                if program.parameters:
-                    parameters = self._parameters(program, agent_id, sealed, position)
-                if program.parameters and parameters is None:
-                    result = (False, None)  # an empty, unsealed allow list: no match
-                else:
-                    subscriber = registry.profile_agent[int(registry.profile.view[row])]
-                    result = run.run(program, subscriber, parameters)
-                results[key] = result
+                self.evaluations += 1
+                result = results[key] = run.run(program, subscriber, parameters)
             passed, error = result
             if passed:
                 keep[i] = True
@@ -280,8 +306,10 @@ class FilterStage:
             return {}
         sealed = self._sealed.get(subscription["id"])
         if sealed is None:
+            # one map per distinct set of values: subscriptions bound alike share evaluations
             sealed = self._sealed[subscription["id"]] = {
-                name: dict.fromkeys(values, True) for name, values in bindings.items()
+                name: self._bound.setdefault(frozenset(values), dict.fromkeys(values, True))
+                for name, values in bindings.items()
             }
         return sealed
 
@@ -311,6 +339,10 @@ class FilterStage:
         """Drop what the stage keeps for a subscription that will not be read again."""
         self._errors.pop(subscription_id, None)
         self._sealed.pop(subscription_id, None)
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
 
 
 # Contexts a filter is type-checked against: one per kind of entity, every field set.
