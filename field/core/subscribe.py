@@ -271,7 +271,7 @@ def _with_filter(subscription: dict[str, Any], status: dict[str, Any] | None) ->
     subscription has a filter; ``bindings`` likewise appear only when given)."""
     text = subscription.get("filter")
     if text is None:
-        return subscription
+        return dict(subscription)  # a copy: the caller may add to it (a webhook's secret)
     if status is None:
         status = {"expression": text, "errors": 0, "last_error": None}
     return {**subscription, "filter": status}
