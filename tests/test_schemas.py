@@ -41,6 +41,7 @@ TYPES = [
     "notification",
     "ws-frame",
     "source",
+    "filter-context",
     *coordination_cases.SCHEMAS["types"],
     *rap_cases.SCHEMAS["types"],
 ]
@@ -583,6 +584,29 @@ JOINED = {
     "memory_unit_id": None,
     "entity": {"type": "agent", "id": "carol"},
     "agent_id": "carol",
+}
+FILTER_EVENT = {
+    "name": "memory.recorded",
+    "epoch": 7,
+    "cursor": CURSOR,
+    "actor": "analyst-1",
+    "summary": "finding from analyst-1: x",
+    "entity": {"type": "memory_unit", "id": UNIT["id"]},
+    "memory_unit_id": UNIT["id"],
+    "conflict_id": None,
+    "unit": UNIT,
+}
+SUBSCRIBER = {
+    "id": "analyst-1",
+    "role": "analyst",
+    "interests": ["markets"],
+    "authority": 3,
+    "current_task": None,
+}
+FILTER_CONTEXT = {
+    "event": FILTER_EVENT,
+    "subscriber": SUBSCRIBER,
+    "parameters": {"task_id": {"t-1": True}, "unit_id": {}},
 }
 RESUME = {"subscription_id": SUB_ID, "recovered": True, "from": CURSOR}
 LIVE = {"subscription_id": SUB_ID, "replayed": 3, "cursor": CURSOR}
@@ -1245,6 +1269,15 @@ VALID = [
     # subscribe.request
     case("subscribe.request", S67_SUBSCRIBE["payload"], "spec"),
     case("subscribe.request", SUBSCRIBE, "minimal"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.filter", "true"), "filter"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.filter", None), "filter-null"),
+    case(
+        "subscribe.request",
+        put(SUBSCRIBE, "subscription.bindings", {"task_id": ["t-1"], "session_id": []}),
+        "bindings",
+    ),
+    case("filter-context", FILTER_CONTEXT, "unit"),
+    case("filter-context", put(FILTER_CONTEXT, "parameters", {}), "no-lists"),
     case(
         "subscribe.request",
         {
@@ -1905,7 +1938,26 @@ INVALID = [
     case("subscribe.request", put(SUBSCRIBE, "subscription.debounce_ms", "2s"), "debounce-str"),
     case("subscribe.request", put(SUBSCRIBE, "subscription.include_own", None), "own-null"),
     case("subscribe.request", put(SUBSCRIBE, "subscription.include_own", "yes"), "own-string"),
-    case("subscribe.request", put(SUBSCRIBE, "subscription.filter", {}), "subscription-extra"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.scope", {}), "subscription-extra"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.filter", {}), "filter-object"),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.filter", "x" * 2049), "filter-2049"),
+    case(
+        "subscribe.request", put(SUBSCRIBE, "subscription.bindings", {"repo": ["a"]}), "bind-name"
+    ),
+    case(
+        "subscribe.request", put(SUBSCRIBE, "subscription.bindings", {"task_id": "t"}), "bind-str"
+    ),
+    case(
+        "subscribe.request",
+        put(SUBSCRIBE, "subscription.bindings", {"task_id": ["t"] * 101}),
+        "bind-101",
+    ),
+    case("subscribe.request", put(SUBSCRIBE, "subscription.bindings", {"task_id": [""]}), "bind-0"),
+    case("filter-context", {"event": FILTER_EVENT, "subscriber": SUBSCRIBER}, "no-parameters"),
+    case("filter-context", put(FILTER_CONTEXT, "parameters.repo", {}), "unknown-list"),
+    case("filter-context", put(FILTER_CONTEXT, "parameters.task_id.t", 1), "not-true"),
+    case("filter-context", put(FILTER_CONTEXT, "event.entity.type", "thing"), "entity-type"),
+    case("filter-context", put(FILTER_CONTEXT, "subscriber.current_task", 3), "task-number"),
     case("subscribe.request", {**SUBSCRIBE, "agent_id": "a"}, "extra-property"),
     case("subscribe.request", {"action": "unsubscribe"}, "unsubscribe-without-subscription"),
     case("subscribe.request", {"action": "unsubscribe", "subscription": None}, "unsubscribe-null"),
@@ -2121,6 +2173,7 @@ ERROR_TABLE = {
     "INVALID_JSON": (400, "Yes"),
     "INVALID_ENVELOPE": (400, "Yes"),
     "INVALID_PAYLOAD": (422, "Yes"),
+    "INVALID_FILTER": (422, "Yes"),
     "MISSING_INTENT": (422, "Yes"),
     "MISSING_CONFIDENCE": (422, "Yes"),
     "INVALID_CONFIDENCE": (422, "Yes"),
@@ -2153,7 +2206,6 @@ ERROR_TABLE = {
     "TOO_MANY_CONNECTIONS": (429, "Yes"),
     "INVALID_HANDSHAKE": (400, "Yes"),
     "TOOLSET_CHANGED": (409, "Yes"),
-    "INVALID_FILTER": (422, "Yes"),
     "LOG_UNAVAILABLE": (503, "Yes"),
     "REPLAY_TOO_LARGE": (422, "Yes"),
     "SOURCE_NOT_FOUND": (404, "No"),

@@ -37,6 +37,8 @@ from ..model import (
     StoredEntry,
 )
 from ..subscriptions.delivery import RapCall
+from ..subscriptions.filtering import FilterStage
+from ..subscriptions.stream import format_cursor
 from . import (
     attune,
     authority,
@@ -125,6 +127,10 @@ class Field:
         self.secret_box = secret_box or SecretBox(secrets.token_bytes(32))
         #: a durable delivery's progress for SUBSCRIBE list; the delivery engine sets it
         self.delivery_status: Callable[[str], dict[str, Any] | None] | None = None
+        #: subscription filters: the stage after the vectorized matcher, and its counts
+        self.filters = FilterStage(
+            self.state, lambda position: format_cursor(self.field_tag, position)
+        )
         self._handlers: dict[str, Callable[[Context], Outcome]] = {
             "REGISTER": self._register,
             "DEREGISTER": self._deregister,

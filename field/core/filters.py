@@ -64,6 +64,19 @@ class Expression:
             return None
         return result if isinstance(result, bool) else None
 
+    def outcome(self, context: Any) -> tuple[bool, str | None]:
+        """``(passed, error)``: as :meth:`evaluate`, with why an evaluation failed
+        (``(False, None)`` when it simply gave false)."""
+        try:
+            result = self.program.execute(context)
+        except KeyError as error:
+            return False, f"no such key: {error}"
+        except Exception as error:  # see evaluate
+            return False, f"{type(error).__name__}: {error}"
+        if isinstance(result, bool):
+            return result, None
+        return False, f"the expression gave a {type(result).__name__}, not a boolean"
+
 
 def compile_expression(
     text: Any, allowed: Iterable[str], *, field: str, max_chars: int = MAX_FILTER_CHARS

@@ -69,6 +69,7 @@ from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits, LogEntry, StoredEntry
 from ..subscriptions import delivery
 from ..subscriptions.registry import SubscriptionRegistry
 from . import sessions, sources, tasks
+from .allow_lists import AllowLists
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
 from .embedding import Embedder
@@ -159,6 +160,8 @@ class FieldState:
     #: ``units`` then ``purged``: for readers of entries about units that may be purged
     known_units: ChainMap[str, dict[str, Any]] = field(init=False)
     history: EntityIndex = field(default_factory=EntityIndex)
+    #: per agent, the ids its operations touched, by position (subscription filters)
+    allow_lists: AllowLists = field(default_factory=AllowLists)
     #: position of the newest entry applied (live entries are applied before they
     #: are stored, and positions are contiguous, so the next one is this plus one)
     applied_position: int = 0
@@ -189,6 +192,7 @@ class FieldState:
         handler = _APPLY.get(entry.kind)
         if handler is not None:
             handler(self, entry.data)
+        self.allow_lists.grow(entry.kind, entry.data, position, self.known_units)
         self.history.note(position, entry.data)
         self.clock.value = max(self.clock.value, entry.epoch)
         if self.clock.origin is None:  # the Field's first entry: its creation
@@ -241,7 +245,8 @@ class FieldState:
         self.agents[data["agent_id"]].status = "idle"
 
     def _memory_recorded(self, data: dict[str, Any]) -> None:
-        unit = data["unit"]
+        # a copy: the status changes in place, the entry keeps the unit as recorded
+        unit = dict(data["unit"])
         delivery = data.get("delivery")
         if delivery is not None:  # an inbound event; its source may since be gone
             source = self.sources.get(delivery["source"])

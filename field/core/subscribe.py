@@ -23,6 +23,7 @@ from ..errors import AuthError, Code, InvalidPayload, NotFound, StateError
 from ..model import Limits, LogEntry
 from ..subscriptions import delivery as deliveries
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
+from ..subscriptions.filtering import compile_filter
 from ..subscriptions.stream import format_cursor
 from . import validation
 from .context import Context, Outcome
@@ -96,6 +97,8 @@ def _create(field: Field, ctx: Context, request: dict[str, Any]) -> Outcome:
             code=Code.SUBSCRIPTION_LIMIT,
             suggested_action="Unsubscribe from one first, or widen an existing one.",
         )
+    if request["filter"] is not None:
+        compile_filter(request["filter"])  # INVALID_FILTER; the log keeps the text only
     subscription_id = field.new_id("sub")
     subscription: dict[str, Any] = {
         "id": subscription_id,
@@ -109,6 +112,9 @@ def _create(field: Field, ctx: Context, request: dict[str, Any]) -> Outcome:
     }
     if request["timeout"] is not None:
         subscription["timeout"] = request["timeout"]
+    for key in ("filter", "bindings"):  # absent when not given: older entries have neither
+        if request[key] is not None:
+            subscription[key] = request[key]
     data: dict[str, Any] = {"subscription": subscription}
     secret: str | None = None
     if ctx.rap is not None:
@@ -122,7 +128,7 @@ def _create(field: Field, ctx: Context, request: dict[str, Any]) -> Outcome:
         subscription["delivery"] = deliveries.public_delivery(record)
         data["delivery"] = record
     entry = LogEntry(ctx.epoch, "subscription.created", data, agent_id, ctx.now)
-    shown = dict(subscription)
+    shown = _with_filter(subscription, None)
     if secret is not None:  # the secret is shown this once, and kept only sealed
         shown["delivery"] = {**subscription["delivery"], "secret": secret}
     response: dict[str, Any] = {
@@ -248,6 +254,7 @@ def subscription_wire(field: Field, subscription_id: str) -> dict[str, Any]:
     """A subscription as ``list`` shows it; a durable delivery with its progress."""
     subscription = field.state.subscriptions[subscription_id]
     wire = {k: v for k, v in subscription.items() if k not in ("cancel_reason", "ended_position")}
+    wire = _with_filter(wire, field.filters.status(subscription_id))
     record = field.state.deliveries.get(subscription_id)
     if record is not None:
         shown = deliveries.public_delivery(record)
@@ -301,6 +308,17 @@ def expiry_reason(timeout: float) -> str:
 
 #: How the ``reason`` of an expired subscription's cancellation begins.
 EXPIRED = "expired"
+
+
+def _with_filter(subscription: dict[str, Any], status: dict[str, Any] | None) -> dict[str, Any]:
+    """The wire form's ``filter``: ``{expression, errors, last_error}`` (only when the
+    subscription has a filter; ``bindings`` likewise appear only when given)."""
+    text = subscription.get("filter")
+    if text is None:
+        return dict(subscription)  # a copy: the caller may add to it (a webhook's secret)
+    if status is None:
+        status = {"expression": text, "errors": 0, "last_error": None}
+    return {**subscription, "filter": status}
 
 
 # -- what the delivery engine reports (no envelope: the server decides these) ----------

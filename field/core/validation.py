@@ -32,6 +32,8 @@ from ..model import (
     Limits,
 )
 from . import pages
+from .allow_lists import ALLOW_LIST_NAMES
+from .filters import MAX_FILTER_CHARS, InvalidFilter
 
 #: Authority of an agent that does not ask for another (spec 11.2, standard agent).
 STANDARD_AUTHORITY = 4
@@ -653,8 +655,20 @@ def merge_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
 
 _SUBSCRIBE_KEYS = frozenset({"action", "subscription"})
 _SUBSCRIPTION_KEYS = frozenset(
-    {"id", "events", "min_relevance", "debounce_ms", "include_own", "delivery", "timeout"}
+    {
+        "id",
+        "events",
+        "min_relevance",
+        "debounce_ms",
+        "include_own",
+        "delivery",
+        "timeout",
+        "filter",
+        "bindings",
+    }
 )
+#: Most values ``subscription.bindings`` may seal one allow list to.
+MAX_BINDING_VALUES = 100
 _DELIVERY_KEYS = frozenset({"type", "url", "secret"})
 #: SUBSCRIBE actions that name an existing subscription by ``subscription.id``.
 _NAMING_ACTIONS = ("unsubscribe", "resume")
@@ -729,6 +743,51 @@ def subscribe_payload(
         "include_own": include_own,
         "delivery": _delivery(sub.get("delivery")),
         "timeout": timeout,
+        # the text; compiled and checked by the SUBSCRIBE handler (INVALID_FILTER)
+        "filter": _filter_text(sub.get("filter")),
+        "bindings": _bindings(sub.get("bindings"), limits),
+    }
+
+
+def _filter_text(value: Any) -> str | None:
+    """``subscription.filter``: null, or a string within the length limit."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise InvalidFilter("subscription.filter must be a string holding a CEL expression")
+    if len(value) > MAX_FILTER_CHARS:
+        raise InvalidFilter(
+            f"subscription.filter is {len(value)} characters long; the limit is {MAX_FILTER_CHARS}",
+            details={"field": "subscription.filter", "max_chars": MAX_FILTER_CHARS},
+        )
+    return value
+
+
+def _bindings(value: Any, limits: Limits) -> dict[str, list[str]] | None:
+    """``subscription.bindings``: allow list name -> the values it is sealed to."""
+    if value is None:
+        return None
+    bindings = _object(value, "subscription.bindings")
+    unknown = sorted(set(bindings) - set(ALLOW_LIST_NAMES))
+    if unknown:
+        raise InvalidPayload(
+            f"subscription.bindings names unknown allow list(s): {', '.join(unknown)[:300]}",
+            details={"unknown_bindings": unknown[:16], "allow_lists": list(ALLOW_LIST_NAMES)},
+            suggested_action=f"Bind only {', '.join(ALLOW_LIST_NAMES)}.",
+        )
+    return {
+        name: list(
+            dict.fromkeys(
+                _string_list(
+                    bindings[name],
+                    f"subscription.bindings.{name}",
+                    max_items=MAX_BINDING_VALUES,
+                    max_chars=limits.max_id_chars,
+                )
+            )
+        )
+        for name in ALLOW_LIST_NAMES
+        if name in bindings
     }
 
 

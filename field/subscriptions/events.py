@@ -80,6 +80,10 @@ class FieldEvent:
     task_id: str | None = None
     #: The task, handoff or session as of the event (the notification's ``detail``).
     detail: dict[str, Any] | None = None
+    #: The entity as of the event, by the name a filter reads it under (``unit``,
+    #: ``conflict``, ``task`` and ``handoff``, ``agent``, ``session``): see
+    #: :mod:`field.subscriptions.filtering`.
+    facts: dict[str, Any] | None = None
 
     @property
     def entity_key(self) -> str:
@@ -112,10 +116,12 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
             memory_unit_id=unit["id"],
             units=(unit["id"],),
             summary=f"{unit['type']} from {unit['source']['agent_id']}: {_short(unit['content'])}",
+            facts={"unit": unit},
         )
     if name in ("memory.superseded", "memory.contested"):
         unit = units[data["memory_unit_id"]]
         verb = "superseded by " + data["by"] if name == "memory.superseded" else "contested"
+        status = name.removeprefix("memory.")  # the unit's status as of the event
         return FieldEvent(
             *at,
             actor=actor,
@@ -126,6 +132,7 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
             units=(unit["id"],),
             summary=f"{unit['type']} {unit['id']} {verb}: "
             + (_short(unit["content"]) if "content" in unit else "(since purged)"),
+            facts={"unit": {**unit, "status": status}},
         )
     if name == "conflict.detected":
         conflict = data["conflict"]
@@ -138,6 +145,7 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
             units=(conflict["unit_a"], conflict["unit_b"]),
             summary=f"conflict between {conflict['unit_a']} and {conflict['unit_b']}: "
             + _short(conflict["description"]),
+            facts={"conflict": conflict},
         )
     if name == "conflict.resolved":
         conflict = data["conflict"]
@@ -152,6 +160,7 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
             units=(conflict["unit_a"], conflict["unit_b"]),
             summary=f"conflict {conflict['id']} resolved by {resolution['strategy']} "
             f"in favour of {outcome}: " + _short(conflict["description"]),
+            facts={"conflict": conflict},
         )
     if name == "agent.joined":
         agent = data["agent"]
@@ -162,6 +171,7 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
             entity_id=agent["id"],
             agent=agent,
             summary=f"agent {agent['id']} joined as {agent['role']}",
+            facts={"agent": agent},
         )
     if name == "agent.failed":
         agent = data["agent"]
@@ -178,6 +188,7 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
             # whoever created its tasks must reassign them
             agents=creators,
             acting=creators,
+            facts={"agent": agent},
         )
     if name.startswith(("task.", "handoff.")):
         return _task_event(entry, name, units)
@@ -195,6 +206,7 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
             detail={"session": session, "reason": reason},
             summary=f"session {session['id']} ({_short(session['name'], 80)}) {verb}"
             + (f": {_short(reason, 80)}" if reason else ""),
+            facts={"session": session},
         )
     return None  # events of operations this Field does not implement yet
 
@@ -244,6 +256,7 @@ def _task_event(
             acting=_ids(acting),
             detail=detail,
             summary=summary,
+            facts={"task": task, "handoff": detail["handoff"]},
             **about,
         )
     else:
@@ -259,6 +272,7 @@ def _task_event(
         acting=_ids(acting),
         detail=detail,
         summary=summary,
+        facts={"task": task},
         **about,
     )
 

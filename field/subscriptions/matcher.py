@@ -13,7 +13,9 @@ A subscription is notified of an event when all of these hold:
 * it is active, was created before the event (a lower epoch), and lists
   the event's name;
 * the event's actor is not the subscriber, unless ``include_own``;
-* the event's relevance to the subscriber is at least ``min_relevance``.
+* the event's relevance to the subscriber is at least ``min_relevance``;
+* its ``filter``, if any, is true (the ``screen`` stage,
+  :mod:`field.subscriptions.filtering`, on the rows that pass the rest).
 
 Relevance (documented in ``protocol/README.md``, "Relevance of events"):
 
@@ -178,12 +180,15 @@ class Matcher:
         units: Mapping[str, dict[str, Any]],
         *,
         audience: Callable[[FieldEvent], set[str] | None] | None = None,
+        screen: Callable[[list[Match]], list[Match]] | None = None,
     ) -> None:
         self.registry = registry
         self.index = index
         self.units = units
         #: the agents that may see an event (None: everyone), for session visibility
         self.audience = audience
+        #: the stage after this one (subscription filters), applied to every match
+        self.screen = screen
 
     def scope(self, only: npt.NDArray[np.intp] | None = None, *, inactive: bool = False) -> Scope:
         """The scope of matching against ``only`` those registry rows (None: all of them).
@@ -228,7 +233,7 @@ class Matcher:
         matches: list[Match] = []
         for start in range(0, len(events), step):
             matches.extend(self._match_chunk(events[start : start + step], scope))
-        return matches
+        return matches if self.screen is None else self.screen(matches)
 
     # -- one chunk of events against the chosen rows ---------------------------
 

@@ -44,6 +44,11 @@ class SubscriptionRegistry:
         self.agent = Column(np.int32)
         self.profile = Column(np.int32)
         self.agents = Interner()
+        #: per subscription, the code of its filter expression's text (-1: no filter);
+        #: ``filter_texts[code]`` is the text (subscriptions with one text share a code)
+        self.filter = Column(np.int32)
+        self.filters = Interner()
+        self.filter_texts: list[str] = []
         # per profile
         self.profiles: dict[tuple[str, int], int] = {}
         self.role = Column(np.int32)
@@ -59,6 +64,8 @@ class SubscriptionRegistry:
         #: per profile, its role and task as strings
         self.profile_role: list[str] = []
         self.profile_task: list[str | None] = []
+        #: per profile, the agent as a filter reads it (``subscriber``)
+        self.profile_agent: list[dict[str, Any]] = []
         #: per profile, the quantized embedding of its interests and its squared norm
         self.vectors = Matrix(self.embedder.dim)
         self.squares = Column(np.float64)
@@ -86,6 +93,14 @@ class SubscriptionRegistry:
         self.created_epoch.append(subscription["created_epoch"])
         self.agent.append(self.agents.code(agent["id"]))
         self.profile.append(self._profile(agent))
+        text = subscription.get("filter")
+        if text is None:
+            self.filter.append(-1)
+        else:
+            code = self.filters.code(text)
+            if code == len(self.filter_texts):
+                self.filter_texts.append(text)
+            self.filter.append(code)
 
     def _profile(self, agent: dict[str, Any]) -> int:
         key = (agent["id"], agent["registered_epoch"])
@@ -98,6 +113,15 @@ class SubscriptionRegistry:
         self.task.append(-1 if task is None else self.tasks.code(task))
         self.profile_role.append(agent["role"])
         self.profile_task.append(task)
+        self.profile_agent.append(
+            {
+                "id": agent["id"],
+                "role": agent["role"],
+                "interests": list(agent["interests"]),
+                "authority": agent.get("authority"),
+                "current_task": task,
+            }
+        )
         role_words = frozenset(keywords(agent["role"]))
         interest_words = frozenset(w for phrase in agent["interests"] for w in keywords(phrase))
         self.profile_words.append((role_words, interest_words))

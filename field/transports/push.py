@@ -520,6 +520,7 @@ class PushHub:
             audience=functools.partial(visibility.event_audience, state)
             if state.sessions
             else None,
+            screen=self.field.filters.screen,
         )
 
     # -- live --------------------------------------------------------------------

@@ -1,0 +1,404 @@
+"""Subscription filters: the CEL stage after the vectorized matcher.
+
+A subscription may carry ``filter``, a CEL expression (compiled and checked
+by :mod:`field.core.filters`). The :class:`~field.subscriptions.matcher.Matcher`
+first decides, for all subscriptions at once, which ones an event notifies
+(events, thresholds, visibility); :meth:`FilterStage.screen` then drops the
+rows whose filter is not true. The matcher calls it on every match it
+returns, live and in a replay alike, so every stream (WebSocket, SSE,
+webhook, RAP) gets the same answer, and the answer is a function of the
+log: of the event (built from its entry), the subscription (its entry)
+and the allow lists as of the event's position.
+
+What an expression reads (documented in ``protocol/README.md``, "Filters"):
+
+* ``event``: :func:`event_context`, built once per event and shared by
+  every subscription the event reaches;
+* ``subscriber``: the subscribing agent as registered (``id``, ``role``,
+  ``interests``, ``authority``, ``current_task``). A subscription lives
+  within one registration of its agent (REGISTER of a registered id is
+  refused; DEREGISTER ends its subscriptions), so this is the agent as of
+  every event the subscription can be told of;
+* ``parameters``: the agent's allow lists (:mod:`field.core.allow_lists`)
+  as of the event's position, each as a map ``{value: true}``, or the
+  values the subscription's ``bindings`` seal it to. Only the lists the
+  expression names are built. An unsealed list the expression names that
+  is empty means "no match", without evaluating (as a tool event whose
+  allow list is empty is discarded).
+
+Cost: an expression that reads only ``event`` runs once per event whatever
+the number of subscriptions holding it (texts are compiled once and shared);
+one that reads ``subscriber`` or ``parameters`` runs once per event and
+distinct input: the ``subscriber`` fields it reads (all of them unless it
+reads them only as ``subscriber.<field>``) and the allow lists it reads
+(the same map for one agent's list as of one position, and for equal
+bindings).
+
+A failed evaluation (a missing field, a wrong type, a result that is not a
+boolean) is "no match" for that subscription; the stage counts it, in
+memory, once per event position (a replay of events already counted adds
+nothing), and :meth:`FilterStage.status` shows the count and the last error.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import cel
+import numpy as np
+import numpy.typing as npt
+
+from ..core.allow_lists import ALLOW_LIST_NAMES
+from ..core.filters import Expression, InvalidFilter, check_types, compile_expression
+from .events import FieldEvent
+from .matcher import Match
+
+if TYPE_CHECKING:
+    from ..core.state import FieldState
+
+#: The variables a subscription filter may read.
+FILTER_VARIABLES: tuple[str, ...] = ("event", "subscriber", "parameters")
+#: Most characters of a ``last_error`` kept.
+ERROR_CHARS = 200
+_SUBSCRIBER_WORD = re.compile(r"\bsubscriber\b")
+_SUBSCRIBER_FIELD = re.compile(r"\bsubscriber\s*\.\s*([A-Za-z_]\w*)")
+_PARAMETER = re.compile(r"""\bparameters\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*["']([^"']*)["']\s*\])""")
+
+
+def event_context(event: FieldEvent, cursor: str) -> dict[str, Any]:
+    """The ``event`` a filter reads: the event's own fields and the entity as of it."""
+    context: dict[str, Any] = {
+        "name": event.name,
+        "epoch": event.epoch,
+        "cursor": cursor,
+        "actor": event.actor,
+        "summary": event.summary,
+        "entity": {"type": event.entity_type, "id": event.entity_id},
+        "memory_unit_id": event.memory_unit_id,
+        "conflict_id": event.conflict_id,
+    }
+    if event.facts:
+        context.update(event.facts)
+    return context
+
+
+@dataclass(frozen=True, slots=True)
+class _Program:
+    expression: Expression
+    #: reads neither ``subscriber`` nor ``parameters``: one result per event
+    event_only: bool
+    #: the allow lists it reads
+    parameters: tuple[str, ...]
+    #: the ``subscriber`` fields it reads, when it reads them only as ``subscriber.<f>``
+    #: (None: it may read all of it); subscribers alike in those share one evaluation
+    subscriber_fields: tuple[str, ...] | None = None
+
+
+def compile_filter(text: Any, field: str = "subscription.filter") -> _Program:
+    """Compile a subscription filter, refusing what the Field will not run
+    (``INVALID_FILTER``): see :func:`~field.core.filters.compile_expression`; also
+    an allow list that does not exist, and a type error no event can avoid."""
+    expression = compile_expression(text, FILTER_VARIABLES, field=field)
+    names: tuple[str, ...] = ()
+    if "parameters" in expression.variables:
+        named = {a or b for a, b in _PARAMETER.findall(expression.text)}
+        unknown = sorted(named - set(ALLOW_LIST_NAMES))
+        if unknown:
+            raise InvalidFilter(
+                f"{field} reads unknown allow list(s) parameters.{', parameters.'.join(unknown)}; "
+                f"the Field keeps {', '.join(ALLOW_LIST_NAMES)}",
+                details={"field": field, "unknown_parameters": unknown},
+            )
+        # named none (``size(parameters)``): it may read any of them
+        names = tuple(n for n in ALLOW_LIST_NAMES if n in named) if named else ALLOW_LIST_NAMES
+    check_types(expression, _SAMPLES, field)
+    fields = None
+    if "subscriber" in expression.variables:
+        dotted = _SUBSCRIBER_FIELD.findall(expression.text)
+        if len(dotted) == len(_SUBSCRIBER_WORD.findall(expression.text)):
+            fields = tuple(sorted(set(dotted)))
+    else:
+        fields = ()
+    return _Program(expression, expression.variables <= {"event"}, names, fields)
+
+
+@dataclass(slots=True)
+class _Errors:
+    count: int = 0
+    last_error: str | None = None
+    #: the newest event position counted (a replay does not count it again)
+    position: int = 0
+
+
+class _EventRun:
+    """One event's evaluations: its context, converted once, shared by every program."""
+
+    __slots__ = ("_context", "_event", "_cursor", "_current")
+
+    def __init__(self, event: FieldEvent, cursor: Callable[[int], str]) -> None:
+        self._event = event
+        self._cursor = cursor
+        self._context: Any = None
+        self._current: dict[str, Any] = {}
+
+    def run(
+        self,
+        program: _Program,
+        subscriber: dict[str, Any] | None,
+        parameters: dict[str, Any] | None,
+    ) -> tuple[bool, str | None]:
+        if self._context is None:
+            context = cel.Context()
+            event = self._event
+            context.add_variable("event", event_context(event, self._cursor(event.position)))
+            # per subscriber: read through the resolver, converted only when read
+            context.set_variable_resolver(self._current.get)
+            self._context = context
+        self._current["subscriber"] = subscriber
+        self._current["parameters"] = parameters
+        return program.expression.outcome(self._context)
+
+
+class FilterStage:
+    """Drops the notifications whose subscription filter is not true."""
+
+    def __init__(self, state: FieldState, cursor: Callable[[int], str]) -> None:
+        self.state = state
+        self._cursor = cursor
+        #: compiled programs by the registry's filter code (the log keeps the text)
+        self._programs: dict[int, _Program | None] = {}
+        self._errors: dict[str, _Errors] = {}
+        #: sealed allow lists by subscription: ``{name: {value: True}}``
+        self._sealed: dict[str, dict[str, dict[str, bool]]] = {}
+        self._bound: dict[frozenset[str], dict[str, bool]] = {}
+        #: how many evaluations ran (for measurements)
+        self.evaluations = 0
+
+    def status(self, subscription_id: str) -> dict[str, Any] | None:
+        """``{expression, errors, last_error}`` of a subscription's filter (None: it has none)."""
+        text = self.state.subscriptions[subscription_id].get("filter")
+        if text is None:
+            return None
+        errors = self._errors.get(subscription_id) or _Errors()
+        return {"expression": text, "errors": errors.count, "last_error": errors.last_error}
+
+    def screen(self, matches: list[Match]) -> list[Match]:
+        """The matches without the rows whose filter is false or failed."""
+        registry = self.state.registry
+        if not registry.filter_texts:
+            return matches
+        codes_of = registry.filter.view
+        screened = []
+        for match in matches:
+            codes = codes_of[match.rows]
+            if codes.max(initial=-1) < 0:
+                screened.append(match)
+                continue
+            keep = self._keep(match, codes)
+            if keep.all():
+                screened.append(match)
+            elif keep.any():
+                screened.append(
+                    Match(
+                        match.event,
+                        match.rows[keep],
+                        match.relevance[keep],
+                        match.requires_action[keep],
+                        match.flags[keep],
+                    )
+                )
+        return screened
+
+    def _keep(self, match: Match, codes: npt.NDArray[np.int32]) -> npt.NDArray[np.bool_]:
+        event = match.event
+        keep = codes < 0
+        filtered = np.flatnonzero(~keep)
+        run = _EventRun(event, self._cursor)
+        of_filtered = codes[filtered]
+        for code in np.unique(of_filtered).tolist():
+            at = filtered[of_filtered == code]
+            program = self._program(code)
+            if program is None:  # cannot happen with a log this Field wrote
+                self._failed(match, at, "the filter no longer compiles")
+                continue
+            if program.event_only:
+                self.evaluations += 1
+                passed, error = run.run(program, None, None)
+                if passed:
+                    keep[at] = True
+                elif error is not None:
+                    self._failed(match, at, error)
+                continue
+            self._keep_each(match, at, program, run, keep)
+        return keep
+
+    def _keep_each(
+        self,
+        match: Match,
+        at: npt.NDArray[np.intp],
+        program: _Program,
+        run: _EventRun,
+        keep: npt.NDArray[np.bool_],
+    ) -> None:
+        """A program reading ``subscriber`` or ``parameters``: once per distinct input
+        (the subscriber fields it reads, the allow lists it reads as of the event)."""
+        state = self.state
+        registry = state.registry
+        profiles = registry.profile.view
+        position = match.event.position
+        fields = program.subscriber_fields
+        results: dict[tuple[Any, ...], tuple[bool, str | None]] = {}
+        alive: list[Any] = []  # the maps whose ids are in keys, held for this event
+        rows = match.rows[at].tolist()
+        for i, row in zip(at.tolist(), rows, strict=True):
+            subscription_id = registry.ids[row]
+            profile = int(profiles[row])
+            subscriber = registry.profile_agent[profile]
+            parameters = None
+            if program.parameters:
+                subscription = state.subscriptions[subscription_id]
+                sealed = self._sealed_lists(subscription)
+                parameters = self._parameters(program, subscription["agent_id"], sealed, position)
+                if parameters is None:
+                    continue  # an empty, unsealed allow list: no match
+                alive.append(parameters)
+            if fields is None:
+                who: Any = profile
+            else:
+                who = tuple(_frozen(subscriber.get(name)) for name in fields)
+            key = (who, *(id(values) for values in (parameters or {}).values()))
+            result = results.get(key)
+            if result is None:
+                self.evaluations += 1
+                result = results[key] = run.run(program, subscriber, parameters)
+            passed, error = result
+            if passed:
+                keep[i] = True
+            elif error is not None:
+                self._count(subscription_id, position, error)
+
+    def _parameters(
+        self,
+        program: _Program,
+        agent_id: str,
+        sealed: dict[str, dict[str, bool]],
+        position: int,
+    ) -> dict[str, Any] | None:
+        """The allow lists ``program`` reads, as of ``position``; None if one it reads
+        is empty and unsealed."""
+        lists = self.state.allow_lists
+        parameters = {}
+        for name in program.parameters:
+            values = sealed.get(name)
+            if values is None:
+                values = lists.as_of(agent_id, name, position)
+                if not values:
+                    return None
+            parameters[name] = values
+        return parameters
+
+    def _sealed_lists(self, subscription: dict[str, Any]) -> dict[str, dict[str, bool]]:
+        bindings = subscription.get("bindings")
+        if not bindings:
+            return {}
+        sealed = self._sealed.get(subscription["id"])
+        if sealed is None:
+            # one map per distinct set of values: subscriptions bound alike share evaluations
+            sealed = self._sealed[subscription["id"]] = {
+                name: self._bound.setdefault(frozenset(values), dict.fromkeys(values, True))
+                for name, values in bindings.items()
+            }
+        return sealed
+
+    def _program(self, code: int) -> _Program | None:
+        if code not in self._programs:
+            try:
+                self._programs[code] = compile_filter(self.state.registry.filter_texts[code])
+            except InvalidFilter:
+                self._programs[code] = None
+        return self._programs[code]
+
+    def _failed(self, match: Match, at: npt.NDArray[np.intp], error: str) -> None:
+        ids = self.state.registry.ids
+        for row in match.rows[at].tolist():
+            self._count(ids[row], match.event.position, error)
+
+    def _count(self, subscription_id: str, position: int, error: str) -> None:
+        errors = self._errors.get(subscription_id)
+        if errors is None:
+            errors = self._errors[subscription_id] = _Errors()
+        if position > errors.position:
+            errors.count += 1
+            errors.last_error = error[:ERROR_CHARS]
+            errors.position = position
+
+    def forget(self, subscription_id: str) -> None:
+        """Drop what the stage keeps for a subscription that will not be read again."""
+        self._errors.pop(subscription_id, None)
+        self._sealed.pop(subscription_id, None)
+
+
+def _frozen(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+# Contexts a filter is type-checked against: one per kind of entity, every field set.
+_UNIT = {
+    "id": "mu_1",
+    "type": "finding",
+    "content": "text",
+    "confidence": {"score": 0.5, "reasoning": "why"},
+    "intent": {"purpose": "why", "task_id": "task_1"},
+    "source": {"agent_id": "a", "agent_role": "r", "session_id": "ses_1"},
+    "relations": [{"type": "supports", "target_id": "mu_2"}],
+    "status": "active",
+    "epoch": 1,
+    "timestamp": "2026-01-01T00:00:00Z",
+    "visibility": "field",
+    "payload": {},
+}
+_TASK = {
+    "id": "task_1",
+    "title": "t",
+    "description": "d",
+    "status": "assigned",
+    "assignee": "a",
+    "created_by": "b",
+    "depends_on": [],
+    "result": None,
+}
+_EVENT = {
+    "name": "memory.recorded",
+    "epoch": 1,
+    "cursor": "c",
+    "actor": "a",
+    "summary": "s",
+    "entity": {"type": "memory_unit", "id": "mu_1"},
+    "memory_unit_id": "mu_1",
+    "conflict_id": None,
+}
+_SUBSCRIBER = {
+    "id": "a",
+    "role": "r",
+    "interests": ["x"],
+    "authority": 3,
+    "current_task": "task_1",
+}
+_PARAMETERS = {name: {"v": True} for name in ALLOW_LIST_NAMES}
+_SAMPLES = [
+    {
+        "event": {**_EVENT, **facts},
+        "subscriber": _SUBSCRIBER,
+        "parameters": _PARAMETERS,
+    }
+    for facts in (
+        {"unit": _UNIT},
+        {"task": _TASK, "handoff": {"id": "h", "task_id": "task_1", "from_agent_id": "a"}},
+        {"conflict": {"id": "c", "unit_a": "mu_1", "unit_b": "mu_2", "status": "detected"}},
+        {"agent": {"id": "a", "role": "r", "interests": [], "authority": 3}},
+        {"session": {"id": "ses_1", "name": "n", "members": ["a"], "status": "active"}},
+    )
+]
