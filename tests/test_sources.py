@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import hashlib
 import hmac
 import json
@@ -441,3 +442,63 @@ async def test_a_senders_credentials_never_reach_filters_or_units(
     assert (status, answer["status"]) == (200, "accepted"), answer
     [unit] = [r["memory_unit"] for r in (await agent.attune())["record"]]
     assert unit["content"].startswith("pull_request:") and "s3cr3t" not in unit["content"]
+
+
+async def test_a_signed_event_reaches_the_subscriber_whose_filter_and_binding_select_it(
+    operator: Operator, server: ThreadedServer, http: aiohttp.ClientSession
+) -> None:
+    source = {**GITHUB_SOURCE, "unit": {**GITHUB_SOURCE["unit"], "task_id": "task-review"}}
+    await operator.define(source)
+    wanted = (
+        "event.unit.intent.task_id in parameters.task_id"
+        " && event.unit.payload.pull_request.user.login == 'octocat'"
+        " && event.unit.source.agent_id == 'source:github'"
+    )
+    async with FieldClient(server.url) as field:
+        chosen = await field.register("chosen", "code_reviewer", interests=["pull requests"])
+        other_task = await field.register("other", "code_reviewer", interests=["pull requests"])
+        other_login = await field.register("third", "code_reviewer", interests=["pull requests"])
+        streams = {}
+        for agent, task, login in (
+            (chosen, "task-review", "octocat"),
+            (other_task, "task-elsewhere", "octocat"),
+            (other_login, "task-review", "someone-else"),
+        ):
+            expression = wanted.replace("'octocat'", repr(login))
+            streams[agent.id] = await subscribe(
+                agent, ["memory.recorded"], filter=expression, bindings={"task_id": [task]}
+            )
+        async with contextlib.AsyncExitStack() as stack:
+            opened = {
+                agent.id: await stack.enter_async_context(
+                    sse_stream(http, streams[agent.id]["sse_url"], agent.token)
+                )
+                for agent in (chosen, other_task, other_login)
+            }
+            for stream in opened.values():
+                await stream.ready()
+            for number in (42, 43):  # 43 is by another login: a marker of the stream order
+                payload = {**PULL_REQUEST, "number": number}
+                if number == 43:
+                    payload["pull_request"] = {
+                        **PULL_REQUEST["pull_request"],
+                        "user": {"login": "someone-else"},
+                    }
+                body = orjson.dumps(payload)
+                status, answer = await operator.post_event("github", body, github_headers(body))
+                assert (status, answer["status"]) == (200, "accepted"), answer
+            [first] = await opened["chosen"].notifications(1)
+            assert first.data["memory_unit_id"] != answer["memory_unit_id"]
+            # the third agent's filter wants the other login: it gets the marker only, which
+            # proves the first event was screened out for it (streams are in cursor order)
+            [marker] = await opened["third"].notifications(1)
+            assert marker.data["memory_unit_id"] == answer["memory_unit_id"]
+        listed = await other_task.send("SUBSCRIBE", {"action": "list"})
+        [mine] = listed["subscriptions"]
+        assert mine["bindings"] == {"task_id": ["task-elsewhere"]}
+        # the agent bound to another task got neither: its allow list never held the task
+        async with sse_stream(
+            http, streams["other"]["sse_url"], other_task.token, since=streams["other"]["cursor"]
+        ) as resumed:
+            events = await resumed.until(lambda e: e.event == "live")
+            assert [e for e in events if e.id is not None] == []
