@@ -19,8 +19,9 @@ from hypothesis import strategies as st
 from field.core.allow_lists import ALLOW_LIST_NAMES
 from field.errors import FieldError
 from field.model import StoredEntry
+from field.subscriptions import filtering
 from field.subscriptions.events import event_of
-from field.subscriptions.filtering import event_context
+from field.subscriptions.filtering import FilterStage, event_context
 from field.subscriptions.matcher import Matcher
 
 from . import test_matcher
@@ -170,7 +171,7 @@ step = st.one_of(
 )
 
 
-def drive(steps: list[tuple[Any, ...]]) -> Harness:
+def agents_of_three() -> Harness:
     h = Harness(operator_token=OPERATOR)
     for agent in AGENTS:  # w0 is senior: it may create and assign tasks for others
         h.register(
@@ -178,7 +179,13 @@ def drive(steps: list[tuple[Any, ...]]) -> Harness:
             "analyst",
             via=OPERATOR if agent == "w0" else None,
             authority=6 if agent == "w0" else 3,
+            current_task_id={"w1": "T0", "w2": "T1"}.get(agent),
         )
+    return h
+
+
+def drive(steps: list[tuple[Any, ...]], h: Harness | None = None) -> Harness:
+    h = agents_of_three() if h is None else h
     units: list[str] = []
     tasks: list[str] = []
     sessions: list[str] = []
@@ -425,3 +432,102 @@ def test_a_recorded_unit_reads_as_recorded_though_its_status_changed_since() -> 
     assert h.field.state.units[first["memory_unit_id"]]["status"] == "contested"
     recorded = [e.position for e in events_of(h) if e.name == "memory.recorded"]
     assert notified(h, sid) == recorded  # both units were active when recorded
+
+
+# -- the probes' shortcut ------------------------------------------------------------
+
+
+def every_match(h: Harness, stage: FilterStage) -> set[tuple[int, str, float]]:
+    state = h.field.state
+    matcher = Matcher(state.registry, state.index, state.known_units, screen=stage.screen)
+    ids = state.registry.ids
+    return {
+        (match.event.position, ids[row], round(float(relevance), 9))
+        for match in matcher.match(events_of(h))
+        for row, relevance in zip(match.rows.tolist(), match.relevance.tolist(), strict=True)
+    }
+
+
+@settings(max_examples=80, deadline=None)
+@given(program)
+def test_the_probes_shortcut_answers_as_evaluating_every_input(steps: Any) -> None:
+    """A filter read through probes (``x in parameters.n``, ``x == subscriber.f``) is
+    evaluated once per distinct set of answers; the notifications are those of evaluating
+    it for every distinct input, errors counted alike."""
+    with mock.patch.object(test_matcher, "Harness", _Live):
+        h = test_matcher.run(steps)
+    state = h.field.state
+    cursor = h.field.filters._cursor
+    shortcut, plain = FilterStage(state, cursor), FilterStage(state, cursor)
+    with mock.patch.object(filtering, "_probes", lambda text: None):
+        expected = every_match(h, plain)
+    assert every_match(h, shortcut) == expected
+    for subscription_id in state.subscriptions:
+        assert shortcut.status(subscription_id) == plain.status(subscription_id)
+
+
+def test_what_reads_the_subscriber_otherwise_gets_no_probes() -> None:
+    probes = filtering._probes
+    assert probes("event.unit.intent.task_id in parameters.task_id") == (
+        filtering.Probe(("unit", "intent", "task_id"), "parameters", "task_id", True),
+    )
+    assert probes("subscriber.current_task == event.unit.intent.task_id && true") == (
+        filtering.Probe(("unit", "intent", "task_id"), "subscriber", "current_task", False),
+    )
+    for text in (
+        '"x" + event.unit.intent.task_id in parameters.task_id',  # the operand is larger
+        "event.unit.intent.task_id in parameters.task_id.map(t, t)",
+        "size(parameters.task_id) > 1",
+        "subscriber.interests.exists(i, i == event.unit.type)",
+        "!event.unit.status in parameters.task_id",
+        "event.unit.intent.task_id == subscriber.current_task + 'x'",
+    ):
+        assert probes(text) is None, text
+    # inside a string literal nothing is read
+    assert probes('event.unit.type == "subscriber.role" && event.x in parameters.unit_id') == (
+        filtering.Probe(("x",), "parameters", "unit_id", True),
+    )
+
+
+PROBED = (
+    "event.unit.intent.task_id in parameters.task_id",
+    "has(event.task) && event.task.id in parameters.task_id",
+    "event.memory_unit_id in parameters.unit_id || event.entity.id in parameters.conflict_id",
+    "has(event.unit) && event.unit.intent.task_id == subscriber.current_task",
+    "event.entity.id in parameters.session_id || subscriber.id != event.actor",
+)
+subscriptions = st.lists(
+    st.tuples(
+        st.integers(0, 2),
+        st.integers(0, len(PROBED) - 1),
+        st.sampled_from([None, {"task_id": ["T0"]}, {"task_id": ["T1"]}, {"unit_id": []}]),
+    ),
+    min_size=1,
+    max_size=8,
+)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(step, min_size=3, max_size=25), subscriptions)
+def test_probed_filters_over_allow_lists_answer_as_evaluating_every_input(
+    steps: Any, wanted: Any
+) -> None:
+    h = agents_of_three()
+    # two subscribers whose current tasks differ, reading it through one probe
+    for who, choice, bindings in [(1, 3, None), (2, 3, None), *wanted]:
+        subscription: dict[str, Any] = {
+            "events": ["memory.recorded", "task.assigned", "task.state_changed", "agent.joined"],
+            "filter": PROBED[choice],
+            "include_own": True,
+        }
+        if bindings is not None and "parameters" in PROBED[choice]:
+            subscription["bindings"] = bindings
+        h.send("SUBSCRIBE", AGENTS[who], {"action": "subscribe", "subscription": subscription})
+    drive(steps, h)
+    state = h.field.state
+    cursor = h.field.filters._cursor
+    shortcut, plain = FilterStage(state, cursor), FilterStage(state, cursor)
+    with mock.patch.object(filtering, "_probes", lambda text: None):
+        expected = every_match(h, plain)
+    assert every_match(h, shortcut) == expected
+    assert shortcut.evaluations <= plain.evaluations

@@ -151,7 +151,7 @@ def _check_shape(text: str, field: str) -> set[str]:
     while i < n:
         c = text[i]
         if c in "'\"":
-            i = _skip_string(text, i)
+            i = skip_string(text, i)
             continue
         if c == "(":
             depth += 1
@@ -185,7 +185,7 @@ def _check_shape(text: str, field: str) -> set[str]:
     return bound
 
 
-def _skip_string(text: str, start: int) -> int:
+def skip_string(text: str, start: int) -> int:
     """The index after the string literal opening at ``start`` (or the end of the text)."""
     quote = text[start]
     triple = text.startswith(quote * 3, start)

@@ -52,7 +52,13 @@ import numpy as np
 import numpy.typing as npt
 
 from ..core.allow_lists import ALLOW_LIST_NAMES
-from ..core.filters import Expression, InvalidFilter, check_types, compile_expression
+from ..core.filters import (
+    Expression,
+    InvalidFilter,
+    check_types,
+    compile_expression,
+    skip_string,
+)
 from .events import FieldEvent
 from .matcher import Match
 
@@ -95,6 +101,21 @@ class _Program:
     #: the ``subscriber`` fields it reads, when it reads them only as ``subscriber.<f>``
     #: (None: it may read all of it); subscribers alike in those share one evaluation
     subscriber_fields: tuple[str, ...] | None = None
+    #: when it reads ``subscriber`` and ``parameters`` only through :class:`Probe` s:
+    #: those; the result then depends on the subscriber only through their answers
+    probes: tuple[Probe, ...] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """``<event path> in parameters.<name>``, ``<event path> in subscriber.<field>``,
+    ``<event path> == subscriber.<field>`` or its ``!=`` (either side): all a filter reads
+    of the subscriber there is whether the event's value is in (or equals) its value."""
+
+    path: tuple[str, ...]  # into the event context, after ``event``
+    target: str  # "parameters" or "subscriber"
+    name: str  # the allow list or the subscriber field
+    membership: bool  # ``in`` (else equality)
 
 
 def compile_filter(text: Any, field: str = "subscription.filter") -> _Program:
@@ -122,7 +143,65 @@ def compile_filter(text: Any, field: str = "subscription.filter") -> _Program:
             fields = tuple(sorted(set(dotted)))
     else:
         fields = ()
-    return _Program(expression, expression.variables <= {"event"}, names, fields)
+    probes = _probes(expression.text) if not expression.variables <= {"event"} else None
+    return _Program(expression, expression.variables <= {"event"}, names, fields, probes)
+
+
+#: What may stand before and after a probe for it to be a whole operand of ``&&``, ``||``,
+#: ``?:``, a call's or a literal's list: nothing binds tighter than ``in`` and ``==`` there.
+_OPEN = ("(", ",", "&&", "||", "?", ":", "[", "{")
+_CLOSE = (")", ",", "&&", "||", "?", ":", "]", "}")
+_PATH = r"\bevent(?:\s*\.\s*[A-Za-z_]\w*)+"
+_TARGET = r"(parameters|subscriber)\s*\.\s*([A-Za-z_]\w*)"
+_PROBE_FORMS = (
+    (re.compile(rf"({_PATH})\s+in\s+{_TARGET}"), "in"),
+    (re.compile(rf"({_PATH})\s*(?:==|!=)\s*subscriber\s*\.\s*([A-Za-z_]\w*)"), "eq"),
+    (re.compile(rf"subscriber\s*\.\s*([A-Za-z_]\w*)\s*(?:==|!=)\s*({_PATH})"), "qe"),
+)
+
+
+def _probes(text: str) -> tuple[Probe, ...] | None:
+    """The probes of an expression that reads ``subscriber`` and ``parameters`` only
+    through them, or None (then every distinct input is evaluated)."""
+    code = blank_strings(text)
+    found: list[Probe] = []
+    covered: list[tuple[int, int]] = []
+    for pattern, form in _PROBE_FORMS:
+        for match in pattern.finditer(code):
+            before = code[: match.start()].rstrip()
+            after = code[match.end() :].lstrip()
+            if before and not before.endswith(_OPEN):
+                continue
+            if after and not after.startswith(_CLOSE):
+                continue
+            if form == "in":
+                path, target, name = match[1], match[2], match[3]
+            elif form == "eq":
+                path, target, name = match[1], "subscriber", match[2]
+            else:
+                path, target, name = match[2], "subscriber", match[1]
+            keys = tuple(part.strip() for part in path.split(".")[1:])
+            found.append(Probe(keys, target, name, membership=form == "in"))
+            covered.append(match.span())
+    for variable in re.finditer(r"\b(?:parameters|subscriber)\b", code):
+        if not any(start <= variable.start() < end for start, end in covered):
+            return None  # read some other way: no shortcut
+    return tuple(found)
+
+
+def blank_strings(text: str) -> str:
+    """``text`` with the inside of every string literal blanked (same length)."""
+    out = []
+    i = 0
+    while i < len(text):
+        if text[i] in "'\"":
+            end = skip_string(text, i)
+            out.append(text[i] + " " * max(0, end - i - 2) + (text[end - 1] if end - i > 1 else ""))
+            i = end
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
 
 
 @dataclass(slots=True)
@@ -136,13 +215,22 @@ class _Errors:
 class _EventRun:
     """One event's evaluations: its context, converted once, shared by every program."""
 
-    __slots__ = ("_context", "_event", "_cursor", "_current")
+    __slots__ = ("_context", "_event", "_cursor", "_current", "_values")
 
     def __init__(self, event: FieldEvent, cursor: Callable[[int], str]) -> None:
         self._event = event
         self._cursor = cursor
         self._context: Any = None
         self._current: dict[str, Any] = {}
+        self._values: dict[str, Any] | None = None
+
+    @property
+    def values(self) -> dict[str, Any]:
+        """The ``event`` variable, as Python values."""
+        if self._values is None:
+            event = self._event
+            self._values = event_context(event, self._cursor(event.position))
+        return self._values
 
     def run(
         self,
@@ -152,8 +240,7 @@ class _EventRun:
     ) -> tuple[bool, str | None]:
         if self._context is None:
             context = cel.Context()
-            event = self._event
-            context.add_variable("event", event_context(event, self._cursor(event.position)))
+            context.add_variable("event", self.values)
             # per subscriber: read through the resolver, converted only when read
             context.set_variable_resolver(self._current.get)
             self._context = context
@@ -174,6 +261,16 @@ class FilterStage:
         #: sealed allow lists by subscription: ``{name: {value: True}}``
         self._sealed: dict[str, dict[str, dict[str, bool]]] = {}
         self._bound: dict[frozenset[str], dict[str, bool]] = {}
+        #: per program with probes: each registry row's class (-1: not yet known), and
+        #: each class's inputs; rows of one class give every probe the same answer
+        self._class_of: dict[int, npt.NDArray[np.int32]] = {}
+        self._classes: dict[int, list[tuple[int, str, dict[str, dict[str, bool]]]]] = {}
+        self._class_ids: dict[int, dict[tuple[Any, ...], int]] = {}
+        #: per program with probes: the id of each distinct set of answers, and the answers
+        #: of the classes whose answers depend only on the event's values, by those values
+        self._keys: dict[int, dict[tuple[Any, ...], int]] = {}
+        self._answers: dict[int, dict[tuple[Any, ...], npt.NDArray[np.int32]]] = {}
+        self._answer_cells = 0
         #: how many evaluations ran (for measurements)
         self.evaluations = 0
 
@@ -232,8 +329,138 @@ class FilterStage:
                 elif error is not None:
                     self._failed(match, at, error)
                 continue
-            self._keep_each(match, at, program, run, keep)
+            if program.probes is None or not self._keep_probed(match, at, code, program, run, keep):
+                self._keep_each(match, at, program, run, keep)
         return keep
+
+    def _keep_probed(
+        self,
+        match: Match,
+        at: npt.NDArray[np.intp],
+        code: int,
+        program: _Program,
+        run: _EventRun,
+        keep: npt.NDArray[np.bool_],
+    ) -> bool:
+        """A program whose reading of the subscriber is all in its probes: rows are grouped
+        in classes (alike in what the probes read: profile, sealed lists or agent), each
+        class answers the probes, and each distinct set of answers is evaluated once, with
+        the inputs of the first class that gave it. False: the event's values cannot be
+        probed (a list or a map), and nothing was done."""
+        assert program.probes is not None
+        values = tuple(_at_path(run.values, probe.path) for probe in program.probes)
+        if not all(isinstance(v, _PROBED) or v is _MISSING for v in values):
+            return False
+        rows = match.rows[at]
+        classes = self._classes_for(code, program, rows)
+        unique, inverse = np.unique(classes, return_inverse=True)
+        inputs = self._classes[code]
+        position = match.event.position
+        keys = self._keys.setdefault(code, {})
+        # each class's set of answers (a key id) to these values: kept across events for
+        # classes whose answers depend on nothing else (sealed lists, the subscriber)
+        known = self._answers_to(code, values, len(inputs))
+        key_of = known[unique]
+        for j in np.flatnonzero(key_of == UNKNOWN).tolist():
+            cls = int(unique[j])
+            profile, agent_id, sealed = inputs[cls]
+            parameters = None
+            if program.parameters:
+                parameters = self._parameters(program, agent_id, sealed, position)
+                if parameters is None:
+                    key_of[j] = NO_MATCH  # an empty, unsealed allow list
+                    continue
+            subscriber = self.state.registry.profile_agent[profile]
+            answers = tuple(
+                _answer(probe, value, parameters, subscriber)
+                for probe, value in zip(program.probes, values, strict=True)
+            )
+            key_of[j] = keys.setdefault(answers, len(keys))
+            if all(name in sealed for name in program.parameters):
+                known[cls] = key_of[j]
+        # one evaluation per distinct key, with the inputs of a class that gave it
+        passed_by_key = np.zeros(len(keys), dtype=bool)
+        failed_by_key: dict[int, str] = {}
+        present, first = np.unique(key_of, return_index=True)
+        for key, j in zip(present.tolist(), first.tolist(), strict=True):
+            if key < 0:
+                continue
+            profile, agent_id, sealed = inputs[int(unique[j])]
+            parameters = None
+            if program.parameters:
+                parameters = self._parameters(program, agent_id, sealed, position)
+            self.evaluations += 1
+            ok, error = run.run(program, self.state.registry.profile_agent[profile], parameters)
+            if ok:
+                passed_by_key[key] = True
+            elif error is not None:
+                failed_by_key[key] = error
+        valid = key_of >= 0
+        passed = np.zeros(len(unique), dtype=bool)
+        passed[valid] = passed_by_key[key_of[valid]]
+        keep[at] = passed[inverse]
+        if failed_by_key:
+            ids = self.state.registry.ids
+            for i, row in enumerate(rows.tolist()):
+                error = failed_by_key.get(int(key_of[inverse[i]]))
+                if error is not None:
+                    self._count(ids[row], position, error)
+        return True
+
+    def _answers_to(self, code: int, values: tuple[Any, ...], classes: int) -> Any:
+        """The known key id of each class of program ``code`` for the probes' ``values``
+        (UNKNOWN where not yet known), an array kept (bounded) across events."""
+        cache = self._answers.setdefault(code, {})
+        known = cache.get(values)
+        if known is None or len(known) < classes:
+            if self._answer_cells > ANSWER_CELLS:
+                self._answers.clear()
+                self._answer_cells = 0
+                cache = self._answers.setdefault(code, {})
+            grown = np.full(max(classes, 64), UNKNOWN, dtype=np.int32)
+            if known is not None:
+                grown[: len(known)] = known
+            known = cache[values] = grown
+            self._answer_cells += len(grown)
+        return known
+
+    def _classes_for(
+        self, code: int, program: _Program, rows: npt.NDArray[np.intp]
+    ) -> npt.NDArray[np.int32]:
+        """The class of each of ``rows`` for program ``code``, made for rows not seen yet."""
+        registry = self.state.registry
+        known = self._class_of.get(code)
+        if known is None or len(known) < len(registry):
+            grown = np.full(max(len(registry), 1024), -1, dtype=np.int32)
+            if known is not None:
+                grown[: len(known)] = known
+            known = self._class_of[code] = grown
+        classes = known[rows]
+        new = np.flatnonzero(classes < 0)
+        if len(new):
+            ids = self._class_ids.setdefault(code, {})
+            inputs = self._classes.setdefault(code, [])
+            reads_subscriber = any(p.target == "subscriber" for p in program.probes or ())
+            profiles = registry.profile.view
+            for i in new.tolist():
+                row = int(rows[i])
+                subscription = self.state.subscriptions[registry.ids[row]]
+                agent_id = subscription["agent_id"]
+                sealed = self._sealed_lists(subscription)
+                profile = int(profiles[row])
+                key = (
+                    profile if reads_subscriber else -1,
+                    *(
+                        id(sealed[name]) if name in sealed else agent_id
+                        for name in program.parameters
+                    ),
+                )
+                cls = ids.get(key)
+                if cls is None:
+                    cls = ids[key] = len(inputs)
+                    inputs.append((profile, agent_id, sealed))
+                known[row] = classes[i] = cls
+        return classes
 
     def _keep_each(
         self,
@@ -339,6 +566,41 @@ class FilterStage:
         """Drop what the stage keeps for a subscription that will not be read again."""
         self._errors.pop(subscription_id, None)
         self._sealed.pop(subscription_id, None)
+
+
+#: A class's answers not known yet; an empty, unsealed allow list (no match).
+UNKNOWN, NO_MATCH = -1, -2
+#: Most cells of kept answers (class by event values) before they are all dropped.
+ANSWER_CELLS = 1 << 21
+#: Event values a probe can answer for (hashable, compared alike in Python and CEL).
+_PROBED = (str, int, float, bool, type(None))
+_MISSING = object()
+
+
+def _at_path(values: dict[str, Any], path: tuple[str, ...]) -> Any:
+    value: Any = values
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return _MISSING
+        value = value[key]
+    return value
+
+
+def _answer(
+    probe: Probe, value: Any, parameters: dict[str, Any] | None, subscriber: dict[str, Any]
+) -> Any:
+    """What a probe answers for one class: membership or equality, with the type of the
+    subscriber's value (CEL compares values of different types otherwise than Python)."""
+    if probe.target == "parameters":
+        assert parameters is not None
+        return value in parameters[probe.name]
+    real = subscriber.get(probe.name, _MISSING)
+    kind = type(real).__name__
+    if probe.membership:
+        if isinstance(real, list | dict):
+            return (value in real, kind)
+        return (None, kind)
+    return (value == real, kind)
 
 
 def _frozen(value: Any) -> Any:
