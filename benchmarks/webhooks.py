@@ -75,7 +75,7 @@ from typing import Any
 
 import aiohttp
 from _common import ROLES, VOCABULARY, bracketed, envelope, pct, progress
-from fanout import ChildServer, FieldWriter, _post, cpu_seconds, raise_nofile, rss_kb
+from fanout import ChildServer, FieldWriter, _post, cpu_seconds, paced, raise_nofile, rss_kb
 
 HOST = "127.0.0.1"
 #: Where the Field may deliver (every receiver is on loopback).
@@ -428,19 +428,6 @@ async def sustained(
         unit, ack = await writer.one()
         acks[unit] = ack
     return acks
-
-
-async def paced(writer: FieldWriter, units: int, per_second: float) -> dict[str, float]:
-    """Send ``units`` RECORDs at a steady rate, each at its time (open loop)."""
-    loop = asyncio.get_running_loop()
-    start = loop.time() + 0.02
-    tasks = []
-    for i in range(units):
-        delay = start + i / per_second - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(writer.one()))
-    return dict(await asyncio.gather(*tasks))
 
 
 # -- measuring -------------------------------------------------------------------------

@@ -97,18 +97,23 @@ async def read_json(request: Request, limits: Limits) -> Any:
             code=Code.UNSUPPORTED_MEDIA_TYPE,
             suggested_action="Send the header 'Content-Type: application/json'.",
         )
-    limit = limits.max_body_bytes
+    return decode_document(await read_body(request, limits.max_body_bytes), limits)
+
+
+async def read_body(request: Request, limit: int, what: str = "request body") -> bytes:
+    """The raw body, at most ``limit`` bytes: a larger one is refused (413) by its
+    ``Content-Length`` before it is read, or as soon as it is past the limit."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the {limit} byte limit")
+        raise PayloadTooLarge(f"{what} of {declared} bytes exceeds the {limit} byte limit")
     chunks = []
     size = 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise PayloadTooLarge(f"request body exceeds the {limit} byte limit")
+            raise PayloadTooLarge(f"{what} exceeds the {limit} byte limit")
         chunks.append(chunk)
-    return decode_document(b"".join(chunks), limits)
+    return b"".join(chunks)
 
 
 def _media_shown(media: str) -> str:

@@ -29,10 +29,10 @@ from starlette.routing import Route
 from ..core import sources
 from ..core.context import Outcome
 from ..core.field import Field
-from ..errors import Code, FieldError, InvalidPayload, PayloadTooLarge, ValidationError
+from ..errors import Code, FieldError, InvalidPayload, ValidationError
 from ..service import FieldService
 from .documents import decode_document
-from .http import bearer_token, error_response, json_response, read_json
+from .http import bearer_token, error_response, json_response, read_body, read_json
 
 if TYPE_CHECKING:
     from .http import HTTPBinding
@@ -212,17 +212,7 @@ class SourcesBinding:
                 "GitHub: content type application/json in the webhook's settings).",
             )
         limit = min(source.definition["max_payload_bytes"], most)
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > limit:
-            raise PayloadTooLarge(f"the event of {declared} bytes exceeds the {limit} byte limit")
-        chunks = []
-        size = 0
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limit:
-                raise PayloadTooLarge(f"the event exceeds the {limit} byte limit")
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_body(request, limit, "the event")
 
     def _key(self, field: Field, source: sources.Source) -> bytes:
         """The HMAC key of ``source``: its sealed secret opened once per definition."""
