@@ -99,15 +99,23 @@ def signature_headers(secret: str, message_id: str, timestamp: int, body: bytes)
         raise ValueError("a webhook-id is 1 to 256 visible ASCII characters, no comma")
     if isinstance(timestamp, bool) or not isinstance(timestamp, int) or timestamp < 0:
         raise ValueError("a webhook-timestamp is a non-negative integer of seconds")
-    signed = f"{message_id}.{timestamp}.".encode("ascii") + body
-    standard = hmac.digest(key, signed, hashlib.sha256)
-    github = hmac.digest(secret.encode("utf-8"), body, hashlib.sha256)
     return {
         "webhook-id": message_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": "v1," + base64.b64encode(standard).decode("ascii"),
-        "X-Hub-Signature-256": "sha256=" + github.hex(),
+        "webhook-signature": standard_signature(key, message_id, timestamp, body).decode(),
+        "X-Hub-Signature-256": hub_signature(secret.encode("utf-8"), body).decode(),
     }
+
+
+def standard_signature(key: bytes, message_id: str, timestamp: int | str, body: bytes) -> bytes:
+    """Standard Webhooks: ``v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}." + body)>``."""
+    signed = f"{message_id}.{timestamp}.".encode() + body
+    return b"v1," + base64.b64encode(hmac.digest(key, signed, hashlib.sha256))
+
+
+def hub_signature(key: bytes, body: bytes) -> bytes:
+    """GitHub's ``X-Hub-Signature-256``: ``sha256=<hex HMAC-SHA256(key, body)>``."""
+    return b"sha256=" + hmac.digest(key, body, hashlib.sha256).hex().encode()
 
 
 class SecretBox:

@@ -27,9 +27,6 @@ No function here repeats a secret in an error.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import hashlib
 import hmac
 import re
 import secrets
@@ -45,7 +42,7 @@ from ..model import MEMORY_TYPES, Limits, LogEntry
 from .authority import OPERATOR_ID
 from .clock import iso_timestamp
 from .filters import Expression, check_types, compile_expression
-from .secrets import SECRET_PREFIX, new_secret, secret_key
+from .secrets import hub_signature, new_secret, secret_key, standard_signature
 
 if TYPE_CHECKING:
     from .context import Outcome
@@ -87,15 +84,14 @@ def verify_github(secret: bytes, body: bytes, header: str | None) -> bool:
     """``X-Hub-Signature-256: sha256=<hex HMAC-SHA256(secret, body)>``."""
     if not header or not header.startswith("sha256="):
         return False
-    expected = "sha256=" + hmac.new(secret, body, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected.encode(), header.strip().lower().encode("ascii", "replace"))
+    expected = hub_signature(secret, body)
+    return hmac.compare_digest(expected, header.strip().lower().encode("ascii", "replace"))
 
 
 def verify_standard(key: bytes, message_id: str, timestamp: str, header: str, body: bytes) -> bool:
     """``webhook-signature: v1,<base64 HMAC-SHA256(key, "{id}.{timestamp}." + body)>``,
     one of a space-separated list (keys being rotated)."""
-    signed = f"{message_id}.{timestamp}.".encode() + body
-    expected = b"v1," + base64.b64encode(hmac.digest(key, signed, hashlib.sha256))
+    expected = standard_signature(key, message_id, timestamp, body)
     found = False
     for candidate in header.split(" ")[:16]:  # a few keys at most
         found |= hmac.compare_digest(expected, candidate.encode("ascii", "replace"))
@@ -523,7 +519,7 @@ def decode_key(source: Source, secret: str) -> bytes:
     """The HMAC key of a source's secret: Standard Webhooks decodes ``whsec_``."""
     if source.scheme == "standard":
         try:
-            return base64.b64decode(secret.removeprefix(SECRET_PREFIX), validate=True)
-        except (binascii.Error, ValueError):  # validated when defined: never happens
+            return secret_key(secret)
+        except ValueError:  # validated when defined: never happens
             return b""
     return secret.encode()
