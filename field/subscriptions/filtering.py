@@ -361,12 +361,13 @@ class FilterStage:
         # classes whose answers depend on nothing else (sealed lists, the subscriber)
         known = self._answers_to(code, values, len(inputs))
         key_of = known[unique]
+        lists: dict[int, dict[str, Any] | None] = {}  # the allow lists read, by class
         for j in np.flatnonzero(key_of == UNKNOWN).tolist():
             cls = int(unique[j])
             profile, agent_id, sealed = inputs[cls]
             parameters = None
             if program.parameters:
-                parameters = self._parameters(program, agent_id, sealed, position)
+                parameters = lists[cls] = self._parameters(program, agent_id, sealed, position)
                 if parameters is None:
                     key_of[j] = NO_MATCH  # an empty, unsealed allow list
                     continue
@@ -385,10 +386,15 @@ class FilterStage:
         for key, j in zip(present.tolist(), first.tolist(), strict=True):
             if key < 0:
                 continue
-            profile, agent_id, sealed = inputs[int(unique[j])]
+            cls = int(unique[j])
+            profile, agent_id, sealed = inputs[cls]
             parameters = None
             if program.parameters:
-                parameters = self._parameters(program, agent_id, sealed, position)
+                parameters = (
+                    lists[cls]
+                    if cls in lists
+                    else self._parameters(program, agent_id, sealed, position)
+                )
             self.evaluations += 1
             ok, error = run.run(program, self.state.registry.profile_agent[profile], parameters)
             if ok:
