@@ -531,3 +531,8 @@ def test_probed_filters_over_allow_lists_answer_as_evaluating_every_input(
         expected = every_match(h, plain)
     assert every_match(h, shortcut) == expected
     assert shortcut.evaluations <= plain.evaluations
+    # past the bound on kept answers they are all dropped, and found again: same results
+    forgetful = FilterStage(state, cursor)
+    with mock.patch.object(filtering, "ANSWER_CELLS", 0):
+        assert every_match(h, forgetful) == expected
+        assert forgetful._answer_cells <= 1024  # cleared at every new set of values
