@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 
 from field.client import FieldClient
-from field.core import relevance
+from field.core import embedding, relevance
 from field.core.embedding import (
     WORDLLAMA_DIMS,
     EmbedderError,
@@ -143,6 +143,8 @@ def test_a_text_embeds_the_same_alone_or_in_a_batch(
 ) -> None:
     texts = _texts(300)
     assert any(not any(c.isalnum() for c in t) for t in texts)  # zero rows among the others
+    texts[150] = " ".join(texts[:150])  # longer than the token rows gathered at once
+    assert len(embedders[64]._tokenizer.encode(texts[150]).ids) > embedding._GATHERED
     for embedder in embedders.values():
         batch = embedder.embed(texts)
         alone = np.concatenate([embedder.embed([text]) for text in texts])
@@ -242,8 +244,6 @@ def test_a_missing_package_names_the_pip_command(monkeypatch: pytest.MonkeyPatch
 
 
 def test_missing_model_files_are_an_error_not_a_download(monkeypatch: pytest.MonkeyPatch) -> None:
-    from field.core import embedding
-
     monkeypatch.setattr(embedding, "_WORDLLAMA_WEIGHTS", ("weights", "absent.safetensors"))
     with pytest.raises(EmbedderError, match=r"cannot load the wordllama model .*nothing is"):
         WordLlamaEmbedder()

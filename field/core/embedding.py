@@ -201,6 +201,8 @@ WORDLLAMA_DIMS = (64, 128, 256)
 #: the model's files inside the installed wordllama package
 _WORDLLAMA_WEIGHTS = ("weights", "l2_supercat_256.safetensors")
 _WORDLLAMA_TOKENIZER = ("tokenizers", "l2_supercat_tokenizer_config.json")
+#: token rows gathered at once when embedding: bounds the temporary (2 MB at 256 dimensions)
+_GATHERED = 2048
 
 
 class WordLlamaEmbedder:
@@ -255,6 +257,12 @@ class WordLlamaEmbedder:
             ) from exc
         self._tokenizer.no_padding()
         self._tokenizer.no_truncation()
+        # The tokenizer has no pre-tokenizer, so its BPE cache is keyed by whole texts: it
+        # would keep the last 10,000 contents (about 100 MB) for texts that rarely come again,
+        # and filling it costs more time than it saves.
+        resize_cache = getattr(self._tokenizer.model, "_resize_cache", None)
+        if resize_cache is not None:
+            resize_cache(0)
         #: one row per token of the vocabulary, float32 (stored as float16: exact)
         self._table = np.ascontiguousarray(table[:, :dim], dtype=np.float32)
         self._dim = dim
@@ -277,11 +285,21 @@ class WordLlamaEmbedder:
         )
         ids = [encoding.ids for encoding in encoded]  # never empty: each text has a word
         lengths = np.fromiter(map(len, ids), dtype=np.intp, count=len(ids))
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.intp, count=int(lengths.sum()))
-        starts = np.zeros(len(ids), dtype=np.intp)
-        np.cumsum(lengths[:-1], out=starts[1:])
-        # each text's rows summed in order, apart from the others: batching changes nothing
-        sums = np.add.reduceat(self._table[tokens], starts, axis=0)
+        ends = np.cumsum(lengths)
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.intp, count=int(ends[-1]))
+        sums = np.empty((len(ids), self._dim), dtype=np.float32)
+        first = 0
+        while first < len(ids):  # whole texts of at most _GATHERED tokens (or one longer text)
+            start = int(ends[first] - lengths[first])
+            last = max(first + 1, int(np.searchsorted(ends, start + _GATHERED, side="right")))
+            # each text's rows summed in order, apart from the others: batching changes nothing
+            np.add.reduceat(
+                self._table[tokens[start : ends[last - 1]]],
+                ends[first:last] - lengths[first:last] - start,
+                axis=0,
+                out=sums[first:last],
+            )
+            first = last
         norms = np.sqrt(np.einsum("ij,ij->i", sums, sums))[:, None]
         np.divide(sums, norms, out=sums, where=norms > 0)
         out[kept] = sums
