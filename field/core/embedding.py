@@ -16,19 +16,24 @@ score is the same whether it is computed for one unit, a page of them or
 an (agents x events) matrix, live or at replay.
 
 :func:`load_embedder` chooses an embedder by name (config ``embedder``):
-``hashing`` (the default), ``hashing-<dim>``, or
+``hashing`` (the default), ``hashing-<dim>``, ``wordllama`` or
+``wordllama-<dim>`` (:class:`WordLlamaEmbedder`: a static sentence
+embedder whose model ships inside the ``wordllama`` wheel), or
 ``sentence-transformers:<model name or local path>``, which loads a
-locally installed ``sentence-transformers`` package and model and never
-downloads anything.
+locally installed ``sentence-transformers`` package and model. None of
+them ever downloads anything.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import re
 import zlib
 from collections.abc import Sequence
+from itertools import chain
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -190,6 +195,117 @@ class SentenceTransformerEmbedder:
         return np.asarray(vectors, dtype=np.float32).reshape(len(texts), self._dim)
 
 
+#: widths the wordllama model was trained to be cut to (Matryoshka) that its wheel can serve:
+#: the wheel holds the 256-wide weights, so 512 and 1,024 would need a download
+WORDLLAMA_DIMS = (64, 128, 256)
+#: the model's files inside the installed wordllama package
+_WORDLLAMA_WEIGHTS = ("weights", "l2_supercat_256.safetensors")
+_WORDLLAMA_TOKENIZER = ("tokenizers", "l2_supercat_tokenizer_config.json")
+#: token rows gathered at once when embedding: bounds the temporary (2 MB at 256 dimensions)
+_GATHERED = 2048
+
+
+class WordLlamaEmbedder:
+    """The ``l2_supercat`` model that the ``wordllama`` wheel carries (the ``wordllama`` extra).
+
+    A static embedding: a 32,000-token vocabulary (Llama 2's tokenizer)
+    with one learned 256-wide vector per token; a text's embedding is the
+    normalized sum of its tokens' vectors. Narrower widths keep the
+    first ``dim`` coordinates of every token vector (the model was
+    trained to be cut to 64 or 128 of them).
+
+    Only the two files inside the installed package are read, by path;
+    the package is found, never imported. Its own loader
+    (``WordLlama.load``) is not used: it looks for the tokenizer under
+    ``wordllama/tokenizer/`` while the wheel keeps it under
+    ``tokenizers/``, so it goes to ``~/.cache/wordllama`` and then
+    downloads it from Hugging Face; and importing the package configures
+    the root logger. Nothing here opens a socket.
+
+    A text with no letter or digit (``""``, ``"!!!"``) embeds to a zero
+    row, as with :class:`HashingEmbedder`. Each text's tokens are summed
+    on their own, in order, so a text embeds to the same row, bit for
+    bit, alone or in a batch.
+    """
+
+    def __init__(self, dim: int = 256) -> None:
+        if dim not in WORDLLAMA_DIMS:
+            widths = ", ".join(map(str, WORDLLAMA_DIMS))
+            raise EmbedderError(f"embedder 'wordllama-{dim}': the width must be one of {widths}")
+        try:
+            spec = importlib.util.find_spec("wordllama")  # found, not imported
+            from safetensors import safe_open
+            from tokenizers import Tokenizer
+        except ImportError:
+            spec = None
+        if spec is None or not spec.submodule_search_locations:
+            raise EmbedderError(
+                "embedder 'wordllama' needs the wordllama package: "
+                "pip install 'akashik-field[wordllama]'"
+            )
+        root = Path(next(iter(spec.submodule_search_locations)))
+        weights = root.joinpath(*_WORDLLAMA_WEIGHTS)
+        tokenizer = root.joinpath(*_WORDLLAMA_TOKENIZER)
+        try:
+            self._tokenizer: Any = Tokenizer.from_file(str(tokenizer))
+            with safe_open(str(weights), framework="np") as tensors:
+                table = tensors.get_tensor("embedding.weight")
+        except Exception as exc:  # missing or unreadable files, whatever the library raises
+            reason = " ".join(str(exc).split()) or type(exc).__name__
+            raise EmbedderError(
+                f"cannot load the wordllama model from {root} (nothing is downloaded): {reason}"
+            ) from exc
+        self._tokenizer.no_padding()
+        self._tokenizer.no_truncation()
+        # The tokenizer has no pre-tokenizer, so its BPE cache is keyed by whole texts: it
+        # would keep the last 10,000 contents (about 100 MB) for texts that rarely come again,
+        # and filling it costs more time than it saves.
+        resize_cache = getattr(self._tokenizer.model, "_resize_cache", None)
+        if resize_cache is not None:
+            resize_cache(0)
+        #: one row per token of the vocabulary, float32 (stored as float16: exact)
+        self._table = np.ascontiguousarray(table[:, :dim], dtype=np.float32)
+        self._dim = dim
+
+    @property
+    def name(self) -> str:
+        return f"wordllama-{self._dim}"
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        out = np.zeros((len(texts), self._dim), dtype=np.float32)
+        kept = [row for row, text in enumerate(texts) if _WORD.search(text)]
+        if not kept:
+            return out
+        encoded = self._tokenizer.encode_batch(
+            [texts[row] for row in kept], add_special_tokens=False
+        )
+        ids = [encoding.ids for encoding in encoded]  # never empty: each text has a word
+        lengths = np.fromiter(map(len, ids), dtype=np.intp, count=len(ids))
+        ends = np.cumsum(lengths)
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.intp, count=int(ends[-1]))
+        sums = np.empty((len(ids), self._dim), dtype=np.float32)
+        first = 0
+        while first < len(ids):  # whole texts of at most _GATHERED tokens (or one longer text)
+            start = int(ends[first] - lengths[first])
+            last = max(first + 1, int(np.searchsorted(ends, start + _GATHERED, side="right")))
+            # each text's rows summed in order, apart from the others: batching changes nothing
+            np.add.reduceat(
+                self._table[tokens[start : ends[last - 1]]],
+                ends[first:last] - lengths[first:last] - start,
+                axis=0,
+                out=sums[first:last],
+            )
+            first = last
+        norms = np.sqrt(np.einsum("ij,ij->i", sums, sums))[:, None]
+        np.divide(sums, norms, out=sums, where=norms > 0)
+        out[kept] = sums
+        return out
+
+
 def default_embedder() -> Embedder:
     return HashingEmbedder()
 
@@ -204,10 +320,16 @@ def load_embedder(spec: str) -> Embedder:
             return HashingEmbedder(int(spec[8:]))
         except ValueError as exc:
             raise EmbedderError(f"embedder {spec!r}: {exc}") from exc
+    if spec == "wordllama":
+        return WordLlamaEmbedder()
+    if spec.startswith("wordllama-") and spec[10:].isdigit():
+        return WordLlamaEmbedder(int(spec[10:]))
     if kind == "sentence-transformers" and argument:
         return SentenceTransformerEmbedder(argument)
     raise EmbedderError(
-        f"unknown embedder {spec!r}: use 'hashing' or 'sentence-transformers:<model or path>'"
+        f"unknown embedder {spec!r}: use 'hashing', 'hashing-<dim>', 'wordllama', "
+        f"'wordllama-<{'|'.join(map(str, WORDLLAMA_DIMS))}>' "
+        "or 'sentence-transformers:<model or path>'"
     )
 
 
