@@ -107,7 +107,8 @@ def _parser() -> argparse.ArgumentParser:
         webhooks.add_argument(f"--{name}", type=kind, help=text)
     serve.add_argument(
         "--embedder",
-        help="semantic relevance embedder: hashing (default) or "
+        help="semantic relevance embedder: hashing (default), "
+        "wordllama[-64|-128] (the wordllama extra: a small sentence model inside its wheel), or "
         "sentence-transformers:<model or local path> (installed locally, never downloaded)",
     )
     serve.add_argument(

@@ -44,7 +44,8 @@ class Config:
     heartbeat_timeout: float = 300.0
     #: The operator's bearer token (authority 10, spec 11.2); None: no operator.
     operator_token: str | None = field(default=None, repr=False)
-    #: Embedder of semantic relevance: "hashing" or "sentence-transformers:<model or path>".
+    #: Embedder of semantic relevance: "hashing", "wordllama" or
+    #: "sentence-transformers:<model or path>".
     embedder: str = "hashing"
     #: Accept WebSocket permessage-deflate when a client offers it (browsers always do). Off:
     #: its zlib state costs about 37 KB per connection, and every notification is then

@@ -35,7 +35,6 @@ Relevance:
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 from field.core.embedding import HashingEmbedder
@@ -43,7 +42,7 @@ from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords, semantic_
 from field.model import TYPE_IMPORTANCE
 from field.subscriptions.events import FieldEvent
 
-from .reference_relevance import closeness, quantized, words_of
+from .reference_relevance import closeness, interest_value, quantized, rescaled, words_of
 
 EMBEDDER = HashingEmbedder()
 
@@ -68,26 +67,33 @@ def _share(found: frozenset[str], wanted: frozenset[str]) -> float | None:
 
 def _combine(factors: list[tuple[float, float]], recency: float, recency_weight: float) -> float:
     content = sum(w * v for w, v in factors) / sum(w for w, _ in factors)
-    return min(1.0, max(0.0, recency_weight * recency + (1.0 - recency_weight) * content))
+    return min(1.0, max(0.0, content * (1.0 - recency_weight + recency_weight * recency)))
 
 
 def _alignment(
     agent: dict[str, Any],
     other_role: str | None,
-    other_words: frozenset[str],
+    role_against: frozenset[str],
+    interest_against: frozenset[str],
     other_task: str | None,
 ) -> list[tuple[float, float]]:
-    """The role, interest and task factors of ``agent`` towards something (a unit or agent)."""
-    role_words, interest_words = agent_words(agent)
+    """The role, interest and task factors of ``agent`` towards something (a unit or agent).
+
+    Role: 1 for the same role, else the share of the agent's role words in
+    ``role_against``; interest: the agent's interest keywords found in
+    ``interest_against``, over its keywords per interest.
+    """
+    role_words, _ = agent_words(agent)
     factors = []
     role = 1.0 if agent["role"] == other_role else 0.0
-    role_share = _share(other_words, role_words)
+    role_share = _share(role_against, role_words)
     if role_share is not None:
         role = max(role, role_share)
     factors.append((WEIGHTS["role"], role))
-    interest_share = _share(other_words, interest_words)
-    if interest_share is not None:
-        factors.append((WEIGHTS["interest"], math.sqrt(interest_share)))
+    phrases = [frozenset(keywords(phrase)) for phrase in agent["interests"]]
+    interest = interest_value(interest_against, phrases)
+    if interest is not None:
+        factors.append((WEIGHTS["interest"], interest))
     if agent.get("current_task_id") is not None:
         factors.append((WEIGHTS["task"], 1.0 if agent["current_task_id"] == other_task else 0.0))
     return factors
@@ -101,11 +107,19 @@ def unit_score(
     unit = units[row]
     recorded_by_then = sum(1 for u in units if u["epoch"] <= epoch)
     age = recorded_by_then - 1 - row
+    recorder = unit["source"]["agent_role"]
     factors = _alignment(
-        agent, unit["source"]["agent_role"], words_of(unit), unit["intent"].get("task_id")
+        agent,
+        recorder,
+        frozenset(keywords(recorder)),
+        words_of(unit),
+        unit["intent"].get("task_id"),
     )
-    semantic = closeness(
-        quantized(unit["content"], EMBEDDER), quantized(semantic_text(agent["interests"]), EMBEDDER)
+    semantic = rescaled(
+        closeness(
+            quantized(unit["content"], EMBEDDER),
+            quantized(semantic_text(agent["interests"]), EMBEDDER),
+        )
     )
     if semantic is not None:
         factors.append((WEIGHTS["semantic"], semantic))
@@ -119,15 +133,15 @@ def unit_score(
 def agent_score(agent: dict[str, Any], joining: dict[str, Any]) -> float:
     """Alignment of a subscriber's ``agent`` with a ``joining`` agent."""
     role_words, interest_words = agent_words(joining)
-    factors = _alignment(
-        agent, joining["role"], role_words | interest_words, joining.get("current_task_id")
-    )
+    words = role_words | interest_words
+    factors = _alignment(agent, joining["role"], words, words, joining.get("current_task_id"))
     return _combine(factors, 1.0, 0.0)
 
 
 def topic_score(agent: dict[str, Any], event: FieldEvent) -> float:
     """Alignment of a subscriber's ``agent`` with a task, handoff or session event."""
-    factors = _alignment(agent, None, frozenset(keywords(event.topic)), event.task_id)
+    topic = frozenset(keywords(event.topic))
+    factors = _alignment(agent, None, topic, topic, event.task_id)
     return _combine(factors, 1.0, 0.0)
 
 

@@ -16,7 +16,9 @@ from typing import Any
 from field.core.embedding import Embedder, HashingEmbedder, quantize
 from field.core.relevance import (
     DIVERSITY_DECAY,
+    INTEREST_POWER,
     RECENCY_HALF_LIFE,
+    SEMANTIC_FLOOR,
     WEIGHTS,
     Query,
     keywords,
@@ -27,7 +29,36 @@ from field.model import HIDDEN_UNIT_STATUSES, TYPE_IMPORTANCE
 
 
 def words_of(unit: dict[str, Any]) -> frozenset[str]:
-    return unit_keywords(unit) | frozenset(keywords(unit["source"]["agent_role"]))
+    """What the unit says (content, purpose, question): never who said it."""
+    return unit_keywords(unit)
+
+
+def role_factor(role: str, other_role: str) -> float:
+    """1 for the same role, else the share of ``role``'s keywords in ``other_role``'s."""
+    if role == other_role:
+        return 1.0
+    words = frozenset(keywords(role))
+    return len(words & frozenset(keywords(other_role))) / len(words) if words else 0.0
+
+
+def interest_value(found: frozenset[str], phrases: list[frozenset[str]]) -> float | None:
+    """The interest factor: keywords of ``phrases`` in ``found``, over keywords per phrase.
+
+    None when no phrase has a keyword (the factor does not apply).
+    """
+    phrases = [p for p in phrases if p]
+    if not phrases:
+        return None
+    wanted = frozenset().union(*phrases)
+    per_phrase = len(wanted) / len(phrases)
+    return min(1.0, len(found & wanted) / per_phrase) ** INTEREST_POWER
+
+
+def rescaled(cosine: float | None) -> float | None:
+    """The semantic factor of a cosine (rescaled above SEMANTIC_FLOOR, in [0, 1])."""
+    if cosine is None:
+        return None
+    return min(1.0, max(0.0, (cosine - SEMANTIC_FLOOR) / (1.0 - SEMANTIC_FLOOR)))
 
 
 def quantized(text: str, embedder: Embedder) -> tuple[list[int], int]:
@@ -65,9 +96,8 @@ def reference_scores(
     n = len(units)
     query_vector = quantized(semantic_text(query.interests, query.context_hint), embedder)
 
-    def coverage(unit_words: frozenset[str], query_words: frozenset[str]) -> float:
-        return len(unit_words & query_words) / len(query_words)
-
+    phrases = [frozenset(keywords(i)) for i in query.interests]
+    phrases.append(frozenset(keywords(query.context_hint)))
     scores = {}
     for row, unit in enumerate(units):
         if unit["status"] in HIDDEN_UNIT_STATUSES:
@@ -76,17 +106,12 @@ def reference_scores(
             continue
         if query.since_epoch is not None and unit["epoch"] <= query.since_epoch:
             continue
-        factors = []
-        role = 1.0 if unit["source"]["agent_role"] == query.role else 0.0
-        if query.role_words:
-            role = max(role, coverage(all_words[row], query.role_words))
-        factors.append((WEIGHTS["role"], role))
-        interest_words = query.interest_words | query.hint_words
-        if interest_words:
-            value = coverage(all_words[row], interest_words)
-            factors.append((WEIGHTS["interest"], math.sqrt(value)))
+        factors = [(WEIGHTS["role"], role_factor(query.role, unit["source"]["agent_role"]))]
+        interest = interest_value(all_words[row], phrases)
+        if interest is not None:
+            factors.append((WEIGHTS["interest"], interest))
         unit_vector = (vectors or {}).get(unit["id"]) or quantized(unit["content"], embedder)
-        semantic = closeness(unit_vector, query_vector)
+        semantic = rescaled(closeness(unit_vector, query_vector))
         if semantic is not None:
             factors.append((WEIGHTS["semantic"], semantic))
         factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))
@@ -97,7 +122,7 @@ def reference_scores(
         content = sum(w * v for w, v in factors) / sum(w for w, _ in factors)
         recency = 2.0 ** (-(n - 1 - row) / RECENCY_HALF_LIFE)
         rw = query.recency_weight
-        scores[unit["id"]] = min(1.0, max(0.0, rw * recency + (1 - rw) * content))
+        scores[unit["id"]] = min(1.0, max(0.0, content * (1 - rw + rw * recency)))
     return scores
 
 

@@ -258,9 +258,10 @@ def test_attune_excludes_own_units_unless_asked(h: Harness) -> None:
 
 
 def test_attune_ranks_scores_explains_and_truncates(h: Harness) -> None:
-    for i in range(12):
-        h.record("bob", f"note {i} about market size", memory_type="observation")
-    h.record("bob", "we decided on the market size estimate", memory_type="decision")
+    for _ in range(12):
+        h.record("bob", "a note about market size", memory_type="observation")
+    # as topical as the notes: its type (and recency) rank it first
+    h.record("bob", "a note about market size", memory_type="decision")
     response = h.attune("alice", max_units=5)
     scores = [r["relevance_score"] for r in response["record"]]
     assert scores == sorted(scores, reverse=True)
@@ -298,9 +299,10 @@ def _scores(response: dict[str, Any]) -> dict[str, float]:
 
 def test_source_diversity_lets_a_second_agent_onto_the_page(h: Harness) -> None:
     h.register("carol", "strategist")
-    for i in range(5):
-        h.record("bob", f"decision {i}", memory_type="decision")
-    quiet = h.record("carol", "one observation", memory_type="finding")["memory_unit_id"]
+    for _ in range(5):
+        h.record("bob", "a decision on the plan", memory_type="decision")
+    # alike but for its type: it scores below each of bob's, above his third after the discount
+    quiet = h.record("carol", "a decision on the plan", memory_type="finding")["memory_unit_id"]
     ids = [r["memory_unit"]["id"] for r in h.attune("alice", max_units=3)["record"]]
     assert quiet in ids
 

@@ -192,7 +192,7 @@ def test_best_diversified_matches_diversifying_everything(
     st.lists(st.sampled_from([*WORDS, "absent"]), min_size=1, max_size=5),
     st.data(),
 )
-def test_coverage_of_a_few_rows_equals_the_postings_path(
+def test_hits_of_a_few_rows_equal_the_postings_path(
     specs: list[dict[str, Any]], words: list[str], data: st.DataObject
 ) -> None:
     index = relevance.UnitIndex()
@@ -201,9 +201,9 @@ def test_coverage_of_a_few_rows_equals_the_postings_path(
     rows = np.array(
         data.draw(st.lists(st.integers(0, len(specs) - 1), max_size=len(specs))), dtype=np.intp
     )
-    everywhere = index.coverage(words)
+    everywhere = index.hits(words)
     assert everywhere is not None
-    few = index.coverage(words, rows)  # a few rows: read from the rows' keyword sets
+    few = index.hits(words, rows)  # a few rows: read from the rows' keyword sets
     assert few is not None and np.array_equal(few, everywhere[rows])
 
 

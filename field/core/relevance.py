@@ -14,28 +14,40 @@ whole log embeds 1,024 units per call. A batch is also full at
 for embedding more than that: the queue never holds a backlog of long
 contents for the next ATTUNE to embed.
 
-A score is ``rw * recency + (1 - rw) * content`` where ``rw`` is the
+A score is ``content * ((1 - rw) + rw * recency)`` where ``rw`` is the
 scope's ``recency_weight`` and ``content`` is the weighted mean of the
 factors that apply to this request:
 
 =========  ======  ===============================================  ==========
 factor     weight  value                                            applies
 =========  ======  ===============================================  ==========
-role       0.20    1 for a unit by an agent of the same role, else  always
-                   the share of role words found in the unit
-interest   0.30    sqrt of the share of interest (and context-hint  interests
-                   words) found in the unit                         or hint
-semantic   0.25    cosine of the unit's content embedding and the   the hint or
-                   embedding of the interests and hint, below 0: 0  interests
-                                                                    embed
-type       0.20    :data:`~field.model.TYPE_IMPORTANCE`             always
-task       0.20    1 when the unit serves the agent's task          a task
-confidence 0.10    confidence.score (0.5 for a draft without one)   always
+role       W_ROLE  1 for a unit by an agent of the same role, else  always
+                   the share of the role's keywords in the
+                   recorder's role
+interest   W_INT   ``min(1, m / k) ** INTEREST_POWER``: ``m`` the   interests
+                   interest and hint keywords found in the unit's   or hint
+                   content, purpose and question, ``k`` the
+                   keywords per interest (:func:`keyword_unit`)
+semantic   W_SEM   ``(cos - SEMANTIC_FLOOR) / (1 - SEMANTIC_FLOOR)``  the hint or
+                   in [0, 1], ``cos`` the cosine of the unit's      interests
+                   content embedding and that of the interests      embed
+                   and hint
+type       W_TYPE  :data:`~field.model.TYPE_IMPORTANCE`             always
+task       W_TASK  1 when the unit serves the agent's task          a task
+confidence W_CONF  confidence.score (0.5 for a draft without one)   always
 =========  ======  ===============================================  ==========
 
-Recency halves every ``RECENCY_HALF_LIFE`` units recorded after the unit.
-Every factor lies in [0, 1] and the weights are normalized, so the score
-does too. :func:`combine` is the formula; ATTUNE applies it to many units
+The weights (:data:`WEIGHTS`) and the two shapes were chosen by measurement
+on the training split of a labelled set (``benchmarks/relevance.py``).
+What a unit says is its content, purpose and question: who recorded it
+counts through the role factor alone, so a unit by a ``market_researcher``
+does not match an interest in "market".
+
+Recency halves every ``RECENCY_HALF_LIFE`` units recorded after the unit,
+and takes at most ``rw`` of the score away from an old unit: a new unit
+(as every unit is when subscriptions are matched) keeps its content
+score whole. Every factor lies in [0, 1] and the weights are normalized,
+so the score does too. :func:`combine` is the formula; ATTUNE applies it to many units
 for one agent (:func:`score`), subscription matching to one unit for many
 subscribers (``field.subscriptions.matcher``). A unit's score depends
 only on the unit, the agent and how many units were recorded after it,
@@ -60,13 +72,20 @@ from .embedding import STOPWORDS, Embedder, Vectors, cosine, default_embedder, q
 RECENCY_HALF_LIFE = 256.0
 DIVERSITY_DECAY = 0.92
 WEIGHTS = {
-    "role": 0.20,
+    "role": 0.10,
     "interest": 0.30,
-    "semantic": 0.25,
-    "type": 0.20,
+    "semantic": 0.30,
+    "type": 0.05,
     "task": 0.20,
-    "confidence": 0.10,
+    "confidence": 0.05,
 }
+#: the interest factor is the share of an interest's keywords matched, to this power
+INTEREST_POWER = 0.5
+#: cosines at or below this are no sign of relatedness: the semantic factor rescales above it
+SEMANTIC_FLOOR = 0.0
+#: the ``min_relevance`` the docs recommend: measured on the labelled set
+#: (``benchmarks/relevance.py``), it keeps most irrelevant units out and most relevant in
+RECOMMENDED_THRESHOLD = 0.2
 #: a semantic factor at least this high is named in ``relevance_reason``
 SEMANTIC_NOTE = 0.25
 #: units embedded per call of the embedder
@@ -194,6 +213,47 @@ def semantic_text(interests: Iterable[str], hint: str | None = None) -> str:
     return "\n".join([*interests, *([hint] if hint else [])])
 
 
+def keyword_unit(phrases: Iterable[frozenset[str]]) -> float:
+    """Keywords per phrase: the distinct keywords of ``phrases`` over how many have any.
+
+    The interest factor counts a unit's matched keywords in this unit, so
+    a unit that matches one whole interest scores as high for an agent of
+    five interests as for an agent of one. 0.0 when no phrase has keywords.
+    """
+    sets = [words for words in phrases if words]
+    if not sets:
+        return 0.0
+    return len(frozenset().union(*sets)) / len(sets)
+
+
+def interest_factor(hits: Any, unit: Any) -> Any:
+    """The interest factor of ``hits`` matched keywords: ``min(1, hits / unit) ** INTEREST_POWER``.
+
+    ``unit`` is :func:`keyword_unit` of the interests (and hint); NaN where it is 0.
+    """
+    hits = np.asarray(hits, dtype=np.float64)
+    unit = np.asarray(unit, dtype=np.float64)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        share = np.where(unit > 0, np.minimum(hits / np.where(unit > 0, unit, 1.0), 1.0), np.nan)
+    return np.power(share, INTEREST_POWER)
+
+
+def semantic_factor(cosines: Any) -> Any:
+    """The semantic factor of cosine similarities: ``(cos - floor) / (1 - floor)``, in [0, 1]."""
+    cosines = np.asarray(cosines, dtype=np.float64)
+    return np.clip((cosines - SEMANTIC_FLOOR) / (1.0 - SEMANTIC_FLOOR), 0.0, 1.0)
+
+
+def role_alignment(
+    role: str, words: frozenset[str], other: str, other_words: frozenset[str]
+) -> float:
+    """The role factor: 1.0 for the same role, else the share of ``role``'s keywords
+    (``words``) in ``other``'s (``other_words``)."""
+    if role == other:
+        return 1.0
+    return len(words & other_words) / len(words) if words else 0.0
+
+
 class UnitIndex:
     """Column store of memory units for vectorized scoring."""
 
@@ -222,6 +282,11 @@ class UnitIndex:
         self.sessions = Interner()
         self.agents = Interner()
         self.roles = Interner()
+        #: per role code, the role's name and keywords (for the role factor)
+        self.role_names: list[str] = []
+        self.role_keywords: list[frozenset[str]] = []
+        #: per attuning role, its role factor for each role code (see :meth:`role_factor`)
+        self._role_factors: dict[str, npt.NDArray[np.float64]] = {}
         self.tasks = Interner()
         self._postings: dict[str, Column] = {}
 
@@ -239,12 +304,17 @@ class UnitIndex:
         score = (unit.get("confidence") or {}).get("score")
         self.confidence.append(0.5 if score is None else score)
         self.agent.append(self.agents.code(unit["source"]["agent_id"]))
-        self.role.append(self.roles.code(unit["source"]["agent_role"]))
+        role = unit["source"]["agent_role"]
+        role_code = self.roles.code(role)
+        if role_code == len(self.role_names):
+            self.role_names.append(role)
+            self.role_keywords.append(frozenset(keywords(role)))
+        self.role.append(role_code)
         task = unit["intent"].get("task_id")
         self.task.append(-1 if task is None else self.tasks.code(task))
         self.session.append(-1 if session_id is None else self.sessions.code(session_id))
         self.memory_type.append(TYPE_CODE[unit["type"]])
-        words = unit_keywords(unit) | frozenset(keywords(unit["source"]["agent_role"]))
+        words = unit_keywords(unit)  # what the unit says: never who said it
         self.row_keywords.append(words)
         for word in words:
             postings = self._postings.get(word)
@@ -324,10 +394,10 @@ class UnitIndex:
         column = self._postings.get(word)
         return column.view if column is not None else np.empty(0, dtype=np.int32)
 
-    def coverage(
+    def hits(
         self, words: Iterable[str], rows: npt.NDArray[np.intp] | None = None
     ) -> npt.NDArray[np.float64] | None:
-        """Per row (of ``rows``, or of the index), the share of ``words`` the unit contains.
+        """Per row (of ``rows``, or of the index), how many of ``words`` the unit contains.
 
         None for no words. For a few rows (a poll's new units) the rows' own
         keyword sets are read; otherwise the postings of each word, a loop
@@ -339,11 +409,33 @@ class UnitIndex:
         if rows is not None and len(rows) * len(unique) <= FEW_CELLS:
             keywords_of = self.row_keywords
             counts = [len(unique & keywords_of[row]) for row in rows.tolist()]
-            return np.array(counts, dtype=np.float64) / np.float64(len(unique))
+            return np.array(counts, dtype=np.float64)
         postings = [self.postings(word) for word in unique]
-        hits = np.bincount(np.concatenate(postings), minlength=len(self.ids))
-        share = hits / np.float64(len(unique))
-        return share if rows is None else share.take(rows)
+        hits = np.bincount(np.concatenate(postings), minlength=len(self.ids)).astype(np.float64)
+        return hits if rows is None else hits.take(rows)
+
+    def role_factor(self, role: str) -> npt.NDArray[np.float64]:
+        """The role factor of a unit for an agent of ``role``, per recorder role code.
+
+        :func:`role_alignment` of ``role`` with each role the index knows;
+        kept per attuning role (the last :data:`QUERY_TEXTS` of them) and
+        extended as new roles appear.
+        """
+        known = self._role_factors.pop(role, None)
+        count = len(self.role_names)
+        if known is None or len(known) < count:
+            start = 0 if known is None else len(known)
+            words = frozenset(keywords(role))
+            more = [
+                role_alignment(role, words, self.role_names[code], self.role_keywords[code])
+                for code in range(start, count)
+            ]
+            fresh = np.array(more, dtype=np.float64)
+            known = fresh if known is None else np.concatenate([known, fresh])
+        if len(self._role_factors) >= QUERY_TEXTS:
+            del self._role_factors[next(iter(self._role_factors))]  # the least recently used
+        self._role_factors[role] = known
+        return known
 
     def count_at(self, epoch: Any) -> Any:
         """How many units had been recorded at ``epoch`` (a number or an array of them)."""
@@ -365,6 +457,9 @@ class Query:
     #: extension: archived units (COMPACT) are candidates only when asked for
     include_archived: bool = False
     interest_words: frozenset[str] = field(init=False)
+    #: the keywords of the interests and the hint, and the keywords per such phrase
+    match_words: frozenset[str] = field(init=False)
+    match_unit: float = field(init=False)
     #: each interest with its keywords (explained per unit, so computed once)
     interest_keywords: tuple[tuple[str, frozenset[str]], ...] = field(init=False)
     hint_words: frozenset[str] = field(init=False)
@@ -382,6 +477,9 @@ class Query:
         self.interest_words = frozenset(w for _, words in self.interest_keywords for w in words)
         self.hint_words = frozenset(keywords(self.context_hint))
         self.role_words = frozenset(keywords(self.role))
+        self.match_words = self.interest_words | self.hint_words
+        phrases = [words for _, words in self.interest_keywords]
+        self.match_unit = keyword_unit([*phrases, self.hint_words])
 
     def vector(self, index: UnitIndex) -> tuple[Vectors, float]:
         """The embedding of the interests and hint (computed once per query)."""
@@ -435,7 +533,7 @@ class Query:
         vector, square = self.vector(index)
         if square == 0.0:
             return None
-        return np.maximum(index.similarity(vector, square, rows), 0.0)
+        return semantic_factor(index.similarity(vector, square, rows))
 
 
 def candidates(
@@ -501,11 +599,8 @@ def combine(
         numerator = numerator + weight * np.where(applies, values, 0.0)
         denominator = denominator + weight * applies
     content = numerator / denominator
-    result: npt.NDArray[np.float64] = np.clip(
-        recency_weight * np.asarray(recency, dtype=np.float64) + (1.0 - recency_weight) * content,
-        0.0,
-        1.0,
-    )
+    freshness = (1.0 - recency_weight) + recency_weight * np.asarray(recency, dtype=np.float64)
+    result: npt.NDArray[np.float64] = np.clip(content * freshness, 0.0, 1.0)
     return result
 
 
@@ -539,24 +634,49 @@ _RECENCY_ZERO = int(1075 * RECENCY_HALF_LIFE)
 _recency_table: npt.NDArray[np.float64] = np.exp2(-np.arange(4096.0) / RECENCY_HALF_LIFE)
 
 
-def score(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
-    """Relevance in [0, 1] of each row in ``rows`` to ``query``."""
-    if len(rows) == 0:
-        return np.empty(0, dtype=np.float64)
-    same_role = (index.role.view[rows] == index.roles.find(query.role)).astype(np.float64)
-    role_words = index.coverage(query.role_words, rows)
-    interest = index.coverage(query.interest_words | query.hint_words, rows)
+@dataclass(slots=True)
+class Factors:
+    """The factors of some rows for one query (None: the factor applies to none of them)."""
+
+    role: npt.NDArray[np.float64]
+    interest: npt.NDArray[np.float64] | None
+    semantic: npt.NDArray[np.float64] | None
+    type_weight: npt.NDArray[np.float64]
+    task: npt.NDArray[np.float64] | None
+    confidence: npt.NDArray[np.float64]
+    recency: npt.NDArray[np.float64]
+
+
+def factors(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> Factors:
+    """Each factor of the formula (module docstring) for each row in ``rows``."""
+    hits = index.hits(query.match_words, rows)
     task = None
     if query.task_id is not None:
-        task = index.task.view[rows] == index.tasks.find(query.task_id)
-    return combine(
-        role=same_role if role_words is None else np.maximum(same_role, role_words),
-        interest=None if interest is None else np.sqrt(interest),
+        task = (index.task.view[rows] == index.tasks.find(query.task_id)).astype(np.float64)
+    return Factors(
+        role=index.role_factor(query.role).take(index.role.view[rows]),
+        interest=None if hits is None else interest_factor(hits, query.match_unit),
         semantic=query.semantic(index, rows),
         type_weight=index.type_weight.view[rows],
         task=task,
         confidence=index.confidence.view[rows],
         recency=recency(len(index) - 1 - rows),
+    )
+
+
+def score(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
+    """Relevance in [0, 1] of each row in ``rows`` to ``query``."""
+    if len(rows) == 0:
+        return np.empty(0, dtype=np.float64)
+    f = factors(index, query, rows)
+    return combine(
+        role=f.role,
+        interest=f.interest,
+        semantic=f.semantic,
+        type_weight=f.type_weight,
+        task=f.task,
+        confidence=f.confidence,
+        recency=f.recency,
         recency_weight=query.recency_weight,
         complete=True,  # every factor applies to every row, or is None
     )
@@ -657,8 +777,10 @@ def explain(
     parts = [f"{unit['type'].replace('_', ' ')} from {source['agent_id']} ({source['agent_role']})"]
     if source["agent_role"] == query.role:
         parts.append("same role as you")
-    elif query.role_words & words:
-        parts.append(f"mentions your role ({', '.join(sorted(query.role_words & words))})")
+    else:
+        shared = query.role_words & index.role_keywords[int(index.role.view[row])]
+        if shared:
+            parts.append(f"a role like yours ({', '.join(sorted(shared))})")
     matched = []
     if query.interest_words & words:  # one set operation for the units that match none
         matched = [i for i, own in query.interest_keywords if own & words]

@@ -51,7 +51,18 @@ import numpy as np
 import numpy.typing as npt
 
 from ..core.embedding import cosine
-from ..core.relevance import SEMANTIC_NOTE, WEIGHTS, Column, UnitIndex, combine, keywords, recency
+from ..core.relevance import (
+    INTEREST_POWER,
+    SEMANTIC_NOTE,
+    WEIGHTS,
+    Column,
+    UnitIndex,
+    combine,
+    interest_factor,
+    keywords,
+    recency,
+    semantic_factor,
+)
 from .events import EVENT_BIT, FieldEvent
 from .registry import FEW_ROWS, SubscriptionRegistry
 
@@ -63,7 +74,7 @@ RECENCY_WEIGHT = 0.25
 
 # reason flags
 _SAME_ROLE, _INTERESTS, _TASK, _OWN_UNIT, _CONCERNS_YOU, _YOUR_MOVE = 1, 2, 4, 8, 16, 32
-_SEMANTIC = 64
+_SEMANTIC, _RELATED_ROLE = 64, 128
 #: Events of relevance 1 to the authors of the units they involve ...
 OWN_UNIT_EVENTS = frozenset({"memory.contested", "conflict.detected", "conflict.resolved"})
 #: ... and those of them that require the author's action.
@@ -113,6 +124,8 @@ def reason_text(event: str, flags: int) -> str:
             parts.append("it concerns you")
         if flags & _SAME_ROLE:
             parts.append("same role as you")
+        elif flags & _RELATED_ROLE:
+            parts.append("a role like yours")
         if flags & _INTERESTS:
             parts.append("matches your interests")
         if flags & _SEMANTIC:
@@ -427,7 +440,7 @@ class Matcher:
         # matrix product costs far more in a threaded BLAS)
         units = index.vectors[rows]
         dots = (vectors @ units[0])[:, None] if len(rows) == 1 else vectors @ units.T
-        closeness = np.maximum(cosine(dots, squares, index.squares[rows][None, :]), 0.0)
+        closeness = semantic_factor(cosine(dots, squares, index.squares[rows][None, :]))
         semantic: npt.NDArray[np.float64] = np.where(squares > 0, closeness, np.nan)
         return semantic
 
@@ -445,18 +458,13 @@ class Matcher:
         reg = self.registry
         same_role = reg.role.view[profiles] == reg.roles.find(role)
         role_share = _share(reg.hits("role", words, profiles), reg.role_word_count.view[profiles])
-        interest_share = _share(
-            reg.hits("interest", words, profiles), reg.interest_word_count.view[profiles]
-        )
+        interest_hits = reg.hits("interest", words, profiles)
+        interest = interest_factor(interest_hits, reg.interest_unit.view[profiles])
         sub_task = reg.task.view[profiles]
         task_code = reg.tasks.find(task_id)
         task = np.where(sub_task >= 0, (sub_task == task_code).astype(np.float64), np.nan)
-        return (
-            np.maximum(same_role, np.nan_to_num(role_share)),
-            np.sqrt(interest_share),
-            task,
-            _flags(same_role, interest_share, task),
-        )
+        role = np.maximum(same_role, np.nan_to_num(role_share))
+        return role, interest, task, _flags(same_role, role, interest_hits, task)
 
     def _units_for_few_profiles(
         self, pairs: list[tuple[str, int]], profiles: npt.NDArray[np.intp]
@@ -481,13 +489,16 @@ class Matcher:
         }
         scores = np.empty((len(pairs), len(profiles)), dtype=np.float64)
         flags = np.empty((len(pairs), len(profiles)), dtype=np.int64)
+        unit_roles = index.role.view[unit_rows]
         for j, profile in enumerate(profiles.tolist()):  # a few profiles only
-            role_words, interest_words = reg.profile_words[profile]
-            same_role = index.role.view[unit_rows] == index.roles.find(reg.profile_role[profile])
-            role_share = index.coverage(role_words)
-            role = same_role if role_share is None else np.maximum(same_role, role_share[unit_rows])
-            share = index.coverage(interest_words)
-            interest = None if share is None else share[unit_rows]
+            interest_words = reg.profile_words[profile][1]
+            role_of = reg.profile_role[profile]
+            same_role = unit_roles == index.roles.find(role_of)
+            role = index.role_factor(role_of).take(unit_roles)
+            hits = index.hits(interest_words, unit_rows)
+            interest = None
+            if hits is not None:
+                interest = interest_factor(hits, reg.interest_unit.view[profile])
             task_id = reg.profile_task[profile]
             task = None
             if task_id is not None:
@@ -496,17 +507,18 @@ class Matcher:
             semantic = None
             if square > 0:
                 closeness = index.similarity(reg.vectors.view[profile], square, unit_rows)
-                semantic = np.maximum(closeness, 0.0)
+                semantic = semantic_factor(closeness)
             scores[:, j] = combine(
                 role=role,
-                interest=None if interest is None else np.sqrt(interest),
+                interest=interest,
                 semantic=semantic,
                 task=task,
                 **common,
             )
             flags[:, j] = _flags(
                 same_role,
-                np.zeros(len(pairs)) if interest is None else interest,
+                role,
+                np.zeros(len(pairs)) if hits is None else hits,
                 np.zeros(len(pairs)) if task is None else task,
             ) | (0 if semantic is None else _semantic_flags(semantic))
         return scores, flags
@@ -533,32 +545,38 @@ class Matcher:
         units = [self.units[unit_id] for unit_id, _ in pairs]
         unit_rows = np.array([index.rows[unit_id] for unit_id, _ in pairs], dtype=np.intp)
         epochs = np.array([epoch for _, epoch in pairs], dtype=np.int64)
-        words = [index.row_keywords[row] for row in unit_rows.tolist()]
-        roles = [reg.roles.find(unit["source"]["agent_role"]) for unit in units]
+        row_list = unit_rows.tolist()
+        words = [index.row_keywords[row] for row in row_list]
+        unit_roles = index.role.view[unit_rows]
+        role_words = [index.role_keywords[code] for code in unit_roles.tolist()]
+        roles = [reg.roles.find(index.role_names[code]) for code in unit_roles.tolist()]
         same_role = reg.role.view[profiles][None, :] == np.array(roles, dtype=np.int32)[:, None]
         role_count = reg.role_word_count.view[profiles]
-        interest_count = reg.interest_word_count.view[profiles]
+        interest_unit = reg.interest_unit.view[profiles]
         sub_task = reg.task.view[profiles]
         tasks = [reg.tasks.find(unit["intent"].get("task_id")) for unit in units]
         task = sub_task[None, :] == np.array(tasks, dtype=np.int32)[:, None]
         task &= (sub_task >= 0)[None, :]
-        has_interest = interest_count > 0
+        has_interest = interest_unit > 0
         has_semantic = ~np.isnan(semantic[0]) if len(semantic) else np.zeros(0, dtype=bool)
         weight = WEIGHTS["role"] + WEIGHTS["interest"] * has_interest
         weight = weight + WEIGHTS["semantic"] * has_semantic
         weight = weight + WEIGHTS["type"]
         weight = weight + WEIGHTS["task"] * (sub_task >= 0)
         weight = weight + WEIGHTS["confidence"]
-        # role: the better of the same role and the share of role words
-        role_hits = self._hits(reg.role_words, words, profiles)
+        # role: the same role, else the share of the subscriber's role words in the recorder's
+        role_hits = self._hits(reg.role_words, role_words, profiles)
         role = np.divide(role_hits, role_count, out=role_hits, where=role_count > 0)
         np.maximum(role, same_role, out=role)
+        flags = np.where(same_role, _SAME_ROLE, np.where(role > 0, _RELATED_ROLE, 0))
         total = role
         total *= WEIGHTS["role"]
+        # interest: matched keywords over keywords per interest, at most 1, to a power
         interest_hits = self._hits(reg.interest_words, words, profiles)
-        flags = np.where(interest_hits > 0, _INTERESTS, 0)
-        interest = np.divide(interest_hits, interest_count, out=interest_hits, where=has_interest)
-        np.sqrt(interest, out=interest)
+        flags |= np.where(interest_hits > 0, _INTERESTS, 0)
+        interest = np.divide(interest_hits, interest_unit, out=interest_hits, where=has_interest)
+        np.minimum(interest, 1.0, out=interest)
+        np.power(interest, INTEREST_POWER, out=interest)
         interest *= WEIGHTS["interest"]
         total += interest
         semantic = np.nan_to_num(semantic, nan=0.0)
@@ -569,10 +587,10 @@ class Matcher:
         total += WEIGHTS["task"] * task.astype(np.float64)
         total += WEIGHTS["confidence"] * index.confidence.view[unit_rows][:, None]
         total /= weight
-        total *= 1.0 - RECENCY_WEIGHT
-        fresh = RECENCY_WEIGHT * recency(index.count_at(epochs) - 1 - unit_rows)
-        scores = np.clip(np.add(fresh[:, None], total, out=total), 0.0, 1.0, out=total)
-        flags |= np.where(same_role, _SAME_ROLE, 0)
+        ages = index.count_at(epochs) - 1 - unit_rows
+        freshness = (1.0 - RECENCY_WEIGHT) + RECENCY_WEIGHT * recency(ages)
+        total *= freshness[:, None]
+        scores = np.clip(total, 0.0, 1.0, out=total)
         flags |= np.where(task, _TASK, 0)
         return scores, flags
 
@@ -648,10 +666,10 @@ class Matcher:
         return score, flags
 
 
-def _flags(same_role: Any, interest_share: Any, task: Any) -> npt.NDArray[np.int64]:
+def _flags(same_role: Any, role: Any, interest_hits: Any, task: Any) -> npt.NDArray[np.int64]:
     flags: npt.NDArray[np.int64] = (
-        np.where(same_role, _SAME_ROLE, 0)
-        | np.where(np.nan_to_num(interest_share) > 0, _INTERESTS, 0)
+        np.where(same_role, _SAME_ROLE, np.where(np.asarray(role) > 0, _RELATED_ROLE, 0))
+        | np.where(np.nan_to_num(interest_hits) > 0, _INTERESTS, 0)
         | np.where(task == 1.0, _TASK, 0)
     ).astype(np.int64)
     return flags

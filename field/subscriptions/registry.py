@@ -20,7 +20,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..core.embedding import Embedder, default_embedder, quantize
-from ..core.relevance import Column, Interner, Matrix, keywords, semantic_text
+from ..core.relevance import Column, Interner, Matrix, keyword_unit, keywords, semantic_text
 from .events import EVENT_BIT
 
 #: Up to this many profiles, :meth:`SubscriptionRegistry.hits` intersects word sets.
@@ -54,7 +54,8 @@ class SubscriptionRegistry:
         self.role = Column(np.int32)
         self.task = Column(np.int32)
         self.role_word_count = Column(np.float64)
-        self.interest_word_count = Column(np.float64)
+        #: keywords per interest (:func:`~field.core.relevance.keyword_unit`; 0: none)
+        self.interest_unit = Column(np.float64)
         self.roles = Interner()
         self.tasks = Interner()
         self.role_words: dict[str, Column] = {}
@@ -123,10 +124,11 @@ class SubscriptionRegistry:
             }
         )
         role_words = frozenset(keywords(agent["role"]))
-        interest_words = frozenset(w for phrase in agent["interests"] for w in keywords(phrase))
+        phrases = [frozenset(keywords(phrase)) for phrase in agent["interests"]]
+        interest_words = frozenset().union(*phrases)
         self.profile_words.append((role_words, interest_words))
         self.role_word_count.append(len(role_words))
-        self.interest_word_count.append(len(interest_words))
+        self.interest_unit.append(keyword_unit(phrases))
         vector, square = quantize(self.embedder.embed([semantic_text(agent["interests"])]))
         self.vectors.extend(vector)
         self.squares.append(square[0])

@@ -1,0 +1,198 @@
+"""Relevance quality on the labelled set, per embedder, and the search that set the weights.
+
+    python benchmarks/relevance.py [--split test] [--embedder hashing] [--json]
+    python benchmarks/relevance.py --tune [--embedder hashing]
+
+The set is ``benchmarks/data/relevance.json`` (``benchmarks/data/README.md``
+describes it; ``benchmarks/relevance_set.py`` writes it). For the chosen
+split the units are recorded into a Field by their recorders, every agent
+subscribed to ``memory.recorded`` at ``min_relevance`` 0, and the script
+reports (``tests/relevance_eval.py`` computes them):
+
+* ROC AUC of the notification score over every labelled (agent, unit) pair;
+* precision and recall of notifications at ``min_relevance`` 0.3, 0.5 and
+  the recommended threshold (:data:`field.core.relevance.RECOMMENDED_THRESHOLD`),
+  with the share of irrelevant pairs below it and of relevant pairs at or above it;
+* precision@10 and nDCG@10 of each agent's ATTUNE page (its role and interests);
+* the cost per RECORD (embedding included) and per ATTUNE.
+
+``--tune`` searches the weights and the two factor shapes (the interest
+power and the semantic floor) on the **train** split only, and prints the
+best settings by AUC among those meeting the threshold targets; the
+figures in ``benchmarks/README.md`` are those of the test split, which the
+search never reads.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _common import machine_line
+
+from field.core import relevance
+from field.core.embedding import load_embedder
+from tests import relevance_eval as ev
+from tests.core_util import Harness
+
+TARGETS = {"auc": 0.90, "irrelevant_below": 0.90, "relevant_at_or_above": 0.80}
+
+
+def report(result: dict[str, Any], embedder: str, split: str) -> None:
+    print(
+        f"embedder {embedder}, split {split}: {result['pairs']} pairs, "
+        f"{result['relevant_pairs']} relevant"
+    )
+    print(f"  ROC AUC                      {result['auc']:.3f}")
+    for t in result["thresholds"]:
+        print(
+            f"  min_relevance {t['threshold']:.2f}: precision {t['precision']:.3f}, "
+            f"recall {t['recall']:.3f}; irrelevant below {t['irrelevant_below']:.1%}, "
+            f"relevant at or above {t['relevant_at_or_above']:.1%}"
+        )
+    print(f"  ATTUNE precision@10 (mean)   {result['mean_precision_at_10']:.3f}")
+    print(f"  ATTUNE nDCG@10 (mean)        {result['mean_ndcg_at_10']:.3f}")
+    print(f"  cost per RECORD              {result['record_ms']:.3f} ms (embedding included)")
+    print(f"  cost per ATTUNE              {result['attune_ms']:.3f} ms")
+    print("  per agent (relevant units, precision@10, nDCG@10):")
+    for agent, row in result["attune"].items():
+        print(
+            f"    {agent:<11} {row['relevant_units']:>4}  {row['precision_at_10']:.2f}  "
+            f"{row['ndcg_at_10']:.2f}"
+        )
+
+
+# -- the search (train split only) -----------------------------------------------------
+
+
+def factor_table(data: dict[str, Any], units: list[dict[str, Any]], spec: str) -> dict[str, Any]:
+    """Every (agent, unit) pair's factors as the Field computes them, with its label."""
+    h = Harness(embedder=load_embedder(spec))
+    for agent in data["agents"]:
+        h.register(agent["id"], agent["role"], interests=agent["interests"])
+    by_id = ev.record_units(h, units)
+    index = h.field.state.index
+    columns: dict[str, list[Any]] = {
+        k: [] for k in ("role", "interest", "cosine", "type", "confidence", "label")
+    }
+    for agent in data["agents"]:
+        query = relevance.Query(
+            agent_id=agent["id"],
+            role=agent["role"],
+            interests=agent["interests"],
+            context_hint=None,
+            task_id=None,
+            recency_weight=0.0,
+            include_own=False,
+            since_epoch=None,
+        )
+        rows = relevance.candidates(index, query)
+        hits = index.hits(query.match_words, rows)
+        vector, square = query.vector(index)
+        columns["role"].extend(index.role_factor(agent["role"]).take(index.role.view[rows]))
+        columns["interest"].extend(np.minimum(hits / query.match_unit, 1.0))
+        columns["cosine"].extend(index.similarity(vector, square, rows))
+        columns["type"].extend(index.type_weight.view[rows])
+        columns["confidence"].extend(index.confidence.view[rows])
+        columns["label"].extend(agent["id"] in by_id[index.ids[r]]["audience"] for r in rows)
+    return {k: np.array(v) for k, v in columns.items()}
+
+
+def tune(data: dict[str, Any], spec: str) -> None:
+    table = factor_table(data, ev.select(data, "train"), spec)
+    labels = table["label"].astype(bool)
+    print(f"train split: {len(labels)} pairs, {int(labels.sum())} relevant", file=sys.stderr)
+    results = []
+    grid = itertools.product(
+        (0.5, 0.75, 1.0),  # interest power
+        (0.0, 0.1, 0.2, 0.3),  # semantic floor
+        (0.0, 0.05, 0.1),  # role
+        (0.2, 0.3, 0.4, 0.5),  # interest
+        (0.1, 0.2, 0.3, 0.4, 0.5),  # semantic
+        (0.0, 0.05, 0.1, 0.2),  # type
+        (0.0, 0.05, 0.1),  # confidence
+    )
+    for power, floor, w_role, w_int, w_sem, w_type, w_conf in grid:
+        interest = table["interest"] ** power
+        semantic = np.clip((table["cosine"] - floor) / (1.0 - floor), 0.0, 1.0)
+        total = w_role + w_int + w_sem + w_type + w_conf
+        score = (
+            w_role * table["role"]
+            + w_int * interest
+            + w_sem * semantic
+            + w_type * table["type"]
+            + w_conf * table["confidence"]
+        ) / total
+        auc = ev.roc_auc(score, labels)
+        # the threshold that best meets both shares, on a grid of 0.01
+        best = None
+        for t in np.arange(0.05, 0.95, 0.01):
+            below = float((score[~labels] < t).mean())
+            above = float((score[labels] >= t).mean())
+            margin = min(below - 0.90, above - 0.80)
+            if best is None or margin > best[0]:
+                best = (margin, float(t), below, above)
+        assert best is not None
+        results.append((auc, best, (power, floor, w_role, w_int, w_sem, w_type, w_conf)))
+    meeting = [r for r in results if r[1][0] >= 0] or results
+    meeting.sort(key=lambda r: (-r[0], -r[1][0]))
+    print(
+        "AUC    margin  threshold  irrelevant<  relevant>=  power floor role interest "
+        "semantic type confidence"
+    )
+    for auc, (margin, t, below, above), params in meeting[:15]:
+        print(
+            f"{auc:.4f} {margin:+.3f}  {t:.2f}       {below:.3f}       {above:.3f}       "
+            + " ".join(f"{p:g}" for p in params)
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--split", choices=("train", "test", "all"), default="test")
+    parser.add_argument("--embedder", default="hashing")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument("--tune", action="store_true", help="search the weights (train split)")
+    parser.add_argument(
+        "--source",
+        choices=("handwritten", "generated", "all"),
+        default="all",
+        help="only the hand-written or the generated units",
+    )
+    parser.add_argument("--data", type=Path, default=ev.DATA, help="the labelled set")
+    args = parser.parse_args()
+    data = ev.load(args.data)
+    if args.tune:
+        tune(data, args.embedder)
+        return
+    split = None if args.split == "all" else args.split
+    units = ev.select(data, split, None if args.source == "all" else args.source)
+    scored = ev.score_set(data["agents"], units, load_embedder(args.embedder))
+    thresholds = sorted({0.3, 0.5, relevance.RECOMMENDED_THRESHOLD})
+    result = ev.summary(scored, thresholds)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return
+    print(machine_line())
+    report(result, args.embedder, f"{args.split}, {args.source} units")
+    default = next(
+        t for t in result["thresholds"] if t["threshold"] == relevance.RECOMMENDED_THRESHOLD
+    )
+    met = (
+        result["auc"] >= TARGETS["auc"]
+        and default["irrelevant_below"] >= TARGETS["irrelevant_below"]
+        and default["relevant_at_or_above"] >= TARGETS["relevant_at_or_above"]
+    )
+    print(
+        f"  targets (AUC >= 0.90; at {relevance.RECOMMENDED_THRESHOLD}: >= 90% irrelevant "
+        f"below, >= 80% relevant at or above): {'met' if met else 'NOT met'}"
+    )
+
+
+if __name__ == "__main__":
+    main()
