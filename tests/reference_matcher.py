@@ -42,7 +42,7 @@ from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords, semantic_
 from field.model import TYPE_IMPORTANCE
 from field.subscriptions.events import FieldEvent
 
-from .reference_relevance import closeness, interest_value, quantized, rescaled, words_of
+from .reference_relevance import closeness, interest_value, quantized, words_of
 
 EMBEDDER = HashingEmbedder()
 
@@ -115,11 +115,8 @@ def unit_score(
         words_of(unit),
         unit["intent"].get("task_id"),
     )
-    semantic = rescaled(
-        closeness(
-            quantized(unit["content"], EMBEDDER),
-            quantized(semantic_text(agent["interests"]), EMBEDDER),
-        )
+    semantic = closeness(
+        quantized(unit["content"], EMBEDDER), quantized(semantic_text(agent["interests"]), EMBEDDER)
     )
     if semantic is not None:
         factors.append((WEIGHTS["semantic"], semantic))

@@ -18,7 +18,6 @@ from field.core.relevance import (
     DIVERSITY_DECAY,
     INTEREST_POWER,
     RECENCY_HALF_LIFE,
-    SEMANTIC_FLOOR,
     WEIGHTS,
     Query,
     keywords,
@@ -52,13 +51,6 @@ def interest_value(found: frozenset[str], phrases: list[frozenset[str]]) -> floa
     wanted = frozenset().union(*phrases)
     per_phrase = len(wanted) / len(phrases)
     return min(1.0, len(found & wanted) / per_phrase) ** INTEREST_POWER
-
-
-def rescaled(cosine: float | None) -> float | None:
-    """The semantic factor of a cosine (rescaled above SEMANTIC_FLOOR, in [0, 1])."""
-    if cosine is None:
-        return None
-    return min(1.0, max(0.0, (cosine - SEMANTIC_FLOOR) / (1.0 - SEMANTIC_FLOOR)))
 
 
 def quantized(text: str, embedder: Embedder) -> tuple[list[int], int]:
@@ -111,7 +103,7 @@ def reference_scores(
         if interest is not None:
             factors.append((WEIGHTS["interest"], interest))
         unit_vector = (vectors or {}).get(unit["id"]) or quantized(unit["content"], embedder)
-        semantic = rescaled(closeness(unit_vector, query_vector))
+        semantic = closeness(unit_vector, query_vector)
         if semantic is not None:
             factors.append((WEIGHTS["semantic"], semantic))
         factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))

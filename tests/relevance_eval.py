@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -91,6 +91,19 @@ def record_units(h: Harness, units: Sequence[dict[str, Any]]) -> dict[str, dict[
     return ids
 
 
+def notified(h: Harness) -> Iterator[tuple[str, str, float, str]]:
+    """Every ``memory.recorded`` notification of ``h``'s subscriptions, as matched live:
+    (subscriber, unit id, relevance, reason)."""
+    state = h.field.state
+    registry = state.registry
+    events = [e for e in (event_of(x, state.units) for x in h.stored()) if e is not None]
+    events = [e for e in events if e.name == "memory.recorded"]
+    for match in Matcher(registry, state.index, state.units).match(events):
+        for i, row in enumerate(match.rows.tolist()):
+            agent_id = registry.profile_agent[registry.profile.view[row]]["id"]
+            yield agent_id, match.event.units[0], float(match.relevance[i]), match.reason(i)
+
+
 def score_set(
     agents: Sequence[dict[str, Any]], units: Sequence[dict[str, Any]], embedder: Embedder | None
 ) -> Scored:
@@ -106,17 +119,12 @@ def score_set(
     len(h.field.state.index.vectors)  # embeds what is still queued: part of recording
     record_ms = (time.perf_counter() - start) * 1000 / max(1, len(units))
 
-    state = h.field.state
-    events = [e for e in (event_of(x, state.units) for x in h.stored()) if e is not None]
-    events = [e for e in events if e.name == "memory.recorded"]
     scores, labels, pairs = [], [], []
-    for match in Matcher(state.registry, state.index, state.units).match(events):
-        unit = ids[match.event.units[0]]
-        for row, relevance in zip(match.rows.tolist(), match.relevance.tolist(), strict=True):
-            agent_id = state.registry.profile_agent[state.registry.profile.view[row]]["id"]
-            scores.append(relevance)
-            labels.append(agent_id in unit["audience"])
-            pairs.append((agent_id, unit["id"]))
+    for agent_id, unit_id, relevance, _ in notified(h):
+        unit = ids[unit_id]
+        scores.append(relevance)
+        labels.append(agent_id in unit["audience"])
+        pairs.append((agent_id, unit["id"]))
 
     pages = {}
     start = time.perf_counter()

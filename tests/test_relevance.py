@@ -227,3 +227,20 @@ def test_recency_reaches_zero_where_the_table_stops() -> None:
     exact = np.exp2(-ages.astype(np.float64) / relevance.RECENCY_HALF_LIFE)
     assert exact[0] > 0.0 and not exact[1:].any()
     assert np.array_equal(relevance.recency(ages), exact)
+
+
+def test_role_factors_are_kept_for_a_bounded_number_of_roles() -> None:
+    """The table per attuning role is bounded; an evicted role's table is made again, the same,
+    and a kept one grows as new recorder roles appear."""
+    spec = {"type": "finding", "content": "a", "purpose": "p", "task": None, "score": 0.5}
+    spec |= {"status": "active", "agent": "w", "role": "market_researcher"}
+    index = relevance.UnitIndex()
+    index.add(_unit(0, spec))
+    assert index.role_factor("senior_researcher").tolist() == [0.5]
+    for i in range(relevance.QUERY_TEXTS + 5):
+        index.role_factor(f"role_{i}")
+    assert len(index._role_factors) == relevance.QUERY_TEXTS
+    assert "senior_researcher" not in index._role_factors  # the least recently used went first
+    assert index.role_factor("senior_researcher").tolist() == [0.5]
+    index.add(_unit(1, {**spec, "role": "senior_researcher"}))
+    assert index.role_factor("senior_researcher").tolist() == [0.5, 1.0]

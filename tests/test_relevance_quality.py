@@ -50,18 +50,12 @@ def page(h: Harness, agent: str) -> list[tuple[str, float, str]]:
 
 def notifications(h: Harness, agent: str) -> dict[str, tuple[float, str]]:
     """What ``agent``'s subscription was notified of: content -> (relevance, reason)."""
-    from field.subscriptions.events import event_of
-    from field.subscriptions.matcher import Matcher
-
-    state = h.field.state
-    events = [e for e in (event_of(x, state.units) for x in h.stored()) if e is not None]
-    out = {}
-    for match in Matcher(state.registry, state.index, state.units).match(events):
-        for i, row in enumerate(match.rows.tolist()):
-            if state.registry.profile_agent[state.registry.profile.view[row]]["id"] == agent:
-                content = state.units[match.event.units[0]]["content"]
-                out[content] = (float(match.relevance[i]), match.reason(i))
-    return out
+    units = h.field.state.units
+    return {
+        units[unit_id]["content"]: (relevance, reason)
+        for subscriber, unit_id, relevance, reason in ev.notified(h)
+        if subscriber == agent
+    }
 
 
 def test_the_coffee_machine_never_matches_market_size() -> None:

@@ -28,16 +28,15 @@ interest   W_INT   ``min(1, m / k) ** INTEREST_POWER``: ``m`` the   interests
                    interest and hint keywords found in the unit's   or hint
                    content, purpose and question, ``k`` the
                    keywords per interest (:func:`keyword_unit`)
-semantic   W_SEM   ``(cos - SEMANTIC_FLOOR) / (1 - SEMANTIC_FLOOR)``  the hint or
-                   in [0, 1], ``cos`` the cosine of the unit's      interests
-                   content embedding and that of the interests      embed
-                   and hint
+semantic   W_SEM   cosine of the unit's content embedding and the   the hint or
+                   embedding of the interests and hint, below 0: 0  interests
+                                                                    embed
 type       W_TYPE  :data:`~field.model.TYPE_IMPORTANCE`             always
 task       W_TASK  1 when the unit serves the agent's task          a task
 confidence W_CONF  confidence.score (0.5 for a draft without one)   always
 =========  ======  ===============================================  ==========
 
-The weights (:data:`WEIGHTS`) and the two shapes were chosen by measurement
+The weights (:data:`WEIGHTS`) and the interest power were chosen by measurement
 on the training split of a labelled set (``benchmarks/relevance.py``).
 What a unit says is its content, purpose and question: who recorded it
 counts through the role factor alone, so a unit by a ``market_researcher``
@@ -81,8 +80,6 @@ WEIGHTS = {
 }
 #: the interest factor is the share of an interest's keywords matched, to this power
 INTEREST_POWER = 0.5
-#: cosines at or below this are no sign of relatedness: the semantic factor rescales above it
-SEMANTIC_FLOOR = 0.0
 #: the ``min_relevance`` the docs recommend: measured on the labelled set
 #: (``benchmarks/relevance.py``), it keeps most irrelevant units out and most relevant in
 RECOMMENDED_THRESHOLD = 0.2
@@ -239,9 +236,12 @@ def interest_factor(hits: Any, unit: Any) -> Any:
 
 
 def semantic_factor(cosines: Any) -> Any:
-    """The semantic factor of cosine similarities: ``(cos - floor) / (1 - floor)``, in [0, 1]."""
-    cosines = np.asarray(cosines, dtype=np.float64)
-    return np.clip((cosines - SEMANTIC_FLOOR) / (1.0 - SEMANTIC_FLOOR), 0.0, 1.0)
+    """The semantic factor of cosine similarities: the cosine, 0 where it is negative.
+
+    (``benchmarks/relevance.py --tune`` also tried a floor under which cosines count as 0,
+    rescaling above it: on the labelled set no floor did better than none.)
+    """
+    return np.maximum(np.asarray(cosines, dtype=np.float64), 0.0)
 
 
 def role_alignment(
