@@ -10,7 +10,7 @@ The end-to-end behaviour over real servers is in ``test_push.py``.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import orjson
@@ -35,13 +35,13 @@ class Server:
         if gone:
             self.left.set_result(None)
         self.requested = False
-        self.messages: list[dict[str, Any]] = []
+        self.messages: list[MutableMapping[str, Any]] = []
         self._arrived = asyncio.Condition()
         #: while true, every send blocks (the client stopped reading) until ``resumed`` is
         #: set; sends whose message passes ``accept`` go through regardless
         self.stall = False
         self.resumed = asyncio.Event()
-        self.accept: Callable[[dict[str, Any]], bool] = lambda message: False
+        self.accept: Callable[[MutableMapping[str, Any]], bool] = lambda message: False
 
     async def receive(self) -> dict[str, Any]:
         if not self.requested:  # a GET's empty body first, as uvicorn hands it over
@@ -50,7 +50,7 @@ class Server:
         await self.left
         return {"type": "http.disconnect"}
 
-    async def send(self, message: dict[str, Any]) -> None:
+    async def send(self, message: MutableMapping[str, Any]) -> None:
         if self.stall and not self.accept(message):
             await self.resumed.wait()
         if self.left.done():

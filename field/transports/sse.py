@@ -8,13 +8,15 @@ The framing is in ``protocol/README.md`` ("Push", Server-Sent Events).
 An idle stream may live for hours and there may be tens of thousands, so
 the response is written here rather than by sse-starlette's
 ``EventSourceResponse``, which runs a task group of four tasks per stream
-(sender, ping, shutdown and disconnect listeners; about 35 KB of an idle
+(sender, ping, shutdown and disconnect listeners; about 29 KB of an idle
 stream's 50). Here the request's own task is the stream's only task: it
 waits on the outbox with the ping interval as its timeout, and the client
 going away is noticed by stepping the server's ``receive()`` by hand
 (:class:`_Departure`), which costs no task. sse-starlette still encodes
 what is not plain (:class:`ServerSentEvent`): pings, and bodies with line
-breaks.
+breaks. A server that stops ends every stream through the hub
+(:meth:`PushHub.shutdown` closes every outbox), which is what
+sse-starlette's shutdown listener was for.
 """
 
 from __future__ import annotations
@@ -110,8 +112,8 @@ async def _head(scope: Scope, receive: Receive, send: Send) -> None:
 
 
 def _release_request(request: Request) -> None:
-    """Let go of the request's headers, read above and never again, for a stream that may
-    live for hours (the scope is kept by the server and by Starlette's frames)."""
+    """Let go of the request's headers, read above and never again: the scope lives as
+    long as the stream, which may be hours."""
     request.scope["headers"] = []
     for cached in ("_headers", "_query_params", "_url"):
         request.__dict__.pop(cached, None)
