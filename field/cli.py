@@ -160,6 +160,17 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds a Standard Webhooks timestamp of an inbound event may be off (300)",
     )
+    serve.add_argument(
+        "--ws-ping-interval",
+        type=float,
+        help="seconds between WebSocket pings (20)",
+    )
+    serve.add_argument(
+        "--ws-ping-timeout",
+        type=float,
+        help="seconds a WebSocket consumer has to answer a ping, or to take bytes when its "
+        "socket is full; past it: an overflow frame and close 4008 (20)",
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -260,6 +271,8 @@ def _config(args: argparse.Namespace) -> Config:
         webhook_allow_net=tuple(args.webhook_allow_net) if args.webhook_allow_net else None,
         webhook_key_file=args.webhook_key_file,
         source_tolerance=args.source_tolerance,
+        ws_ping_interval=args.ws_ping_interval,
+        ws_ping_timeout=args.ws_ping_timeout,
         **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None
@@ -391,8 +404,8 @@ def uvicorn_config(app: Any, config: Config) -> uvicorn.Config:
         ws=FieldWebSocketProtocol,
         ws_per_message_deflate=config.ws_deflate,
         ws_max_size=config.limits.max_body_bytes,
-        ws_ping_interval=20,
-        ws_ping_timeout=20,
+        ws_ping_interval=config.ws_ping_interval,
+        ws_ping_timeout=config.ws_ping_timeout,
     )
 
 
