@@ -11,7 +11,6 @@ import gc
 import importlib.util
 import logging
 import os
-import re
 import resource
 import signal
 import socket
@@ -24,7 +23,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from . import __version__, sources_cli
+from . import __version__, redaction, sources_cli
 from .config import Config
 from .core.embedding import EmbedderError, load_embedder
 from .errors import FieldError
@@ -208,6 +207,7 @@ def _mcp(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         print("field mcp: --timeout must be positive", file=sys.stderr)
         return 2
+    redaction.install()
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -281,19 +281,6 @@ def _config(args: argparse.Namespace) -> Config:
     if args.in_memory:
         config = replace(config, data_dir=None)
     return config
-
-
-class _RedactTokens(logging.Filter):
-    """Keep bearer tokens sent as ``?token=`` (browser WebSockets) out of the log."""
-
-    _TOKEN = re.compile(r"(token=)[^&\s\"']+")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.args:
-            record.msg = record.getMessage()
-            record.args = None
-        record.msg = self._TOKEN.sub(r"\1<redacted>", str(record.msg))
-        return True
 
 
 class _Server(uvicorn.Server):
@@ -423,6 +410,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def serve(config: Config) -> int:
     """Run the server until SIGINT or SIGTERM; returns the exit status."""
+    redaction.install()  # no secret in any log line, at any level
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -439,8 +427,6 @@ def serve(config: Config) -> int:
         logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
         return 2
     config = _fit_connections(replace(config, port=sock.getsockname()[1]))
-    for name in ("uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).addFilter(_RedactTokens())
     try:
         log = open_log(config.data_dir, synchronous=config.sync)
     except FieldError as exc:
