@@ -2,8 +2,9 @@
 
 A Field may hold tens of thousands of push connections open for hours,
 nearly all idle. uvicorn's websockets sans-I/O protocol is used as it is,
-with three things taken away from what an idle connection keeps and three
-things added:
+with three things taken away from what an idle connection keeps, and
+things added for batches, refusals, counts, stalls, oversize messages and
+closing:
 
 * its receive queue is an :class:`Inbox` (no deque until a message waits)
   instead of an ``asyncio.Queue`` (four deques, about 3 KB);
