@@ -175,11 +175,13 @@ class ChildServer:
 ONE_CLIENT_ADDRESS = ("--max-connections-per-client", "1000000")
 
 
-def start_field(*extra: str) -> tuple[ChildServer, int]:
-    """``field serve --in-memory`` on a free loopback port: (server, port)."""
+def start_field(*extra: str, data_dir: str | None = None) -> tuple[ChildServer, int]:
+    """``field serve`` on a free loopback port, ``--in-memory`` unless given a
+    ``data_dir`` (a SQLite log there): (server, port)."""
     command = [sys.executable, "-m", "field", "serve", "--host", HOST, "--port", "0"]
+    log = ["--in-memory"] if data_dir is None else ["--data-dir", data_dir]
     server = ChildServer(
-        [*command, "--in-memory", *ONE_CLIENT_ADDRESS, *extra],
+        [*command, *log, *ONE_CLIENT_ADDRESS, *extra],
         re.compile(r"listening on http://127\.0\.0\.1:(\d+)"),
     )
     assert server.match is not None

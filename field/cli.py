@@ -61,6 +61,19 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, help="largest request body (1 MiB)")
     serve.add_argument("--max-queue", type=int, help="requests waiting for the writer (10000)")
     serve.add_argument(
+        "--overload-write-target",
+        type=float,
+        metavar="SECONDS",
+        help="standing delay (event loop lag or queue wait) past which writes are refused "
+        "with 503 OVERLOADED and Retry-After until it falls; 0 never (0.02)",
+    )
+    serve.add_argument(
+        "--overload-read-target",
+        type=float,
+        metavar="SECONDS",
+        help="the same for reads (ATTUNE, REPLAY, listings); 0 never (0.25)",
+    )
+    serve.add_argument(
         "--outbox-frames", type=int, help="frames queued per push connection (10000)"
     )
     serve.add_argument(
@@ -243,6 +256,8 @@ def _config(args: argparse.Namespace) -> Config:
         sync=args.sync,
         max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue,
+        overload_write_target=args.overload_write_target,
+        overload_read_target=args.overload_read_target,
         outbox_frames=args.outbox_frames,
         outbox_bytes=args.outbox_bytes,
         log_level=args.log_level,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .admission import AdmissionPolicy
 from .core.egress import EgressPolicy, parse_networks
 from .core.validation import duration_seconds
 from .model import Limits
@@ -105,6 +106,11 @@ class Config:
     #: Seconds a Standard Webhooks ``webhook-timestamp`` of an inbound event may be from
     #: the Field's time (either way); past it the event is refused as stale.
     source_tolerance: float = 300.0
+    #: Seconds of standing delay (the event loop's lag, or the oldest queued request's
+    #: wait) past which writes, and past the second target reads too, are refused with
+    #: ``503 OVERLOADED`` until it falls (``field.admission``); 0 turns shedding off.
+    overload_write_target: float = 0.02
+    overload_read_target: float = 0.25
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -149,6 +155,16 @@ class Config:
         if self.limits.max_subscriptions_per_thread < 1:
             raise ValueError("max_subscriptions_per_thread must be at least 1")
         parse_networks(self.webhook_allow_net)  # ValueError naming a bad one
+        for name in _OVERLOAD_TARGETS:
+            seconds = getattr(self, name)
+            if not (math.isfinite(seconds) and 0 <= seconds <= MAX_TIMEOUT):
+                raise ValueError(f"{name} must be a number of seconds (0: off), not {seconds!r}")
+
+    def admission_policy(self) -> AdmissionPolicy:
+        """The targets of admission control."""
+        return AdmissionPolicy(
+            write_target=self.overload_write_target, read_target=self.overload_read_target
+        )
 
     def egress_policy(self) -> EgressPolicy:
         """Where webhooks and RAP callbacks may be delivered."""
@@ -222,6 +238,8 @@ _DELIVERY_COUNTS = (
     "delivery_burst",
     "rap_max_invocations",
 )
+#: The delays admission control holds to, in seconds.
+_OVERLOAD_TARGETS = ("overload_write_target", "overload_read_target")
 #: The connection deadlines, in seconds.
 _TIMEOUTS = ("header_timeout", "body_timeout", "idle_timeout")
 #: Longest connection deadline (a day): a larger one is no deadline at all.
@@ -243,6 +261,7 @@ _FLOATS = (
     *_DELIVERY_SECONDS,
     "delivery_rate",
     "source_tolerance",
+    *_OVERLOAD_TARGETS,
 )
 
 

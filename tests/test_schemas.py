@@ -471,7 +471,15 @@ FIELD_STATUS = {
     "epoch": 42,
     "persistence": True,
     "log": {"backend": "sqlite", "last_position": 17, "writable": True, "refusing": None},
-    "writer": {"running": True, "queued": 0},
+    "writer": {
+        "running": True,
+        "queued": 0,
+        "admission": {
+            "delay_ms": 0.4,
+            "write": {"mode": "admitting", "refused": 0, "episodes": 0},
+            "read": {"mode": "admitting", "refused": 0, "episodes": 0},
+        },
+    },
     "counts": {
         "agents": 2,
         "memory_units": {"active": 3, "contested": 2, "draft": 1},
@@ -1779,6 +1787,11 @@ INVALID = [
         "refusing-other-code",
     ),
     case("field-status.response", drop(FIELD_STATUS, "writer"), "missing-writer"),
+    case(
+        "field-status.response",
+        put(FIELD_STATUS, "writer.admission.write.mode", "refusing"),
+        "admission-mode",
+    ),
     case("field-status.response", put(FIELD_STATUS, "limits", {"x": 0.5}), "limit-float"),
     case("field-status.response", put(FIELD_STATUS, "protocol_version", "0.2.0"), "version"),
     case("field-status.response", drop(FIELD_STATUS, "field_id"), "missing-field-id"),

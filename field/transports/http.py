@@ -25,6 +25,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
+from ..admission import Work
 from ..config import Config
 from ..core.context import Outcome
 from ..core.embedding import Embedder, load_embedder
@@ -176,7 +177,7 @@ class HTTPBinding:
             return Outcome(job(field, field.authenticate(token)))
 
         try:
-            outcome = await self._service().execute(authenticated)
+            outcome = await self._service().execute(authenticated, work=Work.READ)
         except FieldError as error:
             return error_response(error)
         return json_response(outcome.response)
@@ -200,7 +201,11 @@ class HTTPBinding:
             if refusing is None
             else {"code": refusing.code, "message": refusing.message},
         }
-        body["writer"] = {"running": service.running, "queued": service.queued}
+        body["writer"] = {
+            "running": service.running,
+            "queued": service.queued,
+            "admission": service.admission.status(),
+        }
         body["sources"] = {} if self.sources is None else self.sources.status(field)
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
         return json_response(body)
@@ -435,6 +440,7 @@ def create_app(
             ),
             max_queue=config.max_queue,
             max_batch=config.max_batch,
+            admission=config.admission_policy(),
         )
         await service.start()
         binding.service = service
