@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .core.egress import EgressPolicy, parse_networks
+from .core.field import DEFAULT_MAX_AGENTS
+from .core.registration import POLICIES, REGISTER_BURST, REGISTER_RATE
 from .core.validation import duration_seconds
 from .model import Limits
 from .subscriptions.delivery import RetryPolicy
@@ -105,6 +107,16 @@ class Config:
     #: Seconds a Standard Webhooks ``webhook-timestamp`` of an inbound event may be from
     #: the Field's time (either way); past it the event is refused as stale.
     source_tolerance: float = 300.0
+    #: Who may REGISTER: "open" (anyone), "token" (with a registration token the operator
+    #: issued) or "closed" (the operator alone); "token" and "closed" need an operator token.
+    registration: str = "open"
+    #: Most registered agents (not counting deregistered ones); past it REGISTER is 409
+    #: AGENT_LIMIT. About 3 KB of memory each: 100,000 is about 300 MB.
+    max_agents: int = DEFAULT_MAX_AGENTS
+    #: REGISTER requests one client address (an IPv6 /64) may make per second, and at
+    #: once; past it, 429 RATE_LIMITED with Retry-After. The operator is not limited.
+    register_rate: float = REGISTER_RATE
+    register_burst: int = REGISTER_BURST
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -149,6 +161,23 @@ class Config:
         if self.limits.max_subscriptions_per_thread < 1:
             raise ValueError("max_subscriptions_per_thread must be at least 1")
         parse_networks(self.webhook_allow_net)  # ValueError naming a bad one
+        self._check_registration()
+
+    def _check_registration(self) -> None:
+        if self.registration not in POLICIES:
+            raise ValueError(
+                f"registration must be one of {', '.join(POLICIES)}, not {self.registration!r}"
+            )
+        if self.registration != "open" and self.operator_token is None:
+            raise ValueError(
+                f"registration {self.registration!r} needs an operator token "
+                "(--operator-token-file or FIELD_OPERATOR_TOKEN): without one nobody could "
+                "register an agent or issue a registration token"
+            )
+        if self.max_agents < 1 or self.register_burst < 1:
+            raise ValueError("max_agents and register_burst must be at least 1")
+        if not (math.isfinite(self.register_rate) and self.register_rate > 0):
+            raise ValueError("register_rate must be a positive number")
 
     def egress_policy(self) -> EgressPolicy:
         """Where webhooks and RAP callbacks may be delivered."""
@@ -235,6 +264,8 @@ _INTEGERS = (
     "max_push_per_agent",
     *_NESTED,
     *_DELIVERY_COUNTS,
+    "max_agents",
+    "register_burst",
 )
 _FLOATS = (
     "failure_grace",
@@ -243,6 +274,7 @@ _FLOATS = (
     *_DELIVERY_SECONDS,
     "delivery_rate",
     "source_tolerance",
+    "register_rate",
 )
 
 
