@@ -111,7 +111,7 @@ class Config:
     #: issued) or "closed" (the operator alone); "token" and "closed" need an operator token.
     registration: str = "open"
     #: Most registered agents (not counting deregistered ones); past it REGISTER is 409
-    #: AGENT_LIMIT. About 3 KB of memory each: 100,000 is about 300 MB.
+    #: AGENT_LIMIT. About 0.5 KB of memory each, 3 KB with a subscription: a few hundred MB.
     max_agents: int = DEFAULT_MAX_AGENTS
     #: REGISTER requests one client address (an IPv6 /64) may make per second, and at
     #: once; past it, 429 RATE_LIMITED with Retry-After. The operator is not limited.

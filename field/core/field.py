@@ -66,9 +66,10 @@ from .text import shorten
 
 #: Operations implemented by this Field, in spec order: all of them.
 SUPPORTED_OPERATIONS: tuple[str, ...] = OPERATIONS
-#: Registered agents a Field holds at most, unless configured otherwise: each costs
-#: about 3 KB of memory while registered, so 100,000 is about 300 MB, far above what
-#: real deployments register and far below what would exhaust a small server.
+#: Registered agents a Field holds at most, unless configured otherwise. An agent costs
+#: about 0.5 KB of the state bare and about 3 KB with a subscription (its profile in the
+#: matcher's columns), so 100,000 bounds that to a few hundred MB: far above what real
+#: deployments register, far below what would exhaust a small server.
 DEFAULT_MAX_AGENTS = 100_000
 #: Level 3 of spec section 9: every operation, the Coordination Extension, all seven
 #: MERGE strategies, embeddings, authority and session visibility, four bindings
