@@ -172,7 +172,12 @@ class ChildServer:
 
 
 #: Every subscriber connects from 127.0.0.1: lift the per-client cap (5,000 by default).
-ONE_CLIENT_ADDRESS = ("--max-connections-per-client", "1000000")
+ONE_CLIENT_ADDRESS = (
+    "--max-connections-per-client",
+    "1000000",
+    "--register-burst",
+    "1000000",  # every subscriber registers from this one address, at start
+)
 
 
 def start_field(*extra: str, data_dir: str | None = None) -> tuple[ChildServer, int]:

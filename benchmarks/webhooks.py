@@ -78,8 +78,9 @@ from _common import ROLES, VOCABULARY, bracketed, envelope, pct, progress
 from fanout import ChildServer, FieldWriter, _post, cpu_seconds, paced, raise_nofile, rss_kb
 
 HOST = "127.0.0.1"
-#: Where the Field may deliver (every receiver is on loopback).
-ALLOW = ("--webhook-allow-net", "127.0.0.0/8")
+#: Where the Field may deliver (every receiver is on loopback), and every agent registering
+#: from this one address at start.
+ALLOW = ("--webhook-allow-net", "127.0.0.0/8", "--register-burst", "1000000")
 #: The Field's delivery client limits (DeliverySettings defaults), used by the baseline too.
 CONCURRENCY, CONCURRENCY_PER_HOST = 256, 32
 #: Bytes of a receiver's answer the delivery client reads at most (as the Field).

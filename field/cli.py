@@ -173,6 +173,29 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds a Standard Webhooks timestamp of an inbound event may be off (300)",
     )
+    registering = serve.add_argument_group("registration", "who may REGISTER, how many, how fast")
+    registering.add_argument(
+        "--registration",
+        choices=["open", "token", "closed"],
+        help="open: anyone registers; token: with a registration token the operator issued; "
+        "closed: the operator alone. token and closed need an operator token (open)",
+    )
+    registering.add_argument(
+        "--max-agents",
+        type=int,
+        help="most registered agents; past it REGISTER is 409 AGENT_LIMIT (100000)",
+    )
+    registering.add_argument(
+        "--register-rate",
+        type=float,
+        help="REGISTER requests per second from one client address; the operator is not "
+        "limited (10)",
+    )
+    registering.add_argument(
+        "--register-burst",
+        type=int,
+        help="REGISTER requests one client address may make at once (100)",
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -275,6 +298,10 @@ def _config(args: argparse.Namespace) -> Config:
         webhook_allow_net=tuple(args.webhook_allow_net) if args.webhook_allow_net else None,
         webhook_key_file=args.webhook_key_file,
         source_tolerance=args.source_tolerance,
+        registration=args.registration,
+        max_agents=args.max_agents,
+        register_rate=args.register_rate,
+        register_burst=args.register_burst,
         **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None

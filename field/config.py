@@ -16,6 +16,8 @@ from typing import Any
 
 from .admission import AdmissionPolicy
 from .core.egress import EgressPolicy, parse_networks
+from .core.field import DEFAULT_MAX_AGENTS
+from .core.registration import POLICIES, REGISTER_BURST, REGISTER_RATE
 from .core.validation import duration_seconds
 from .model import Limits
 from .subscriptions.delivery import RetryPolicy
@@ -111,6 +113,16 @@ class Config:
     #: ``503 OVERLOADED`` until it falls (``field.admission``); 0 turns shedding off.
     overload_write_target: float = 0.02
     overload_read_target: float = 0.25
+    #: Who may REGISTER: "open" (anyone), "token" (with a registration token the operator
+    #: issued) or "closed" (the operator alone); "token" and "closed" need an operator token.
+    registration: str = "open"
+    #: Most registered agents (not counting deregistered ones); past it REGISTER is 409
+    #: AGENT_LIMIT. About 0.5 KB of memory each, 3 KB with a subscription: a few hundred MB.
+    max_agents: int = DEFAULT_MAX_AGENTS
+    #: REGISTER requests one client address (an IPv6 /64) may make per second, and at
+    #: once; past it, 429 RATE_LIMITED with Retry-After. The operator is not limited.
+    register_rate: float = REGISTER_RATE
+    register_burst: int = REGISTER_BURST
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -159,12 +171,29 @@ class Config:
             seconds = getattr(self, name)
             if not (math.isfinite(seconds) and 0 <= seconds <= MAX_TIMEOUT):
                 raise ValueError(f"{name} must be a number of seconds (0: off), not {seconds!r}")
+        self._check_registration()
 
     def admission_policy(self) -> AdmissionPolicy:
         """The targets of admission control."""
         return AdmissionPolicy(
             write_target=self.overload_write_target, read_target=self.overload_read_target
         )
+
+    def _check_registration(self) -> None:
+        if self.registration not in POLICIES:
+            raise ValueError(
+                f"registration must be one of {', '.join(POLICIES)}, not {self.registration!r}"
+            )
+        if self.registration != "open" and self.operator_token is None:
+            raise ValueError(
+                f"registration {self.registration!r} needs an operator token "
+                "(--operator-token-file or FIELD_OPERATOR_TOKEN): without one nobody could "
+                "register an agent or issue a registration token"
+            )
+        if self.max_agents < 1 or self.register_burst < 1:
+            raise ValueError("max_agents and register_burst must be at least 1")
+        if not (math.isfinite(self.register_rate) and self.register_rate > 0):
+            raise ValueError("register_rate must be a positive number")
 
     def egress_policy(self) -> EgressPolicy:
         """Where webhooks and RAP callbacks may be delivered."""
@@ -253,6 +282,8 @@ _INTEGERS = (
     "max_push_per_agent",
     *_NESTED,
     *_DELIVERY_COUNTS,
+    "max_agents",
+    "register_burst",
 )
 _FLOATS = (
     "failure_grace",
@@ -262,6 +293,7 @@ _FLOATS = (
     "delivery_rate",
     "source_tolerance",
     *_OVERLOAD_TARGETS,
+    "register_rate",
 )
 
 

@@ -220,12 +220,15 @@ class FieldClient:
         authority: int | None = None,
         operator_token: str | None = None,
         previous_token: str | None = None,
+        registration_token: str | None = None,
     ) -> AgentClient:
         """REGISTER ``agent_id``; returns its handle, holding the new token.
 
         An ``authority`` above 4 needs the Field's ``operator_token``. An id
         that deregistered is retired: only its last token (``previous_token``,
-        the one DEREGISTER revoked) or the operator's registers it again.
+        the one DEREGISTER revoked) or the operator's registers it again. A
+        Field whose registration is ``token`` needs a ``registration_token``
+        the operator issued.
         """
         payload: dict[str, Any] = {"id": agent_id, "role": role}
         payload |= _given(
@@ -233,6 +236,7 @@ class FieldClient:
             current_task_id=current_task_id,
             required_operations=required_operations,
             authority=authority,
+            registration_token=registration_token,
         )
         body = self.envelope("REGISTER", agent_id, payload)
         bearer = operator_token or previous_token

@@ -31,6 +31,7 @@ from ..core.context import Outcome
 from ..core.embedding import Embedder, load_embedder
 from ..core.field import Field
 from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
+from ..core.ratelimit import Rate
 from ..core.secrets import SecretBox
 from ..core.state import AgentRecord
 from ..errors import (
@@ -59,6 +60,7 @@ from .push import PushHub
 from .streaming import absolute_urls, deny_websocket, sse_endpoint, ws_endpoint
 
 if TYPE_CHECKING:
+    from .registration import RegisterLimit
     from .sources import SourcesBinding
 
 logger = logging.getLogger("field.http")
@@ -140,6 +142,8 @@ class HTTPBinding:
         self.started = time.monotonic()
         #: inbound event sources (their counts appear in the status)
         self.sources: SourcesBinding | None = None
+        #: REGISTER's per-client rate, checked before the writer's queue
+        self.register_limit: RegisterLimit | None = None
 
     def _service(self) -> FieldService:
         if self.service is None:
@@ -154,8 +158,12 @@ class HTTPBinding:
 
     async def operation(self, request: Request, operation: str) -> Response:
         try:
-            body = await read_json(request, self.config.limits)
             token = bearer_token(request)
+            if operation == "REGISTER" and self.register_limit is not None:
+                client = request.client
+                host = None if client is None else client.host
+                self.register_limit.check(self._service().field, token, host)
+            body = await read_json(request, self.config.limits)
             await check_webhook(body, self._service().field.egress)
             outcome = await self._service().execute(
                 lambda field: field.handle(body, token=token, operation=operation),
@@ -415,11 +423,14 @@ def create_app(
     :func:`webhook_key_of` ``config``.
     """
     from .rap import RapBinding  # they build on this module
+    from .registration import RegisterLimit, RegistrationBinding
     from .sources import SourcesBinding
 
     binding = HTTPBinding(config)
     rap = RapBinding(binding)
     binding.sources = SourcesBinding(binding, tolerance=config.source_tolerance)
+    registration = RegistrationBinding(binding)
+    binding.register_limit = RegisterLimit(Rate(config.register_rate, config.register_burst))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -437,6 +448,8 @@ def create_app(
                 embedder=chosen,
                 egress=binding.egress,
                 secret_box=box,
+                registration_policy=config.registration,
+                max_agents=config.max_agents,
             ),
             max_queue=config.max_queue,
             max_batch=config.max_batch,
@@ -452,6 +465,7 @@ def create_app(
         )
         service.on_seen = liveness.seen
         binding.hub.liveness = liveness
+        binding.hub.register_limit = binding.register_limit
         liveness.start()
         deliveries = DeliveryEngine(
             service,
@@ -464,6 +478,7 @@ def create_app(
         binding.deliveries = deliveries
         app.state.service = service
         app.state.push_hub = binding.hub
+        app.state.register_limit = binding.register_limit
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(
@@ -502,6 +517,7 @@ def create_app(
         ),
         *rap.routes(),
         *binding.sources.routes(),
+        *registration.routes(),
     ]
     app = _FieldApp(
         binding,

@@ -24,7 +24,7 @@ import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import orjson
@@ -50,6 +50,9 @@ from ..subscriptions.stream import (
     shared_tail,
     subscription_prefix,
 )
+
+if TYPE_CHECKING:
+    from .registration import RegisterLimit
 
 logger = logging.getLogger("field.push")
 
@@ -144,6 +147,8 @@ class PushHub:
         self._tasks: set[asyncio.Task[None]] = set()
         #: told of every connection and disconnection, if set
         self.liveness: Liveness | None = None
+        #: REGISTER's per-client rate, for envelopes sent on a WebSocket, if set
+        self.register_limit: RegisterLimit | None = None
         service.listeners.append(self.publish)
 
     @property

@@ -248,7 +248,9 @@ async def _ws_reader(
         data = message.get("text")
         if data is None:
             data = message.get("bytes") or b""
-        msg_id, status, body = await _run_envelope(hub, data, token, base_http)
+        client = websocket.scope.get("client")
+        host = client[0] if client else None
+        msg_id, status, body = await _run_envelope(hub, data, token, base_http, host)
         frame = orjson.dumps({"type": "response", "id": msg_id, "status": status, "body": body})
         if not connection.outbox.put(Frame(frame, "response")):
             hub.overflow(connection)
@@ -256,7 +258,7 @@ async def _ws_reader(
 
 
 async def _run_envelope(
-    hub: PushHub, message: str | bytes, token: str | None, base_http: str
+    hub: PushHub, message: str | bytes, token: str | None, base_http: str, host: str | None = None
 ) -> tuple[Any, int, dict[str, Any]]:
     msg_id = None
     try:
@@ -265,6 +267,8 @@ async def _run_envelope(
         if isinstance(body, dict):
             msg_id = _echoed_id(body.get("id"))
             operation = _known_operation(body.get("operation"))
+        if hub.register_limit is not None:  # REGISTER's per-client rate, before the writer
+            hub.register_limit.check_envelope(hub.field, body, token, host)
         await check_webhook(body, hub.field.egress)
         outcome = await hub.service.execute(
             lambda field: field.handle(body, token=token, operation=None), operation=operation
