@@ -15,12 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from .core.egress import EgressPolicy, parse_networks
+from .core.ratelimit import Rate
 from .core.validation import duration_seconds
 from .model import Limits
 from .subscriptions.delivery import RetryPolicy
 from .subscriptions.outbox import PushLimits
 from .transports.delivery import DeliverySettings
 from .transports.push import DEFAULT_MAX_PER_AGENT
+from .transports.ratelimits import (
+    DEFAULT_AGENT_BURST,
+    DEFAULT_AGENT_RATE,
+    DEFAULT_NOTIFY_BURST,
+    DEFAULT_NOTIFY_RATE,
+    rate_of,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +113,14 @@ class Config:
     #: Seconds a Standard Webhooks ``webhook-timestamp`` of an inbound event may be from
     #: the Field's time (either way); past it the event is refused as stale.
     source_tolerance: float = 300.0
+    #: Operations one agent may send a second on average, and at once; past them
+    #: ``429 RATE_LIMITED``. 0: no limit.
+    agent_rate: float = DEFAULT_AGENT_RATE
+    agent_burst: int = DEFAULT_AGENT_BURST
+    #: Notifications one agent's push connections are written a second, all together,
+    #: and at once; past them they wait in the outbox. 0: no limit.
+    notify_rate: float = DEFAULT_NOTIFY_RATE
+    notify_burst: int = DEFAULT_NOTIFY_BURST
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -149,6 +165,21 @@ class Config:
         if self.limits.max_subscriptions_per_thread < 1:
             raise ValueError("max_subscriptions_per_thread must be at least 1")
         parse_networks(self.webhook_allow_net)  # ValueError naming a bad one
+        for name in ("agent_rate", "notify_rate"):
+            rate = getattr(self, name)
+            if not (math.isfinite(rate) and rate >= 0):
+                raise ValueError(f"{name} must be a number, 0 (no limit) or more, not {rate}")
+        for name in ("agent_burst", "notify_burst"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+
+    def agent_rate_limit(self) -> Rate | None:
+        """The rate of each agent's operations; None: not limited."""
+        return rate_of(self.agent_rate, self.agent_burst)
+
+    def notify_rate_limit(self) -> Rate | None:
+        """The rate of the notifications written to each agent; None: not limited."""
+        return rate_of(self.notify_rate, self.notify_burst)
 
     def egress_policy(self) -> EgressPolicy:
         """Where webhooks and RAP callbacks may be delivered."""
@@ -235,6 +266,8 @@ _INTEGERS = (
     "max_push_per_agent",
     *_NESTED,
     *_DELIVERY_COUNTS,
+    "agent_burst",
+    "notify_burst",
 )
 _FLOATS = (
     "failure_grace",
@@ -243,6 +276,8 @@ _FLOATS = (
     *_DELIVERY_SECONDS,
     "delivery_rate",
     "source_tolerance",
+    "agent_rate",
+    "notify_rate",
 )
 
 

@@ -78,6 +78,7 @@ class Code:
     SOURCE_LIMIT = "SOURCE_LIMIT"
     INVALID_SIGNATURE = "INVALID_SIGNATURE"
     STALE_TIMESTAMP = "STALE_TIMESTAMP"
+    RATE_LIMITED = "RATE_LIMITED"
 
 
 #: HTTP status of each code; the only place where codes meet HTTP.
@@ -126,6 +127,7 @@ HTTP_STATUS: dict[str, int] = {
     Code.SOURCE_LIMIT: 409,
     Code.INVALID_SIGNATURE: 401,
     Code.STALE_TIMESTAMP: 401,
+    Code.RATE_LIMITED: 429,
 }
 
 

@@ -10,6 +10,7 @@ ever gets a stack trace: unexpected failures become ``INTERNAL_ERROR``.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -55,6 +56,7 @@ from ..store.keys import load_or_create_key
 from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .push import PushHub
+from .ratelimits import AgentRateLimits
 from .streaming import absolute_urls, deny_websocket, sse_endpoint, ws_endpoint
 
 if TYPE_CHECKING:
@@ -75,7 +77,8 @@ def error_response(error: FieldError, operation: str | None = None) -> Response:
     if error.http_status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
     if error.retry_after is not None:
-        response.headers["Retry-After"] = str(max(1, round(error.retry_after)))
+        # whole seconds, rounded up: a client that waits that long is not refused again
+        response.headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
     return response
 
 
@@ -139,11 +142,19 @@ class HTTPBinding:
         self.started = time.monotonic()
         #: inbound event sources (their counts appear in the status)
         self.sources: SourcesBinding | None = None
+        #: the per-agent limit on operations (one for the server, whatever its bindings)
+        self.rate_limits = AgentRateLimits(config.agent_rate_limit())
 
     def _service(self) -> FieldService:
         if self.service is None:
             raise FieldError("the Field is starting", code=Code.OVERLOADED, recoverable=True)
         return self.service
+
+    def admit(self, token: str | None, operation: str | None = None) -> None:
+        """Refuse (``RATE_LIMITED``) a request of an agent over its rate, before the writer
+        sees it; anything else is answered as before (:mod:`.ratelimits`)."""
+        if self.service is not None:
+            self.rate_limits.admit(self.service.field, token, operation)
 
     def operation_endpoint(self, operation: str) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
@@ -153,8 +164,9 @@ class HTTPBinding:
 
     async def operation(self, request: Request, operation: str) -> Response:
         try:
-            body = await read_json(request, self.config.limits)
             token = bearer_token(request)
+            self.admit(token, operation)  # first: a refusal costs no body read
+            body = await read_json(request, self.config.limits)
             await check_webhook(body, self._service().field.egress)
             outcome = await self._service().execute(
                 lambda field: field.handle(body, token=token, operation=operation),
@@ -176,6 +188,7 @@ class HTTPBinding:
             return Outcome(job(field, field.authenticate(token)))
 
         try:
+            self.admit(token)
             outcome = await self._service().execute(authenticated)
         except FieldError as error:
             return error_response(error)
@@ -438,7 +451,14 @@ def create_app(
         )
         await service.start()
         binding.service = service
-        binding.hub = PushHub(service, config.push, max_per_agent=config.max_push_per_agent)
+        binding.hub = PushHub(
+            service,
+            config.push,
+            max_per_agent=config.max_push_per_agent,
+            notify_rate=config.notify_rate_limit(),
+        )
+        binding.hub.rate_limits = binding.rate_limits
+        service.listeners.append(binding.rate_limits.published)
         liveness = Liveness(
             service,
             failure_grace=config.failure_grace,
@@ -458,6 +478,7 @@ def create_app(
         binding.deliveries = deliveries
         app.state.service = service
         app.state.push_hub = binding.hub
+        app.state.rate_limits = binding.rate_limits
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(
