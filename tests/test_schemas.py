@@ -2212,6 +2212,7 @@ ERROR_TABLE = {
     "SOURCE_LIMIT": (409, "Yes"),
     "INVALID_SIGNATURE": (401, "No"),
     "STALE_TIMESTAMP": (401, "No"),
+    "RATE_LIMITED": (429, "Yes"),
 }
 
 
