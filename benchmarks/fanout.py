@@ -67,7 +67,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from _common import ROLES, ROOT, VOCABULARY, bracketed, envelope, pct, progress
+from _common import LOAD_RATES, ROLES, ROOT, VOCABULARY, bracketed, envelope, pct, progress
 
 HOST = "127.0.0.1"
 SUBSCRIPTION = {"events": ["memory.recorded"], "min_relevance": 0, "debounce_ms": 0}
@@ -186,7 +186,7 @@ def start_field(*extra: str, data_dir: str | None = None) -> tuple[ChildServer, 
     command = [sys.executable, "-m", "field", "serve", "--host", HOST, "--port", "0"]
     log = ["--in-memory"] if data_dir is None else ["--data-dir", data_dir]
     server = ChildServer(
-        [*command, *log, *ONE_CLIENT_ADDRESS, *extra],
+        [*command, *log, *ONE_CLIENT_ADDRESS, *LOAD_RATES, *extra],
         re.compile(r"listening on http://127\.0\.0\.1:(\d+)"),
     )
     assert server.match is not None

@@ -74,7 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from _common import ROLES, VOCABULARY, bracketed, envelope, pct, progress
+from _common import LOAD_RATES, ROLES, VOCABULARY, bracketed, envelope, pct, progress
 from fanout import ChildServer, FieldWriter, _post, cpu_seconds, paced, raise_nofile, rss_kb
 
 HOST = "127.0.0.1"
@@ -339,7 +339,8 @@ def start_field(*extra: str) -> tuple[ChildServer, int]:
     """``field serve`` on a free loopback port, delivering to loopback: (server, port)."""
     command = [sys.executable, "-m", "field", "serve", "--host", HOST, "--port", "0"]
     server = ChildServer(
-        [*command, *ALLOW, *extra], re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+        [*command, *ALLOW, *LOAD_RATES, *extra],
+        re.compile(r"listening on http://127\.0\.0\.1:(\d+)"),
     )
     assert server.match is not None
     return server, int(server.match.group(1))

@@ -196,6 +196,23 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         help="REGISTER requests one client address may make at once (100)",
     )
+    serve.add_argument(
+        "--agent-rate",
+        type=float,
+        help="operations one agent may send per second on average; past it 429; 0 no limit (200)",
+    )
+    serve.add_argument(
+        "--agent-burst", type=int, help="operations one agent may send at once (2000)"
+    )
+    serve.add_argument(
+        "--notify-rate",
+        type=float,
+        help="notifications written per second to one agent's push connections together; "
+        "past it they wait (never dropped); 0 no limit (1000)",
+    )
+    serve.add_argument(
+        "--notify-burst", type=int, help="notifications written to one agent at once (2000)"
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -302,6 +319,10 @@ def _config(args: argparse.Namespace) -> Config:
         max_agents=args.max_agents,
         register_rate=args.register_rate,
         register_burst=args.register_burst,
+        agent_rate=args.agent_rate,
+        agent_burst=args.agent_burst,
+        notify_rate=args.notify_rate,
+        notify_burst=args.notify_burst,
         **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None

@@ -17,6 +17,7 @@ from typing import Any
 from .admission import AdmissionPolicy
 from .core.egress import EgressPolicy, parse_networks
 from .core.field import DEFAULT_MAX_AGENTS
+from .core.ratelimit import Rate
 from .core.registration import POLICIES, REGISTER_BURST, REGISTER_RATE
 from .core.validation import duration_seconds
 from .model import Limits
@@ -24,6 +25,13 @@ from .subscriptions.delivery import RetryPolicy
 from .subscriptions.outbox import PushLimits
 from .transports.delivery import DeliverySettings
 from .transports.push import DEFAULT_MAX_PER_AGENT
+from .transports.ratelimits import (
+    DEFAULT_AGENT_BURST,
+    DEFAULT_AGENT_RATE,
+    DEFAULT_NOTIFY_BURST,
+    DEFAULT_NOTIFY_RATE,
+    rate_of,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -123,6 +131,14 @@ class Config:
     #: once; past it, 429 RATE_LIMITED with Retry-After. The operator is not limited.
     register_rate: float = REGISTER_RATE
     register_burst: int = REGISTER_BURST
+    #: Operations one agent may send a second on average, and at once; past them
+    #: ``429 RATE_LIMITED``. 0: no limit.
+    agent_rate: float = DEFAULT_AGENT_RATE
+    agent_burst: int = DEFAULT_AGENT_BURST
+    #: Notifications one agent's push connections are written a second, all together,
+    #: and at once; past them they wait in the outbox. 0: no limit.
+    notify_rate: float = DEFAULT_NOTIFY_RATE
+    notify_burst: int = DEFAULT_NOTIFY_BURST
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -171,6 +187,13 @@ class Config:
             seconds = getattr(self, name)
             if not (math.isfinite(seconds) and 0 <= seconds <= MAX_TIMEOUT):
                 raise ValueError(f"{name} must be a number of seconds (0: off), not {seconds!r}")
+        for name in ("agent_rate", "notify_rate"):
+            rate = getattr(self, name)
+            if not (math.isfinite(rate) and rate >= 0):
+                raise ValueError(f"{name} must be a number, 0 (no limit) or more, not {rate}")
+        for name in ("agent_burst", "notify_burst"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         self._check_registration()
 
     def admission_policy(self) -> AdmissionPolicy:
@@ -194,6 +217,14 @@ class Config:
             raise ValueError("max_agents and register_burst must be at least 1")
         if not (math.isfinite(self.register_rate) and self.register_rate > 0):
             raise ValueError("register_rate must be a positive number")
+
+    def agent_rate_limit(self) -> Rate | None:
+        """The rate of each agent's operations; None: not limited."""
+        return rate_of(self.agent_rate, self.agent_burst)
+
+    def notify_rate_limit(self) -> Rate | None:
+        """The rate of the notifications written to each agent; None: not limited."""
+        return rate_of(self.notify_rate, self.notify_burst)
 
     def egress_policy(self) -> EgressPolicy:
         """Where webhooks and RAP callbacks may be delivered."""
@@ -284,6 +315,8 @@ _INTEGERS = (
     *_DELIVERY_COUNTS,
     "max_agents",
     "register_burst",
+    "agent_burst",
+    "notify_burst",
 )
 _FLOATS = (
     "failure_grace",
@@ -294,6 +327,8 @@ _FLOATS = (
     "source_tolerance",
     *_OVERLOAD_TARGETS,
     "register_rate",
+    "agent_rate",
+    "notify_rate",
 )
 
 

@@ -10,6 +10,7 @@ ever gets a stack trace: unexpected failures become ``INTERNAL_ERROR``.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,7 +26,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from .. import __version__
-from ..admission import Work
+from ..admission import Work, work_of
 from ..config import Config
 from ..core.context import Outcome
 from ..core.embedding import Embedder, load_embedder
@@ -57,6 +58,7 @@ from ..store.keys import load_or_create_key
 from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .push import PushHub
+from .ratelimits import AgentRateLimits
 from .streaming import absolute_urls, deny_websocket, sse_endpoint, ws_endpoint
 
 if TYPE_CHECKING:
@@ -78,7 +80,8 @@ def error_response(error: FieldError, operation: str | None = None) -> Response:
     if error.http_status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
     if error.retry_after is not None:
-        response.headers["Retry-After"] = str(max(1, round(error.retry_after)))
+        # whole seconds, rounded up: a client that waits that long is not refused again
+        response.headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
     return response
 
 
@@ -144,11 +147,19 @@ class HTTPBinding:
         self.sources: SourcesBinding | None = None
         #: REGISTER's per-client rate, checked before the writer's queue
         self.register_limit: RegisterLimit | None = None
+        #: the per-agent limit on operations (one for the server, whatever its bindings)
+        self.rate_limits = AgentRateLimits(config.agent_rate_limit())
 
     def _service(self) -> FieldService:
         if self.service is None:
             raise FieldError("the Field is starting", code=Code.OVERLOADED, recoverable=True)
         return self.service
+
+    def admit(self, token: str | None, operation: str | None = None) -> None:
+        """Refuse (``RATE_LIMITED``) a request of an agent over its rate, before the writer
+        sees it; anything else is answered as before (:mod:`.ratelimits`)."""
+        if self.service is not None:
+            self.rate_limits.admit(self.service.field, token, operation)
 
     def operation_endpoint(self, operation: str) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
@@ -159,6 +170,8 @@ class HTTPBinding:
     async def operation(self, request: Request, operation: str) -> Response:
         try:
             token = bearer_token(request)
+            self.admit(token, operation)  # first: a refusal costs no body read
+            self._service().admission.admit(work_of(operation), operation)  # likewise
             if operation == "REGISTER" and self.register_limit is not None:
                 client = request.client
                 host = None if client is None else client.host
@@ -185,6 +198,7 @@ class HTTPBinding:
             return Outcome(job(field, field.authenticate(token)))
 
         try:
+            self.admit(token)
             outcome = await self._service().execute(authenticated, work=Work.READ)
         except FieldError as error:
             return error_response(error)
@@ -457,7 +471,14 @@ def create_app(
         )
         await service.start()
         binding.service = service
-        binding.hub = PushHub(service, config.push, max_per_agent=config.max_push_per_agent)
+        binding.hub = PushHub(
+            service,
+            config.push,
+            max_per_agent=config.max_push_per_agent,
+            notify_rate=config.notify_rate_limit(),
+        )
+        binding.hub.rate_limits = binding.rate_limits
+        service.listeners.append(binding.rate_limits.published)
         liveness = Liveness(
             service,
             failure_grace=config.failure_grace,
@@ -479,6 +500,7 @@ def create_app(
         app.state.service = service
         app.state.push_hub = binding.hub
         app.state.register_limit = binding.register_limit
+        app.state.rate_limits = binding.rate_limits
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(

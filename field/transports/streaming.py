@@ -192,7 +192,7 @@ async def ws_endpoint(scope: Scope, receive: Receive, send: Send, hub: PushHub) 
     base_http = str(websocket.base_url).replace("ws", "http", 1).rstrip("/")  # the Host header
     _release_handshake(websocket)
     batched = BATCH_EXTENSION in scope.get("extensions", {})
-    sender = asyncio.create_task(_ws_sender(websocket, connection, send if batched else None))
+    sender = asyncio.create_task(_ws_sender(websocket, hub, connection, send if batched else None))
     try:
         for subscription_id in sorted(hub.field.state.active_subscriptions.get(agent_id, ())):
             hub.attach(connection, subscription_id, each.get(subscription_id, default))
@@ -269,6 +269,8 @@ async def _run_envelope(
             operation = _known_operation(body.get("operation"))
         if hub.register_limit is not None:  # REGISTER's per-client rate, before the writer
             hub.register_limit.check_envelope(hub.field, body, token, host)
+        if hub.rate_limits is not None:  # before the writer's queue: it spares the writer
+            hub.rate_limits.admit(hub.field, token, operation)
         await check_webhook(body, hub.field.egress)
         outcome = await hub.service.execute(
             lambda field: field.handle(body, token=token, operation=None), operation=operation
@@ -300,20 +302,25 @@ def absolute_urls(response: dict[str, Any], base_http: str) -> dict[str, Any]:
     return response
 
 
-async def _ws_sender(websocket: WebSocket, connection: Connection, send: Send | None) -> None:
+async def _ws_sender(
+    websocket: WebSocket, hub: PushHub, connection: Connection, send: Send | None
+) -> None:
     """Copy frames to the socket; close with the hub's code when it ends the connection.
 
     ``send`` is the server's ASGI send when it offers the batch extension
     (``field serve``'s protocol): what is queued goes out in one socket write.
+    Each batch first waits for its notifications' tokens (:meth:`PushHub.pace`).
     """
     outbox = connection.outbox
+    most = hub.batch_size(SEND_BATCH + 1)
     try:
         while True:
             frame = await outbox.get()
             if frame is None:
                 break
             # send what is queued in one go; the timeout bounds a consumer that stalls
-            batch = [frame, *outbox.drain_now(SEND_BATCH)]
+            batch = [frame, *outbox.drain_now(most - 1)]
+            await hub.pace(connection, sum(queued.cursor is not None for queued in batch))
             if send is not None:
                 texts = [_ws_frame(queued) for queued in batch]
                 message = {"type": BATCH_EXTENSION, "texts": texts, "timeout": SEND_TIMEOUT_SECONDS}
