@@ -60,6 +60,19 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-body-bytes", type=int, help="largest request body (1 MiB)")
     serve.add_argument("--max-queue", type=int, help="requests waiting for the writer (10000)")
     serve.add_argument(
+        "--overload-write-target",
+        type=float,
+        metavar="SECONDS",
+        help="standing delay (event loop lag or queue wait) past which writes are refused "
+        "with 503 OVERLOADED and Retry-After until it falls; 0 never (0.02)",
+    )
+    serve.add_argument(
+        "--overload-read-target",
+        type=float,
+        metavar="SECONDS",
+        help="the same for reads (ATTUNE, REPLAY, listings); 0 never (0.25)",
+    )
+    serve.add_argument(
         "--outbox-frames", type=int, help="frames queued per push connection (10000)"
     )
     serve.add_argument(
@@ -170,6 +183,46 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds a WebSocket consumer has to answer a ping, or to take bytes when its "
         "socket is full; past it: an overflow frame and close 4008 (20)",
     )
+    registering = serve.add_argument_group("registration", "who may REGISTER, how many, how fast")
+    registering.add_argument(
+        "--registration",
+        choices=["open", "token", "closed"],
+        help="open: anyone registers; token: with a registration token the operator issued; "
+        "closed: the operator alone. token and closed need an operator token (open)",
+    )
+    registering.add_argument(
+        "--max-agents",
+        type=int,
+        help="most registered agents; past it REGISTER is 409 AGENT_LIMIT (100000)",
+    )
+    registering.add_argument(
+        "--register-rate",
+        type=float,
+        help="REGISTER requests per second from one client address; the operator is not "
+        "limited (10)",
+    )
+    registering.add_argument(
+        "--register-burst",
+        type=int,
+        help="REGISTER requests one client address may make at once (100)",
+    )
+    serve.add_argument(
+        "--agent-rate",
+        type=float,
+        help="operations one agent may send per second on average; past it 429; 0 no limit (200)",
+    )
+    serve.add_argument(
+        "--agent-burst", type=int, help="operations one agent may send at once (2000)"
+    )
+    serve.add_argument(
+        "--notify-rate",
+        type=float,
+        help="notifications written per second to one agent's push connections together; "
+        "past it they wait (never dropped); 0 no limit (1000)",
+    )
+    serve.add_argument(
+        "--notify-burst", type=int, help="notifications written to one agent at once (2000)"
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -254,6 +307,8 @@ def _config(args: argparse.Namespace) -> Config:
         sync=args.sync,
         max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue,
+        overload_write_target=args.overload_write_target,
+        overload_read_target=args.overload_read_target,
         outbox_frames=args.outbox_frames,
         outbox_bytes=args.outbox_bytes,
         log_level=args.log_level,
@@ -273,6 +328,14 @@ def _config(args: argparse.Namespace) -> Config:
         source_tolerance=args.source_tolerance,
         ws_ping_interval=args.ws_ping_interval,
         ws_ping_timeout=args.ws_ping_timeout,
+        registration=args.registration,
+        max_agents=args.max_agents,
+        register_rate=args.register_rate,
+        register_burst=args.register_burst,
+        agent_rate=args.agent_rate,
+        agent_burst=args.agent_burst,
+        notify_rate=args.notify_rate,
+        notify_burst=args.notify_burst,
         **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None

@@ -12,8 +12,8 @@ uvicorn's and the libraries' included), and the line is kept:
   any message: a SUBSCRIBE with a secret, a response with a token);
 * the value after ``Authorization`` (its scheme kept), after ``Bearer``, of a
   ``...token=`` or ``...secret=`` parameter, of a ``"...token"`` or
-  ``"...secret"`` key, of a ``whsec_`` secret and of a URL's password becomes
-  ``<redacted>``;
+  ``"...secret"`` key, of a ``whsec_`` secret, of a ``fieldreg_`` registration
+  token and of a URL's password becomes ``<redacted>``;
 * an exception's text is rendered and redacted too.
 
 Patterns rather than known values: agent tokens are made at run time and a
@@ -51,6 +51,8 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     # ?token=x, &secret=x, access_token=x
     (re.compile(r"(?i)(\w*(?:token|secret)=)(?!b?['\"])[^&\s'\"#]+"), r"\1" + REDACTED),
     (re.compile(r"whsec_[A-Za-z0-9+/=_-]+"), "whsec_" + REDACTED),
+    # a registration token, wherever it stands
+    (re.compile(r"fieldreg_[A-Za-z0-9_-]+"), "fieldreg_" + REDACTED),
     # scheme://user:password@host
     (re.compile(r"(://[^/\s:@]+:)[^/\s@]+@"), r"\1" + REDACTED + "@"),
 )

@@ -88,6 +88,14 @@ async def test_no_secret_reaches_the_log_at_debug(
             assert r.status == 200, await r.text()
         async with http.get(f"{server.url}/v1/sources", headers=operator) as r:
             assert r.status == 200, await r.text()
+        # a registration token the operator issues, then used to REGISTER
+        issue = {"uses": 2, "note": "log test"}
+        async with http.post(
+            f"{server.url}/v1/registration-tokens", json=issue, headers=operator
+        ) as r:
+            assert r.status == 200, await r.text()
+            found["registration token"] = (await r.json())["registration_token"]["token"]
+        await field.register("agent-d", "analyst", registration_token=found["registration token"])
         # an inbound event, signed with the source's secret
         event = orjson.dumps({"action": "opened", "number": 7})
         signature = hmac.new(source_secret.encode(), event, hashlib.sha256).hexdigest()
