@@ -11,7 +11,6 @@ import gc
 import importlib.util
 import logging
 import os
-import re
 import resource
 import signal
 import socket
@@ -24,7 +23,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from . import __version__, sources_cli
+from . import __version__, redaction, sources_cli
 from .config import Config
 from .core.embedding import EmbedderError, load_embedder
 from .errors import FieldError
@@ -173,6 +172,17 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds a Standard Webhooks timestamp of an inbound event may be off (300)",
     )
+    serve.add_argument(
+        "--ws-ping-interval",
+        type=float,
+        help="seconds between WebSocket pings (20)",
+    )
+    serve.add_argument(
+        "--ws-ping-timeout",
+        type=float,
+        help="seconds a WebSocket consumer has to answer a ping, or to take bytes when its "
+        "socket is full; past it: an overflow frame and close 4008 (20)",
+    )
     registering = serve.add_argument_group("registration", "who may REGISTER, how many, how fast")
     registering.add_argument(
         "--registration",
@@ -250,6 +260,7 @@ def _mcp(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         print("field mcp: --timeout must be positive", file=sys.stderr)
         return 2
+    redaction.install()
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -315,6 +326,8 @@ def _config(args: argparse.Namespace) -> Config:
         webhook_allow_net=tuple(args.webhook_allow_net) if args.webhook_allow_net else None,
         webhook_key_file=args.webhook_key_file,
         source_tolerance=args.source_tolerance,
+        ws_ping_interval=args.ws_ping_interval,
+        ws_ping_timeout=args.ws_ping_timeout,
         registration=args.registration,
         max_agents=args.max_agents,
         register_rate=args.register_rate,
@@ -331,19 +344,6 @@ def _config(args: argparse.Namespace) -> Config:
     if args.in_memory:
         config = replace(config, data_dir=None)
     return config
-
-
-class _RedactTokens(logging.Filter):
-    """Keep bearer tokens sent as ``?token=`` (browser WebSockets) out of the log."""
-
-    _TOKEN = re.compile(r"(token=)[^&\s\"']+")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.args:
-            record.msg = record.getMessage()
-            record.args = None
-        record.msg = self._TOKEN.sub(r"\1<redacted>", str(record.msg))
-        return True
 
 
 class _Server(uvicorn.Server):
@@ -454,8 +454,8 @@ def uvicorn_config(app: Any, config: Config) -> uvicorn.Config:
         ws=FieldWebSocketProtocol,
         ws_per_message_deflate=config.ws_deflate,
         ws_max_size=config.limits.max_body_bytes,
-        ws_ping_interval=20,
-        ws_ping_timeout=20,
+        ws_ping_interval=config.ws_ping_interval,
+        ws_ping_timeout=config.ws_ping_timeout,
     )
 
 
@@ -473,6 +473,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def serve(config: Config) -> int:
     """Run the server until SIGINT or SIGTERM; returns the exit status."""
+    redaction.install()  # no secret in any log line, at any level
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -489,8 +490,6 @@ def serve(config: Config) -> int:
         logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
         return 2
     config = _fit_connections(replace(config, port=sock.getsockname()[1]))
-    for name in ("uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).addFilter(_RedactTokens())
     try:
         log = open_log(config.data_dir, synchronous=config.sync)
     except FieldError as exc:

@@ -116,6 +116,11 @@ class Config:
     #: Seconds a Standard Webhooks ``webhook-timestamp`` of an inbound event may be from
     #: the Field's time (either way); past it the event is refused as stale.
     source_tolerance: float = 300.0
+    #: Seconds between WebSocket pings, and the seconds a consumer has to answer one, or
+    #: to take bytes while a send waits for its socket; past either it is stalled and
+    #: closed with an ``overflow`` frame (4008).
+    ws_ping_interval: float = 20.0
+    ws_ping_timeout: float = 20.0
     #: Seconds of standing delay (the event loop's lag, or the oldest queued request's
     #: wait) past which writes, and past the second target reads too, are refused with
     #: ``503 OVERLOADED`` until it falls (``field.admission``); 0 turns shedding off.
@@ -173,7 +178,14 @@ class Config:
         for name in ("max_connections", "max_connections_per_client", "max_push_per_agent"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
-        for name in (*_TIMEOUTS, *_DELIVERY_SECONDS, "delivery_rate", "source_tolerance"):
+        for name in (
+            *_TIMEOUTS,
+            *_DELIVERY_SECONDS,
+            "delivery_rate",
+            "source_tolerance",
+            "ws_ping_interval",
+            "ws_ping_timeout",
+        ):
             seconds = getattr(self, name)
             if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT):
                 raise ValueError(f"{name} must be a positive number, at most {MAX_TIMEOUT:g}")
@@ -325,6 +337,8 @@ _FLOATS = (
     *_DELIVERY_SECONDS,
     "delivery_rate",
     "source_tolerance",
+    "ws_ping_interval",
+    "ws_ping_timeout",
     *_OVERLOAD_TARGETS,
     "register_rate",
     "agent_rate",

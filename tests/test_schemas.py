@@ -2284,6 +2284,7 @@ ERROR_TABLE = {
     "SOURCE_LIMIT": (409, "Yes"),
     "INVALID_SIGNATURE": (401, "No"),
     "STALE_TIMESTAMP": (401, "No"),
+    "INVALID_HTTP": (400, "Yes"),
     "RATE_LIMITED": (429, "Yes"),
     "REGISTRATION_CLOSED": (403, "No"),
     "REGISTRATION_TOKEN_INVALID": (403, "No"),

@@ -722,24 +722,32 @@ class PushHub:
             binding.queued = notification.position
         return len(notifications)
 
-    def overflow(self, connection: Connection) -> None:
-        """The consumer fell too far behind: close it with the cursors to resume from."""
+    def overflow(
+        self,
+        connection: Connection,
+        why: str = "outbox overflow",
+        detail: str = "the consumer fell too far behind",
+    ) -> None:
+        """The consumer fell too far behind: close it with the cursors to resume from.
+
+        ``why`` is the close reason (the bound reached: the outbox, or for a
+        WebSocket ``send timed out`` or ``keepalive ping timeout``), ``why: detail``
+        the ``overflow`` frame's.
+        """
         if connection.ended is not None:
             return
         cursors = {
             sid: format_cursor(self.tag, binding.queued)
             for sid, binding in connection.streams.items()
         }
-        body = orjson.dumps(
-            {
-                "reason": "outbox overflow: the consumer fell too far behind",
-                "cursors": cursors,
-            }
-        )
+        body = orjson.dumps({"reason": f"{why}: {detail}", "cursors": cursors})
         logger.warning(
-            "closing a slow %s consumer of agent %s", connection.kind, connection.agent_id
+            "closing a slow %s consumer of agent %s (%s)",
+            connection.kind,
+            connection.agent_id,
+            why,
         )
-        self.end(connection, 4008, "outbox overflow", Frame(body, "overflow"))
+        self.end(connection, 4008, why, Frame(body, "overflow"))
         self.disconnect(connection)
 
     def _lifecycle(self, entries: list[StoredEntry]) -> dict[str, int]:
