@@ -16,6 +16,14 @@ VOCABULARY = (
     "product roadmap launch feature adoption onboarding support security privacy audit"
 ).split()
 ROLES = ["strategist", "market_researcher", "analyst", "engineer"]
+#: ``field serve`` flags of every server a benchmark loads: one agent here sends (or is
+#: sent) far more a second than the per-agent rate limits let a real agent, and the
+#: figures are the server's, not its buckets'. The limits stay on, at rates no run
+#: reaches, so their checks are paid as in production.
+LOAD_RATES = (
+    "--agent-rate", "1000000", "--agent-burst", "1000000",
+    "--notify-rate", "100000000", "--notify-burst", "1000000",
+)  # fmt: skip
 
 
 def envelope(operation: str, agent: str, payload: dict[str, Any], epoch: int = 0) -> Any:

@@ -67,7 +67,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from _common import ROLES, ROOT, VOCABULARY, bracketed, envelope, pct, progress
+from _common import LOAD_RATES, ROLES, ROOT, VOCABULARY, bracketed, envelope, pct, progress
 
 HOST = "127.0.0.1"
 SUBSCRIPTION = {"events": ["memory.recorded"], "min_relevance": 0, "debounce_ms": 0}
@@ -172,14 +172,21 @@ class ChildServer:
 
 
 #: Every subscriber connects from 127.0.0.1: lift the per-client cap (5,000 by default).
-ONE_CLIENT_ADDRESS = ("--max-connections-per-client", "1000000")
+ONE_CLIENT_ADDRESS = (
+    "--max-connections-per-client",
+    "1000000",
+    "--register-burst",
+    "1000000",  # every subscriber registers from this one address, at start
+)
 
 
-def start_field(*extra: str) -> tuple[ChildServer, int]:
-    """``field serve --in-memory`` on a free loopback port: (server, port)."""
+def start_field(*extra: str, data_dir: str | None = None) -> tuple[ChildServer, int]:
+    """``field serve`` on a free loopback port, ``--in-memory`` unless given a
+    ``data_dir`` (a SQLite log there): (server, port)."""
     command = [sys.executable, "-m", "field", "serve", "--host", HOST, "--port", "0"]
+    log = ["--in-memory"] if data_dir is None else ["--data-dir", data_dir]
     server = ChildServer(
-        [*command, "--in-memory", *ONE_CLIENT_ADDRESS, *extra],
+        [*command, *log, *ONE_CLIENT_ADDRESS, *LOAD_RATES, *extra],
         re.compile(r"listening on http://127\.0\.0\.1:(\d+)"),
     )
     assert server.match is not None

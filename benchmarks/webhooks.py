@@ -74,12 +74,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
-from _common import ROLES, VOCABULARY, bracketed, envelope, pct, progress
+from _common import LOAD_RATES, ROLES, VOCABULARY, bracketed, envelope, pct, progress
 from fanout import ChildServer, FieldWriter, _post, cpu_seconds, paced, raise_nofile, rss_kb
 
 HOST = "127.0.0.1"
-#: Where the Field may deliver (every receiver is on loopback).
-ALLOW = ("--webhook-allow-net", "127.0.0.0/8")
+#: Where the Field may deliver (every receiver is on loopback), and every agent registering
+#: from this one address at start.
+ALLOW = ("--webhook-allow-net", "127.0.0.0/8", "--register-burst", "1000000")
 #: The Field's delivery client limits (DeliverySettings defaults), used by the baseline too.
 CONCURRENCY, CONCURRENCY_PER_HOST = 256, 32
 #: Bytes of a receiver's answer the delivery client reads at most (as the Field).
@@ -338,7 +339,8 @@ def start_field(*extra: str) -> tuple[ChildServer, int]:
     """``field serve`` on a free loopback port, delivering to loopback: (server, port)."""
     command = [sys.executable, "-m", "field", "serve", "--host", HOST, "--port", "0"]
     server = ChildServer(
-        [*command, *ALLOW, *extra], re.compile(r"listening on http://127\.0\.0\.1:(\d+)")
+        [*command, *ALLOW, *LOAD_RATES, *extra],
+        re.compile(r"listening on http://127\.0\.0\.1:(\d+)"),
     )
     assert server.match is not None
     return server, int(server.match.group(1))

@@ -43,7 +43,7 @@ from typing import Any
 
 import aiohttp
 import orjson
-from _common import VOCABULARY, bracketed, envelope, pct, progress
+from _common import LOAD_RATES, VOCABULARY, bracketed, envelope, pct, progress
 
 TYPES = ["finding", "decision", "observation", "assumption", "constraint"]
 _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
@@ -63,7 +63,8 @@ class FieldServer:
         self.data_dir = data_dir
         self.command = [
             sys.executable, "-m", "field", "serve",
-            "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir), *args,
+            "--host", "127.0.0.1", "--port", "0", "--data-dir", str(data_dir),
+            *LOAD_RATES, *args,
         ]  # fmt: skip
         base = {k: v for k, v in os.environ.items() if not k.startswith("FIELD_")}
         self.env = {**base, **(env or {}), "PYTHONUNBUFFERED": "1"}

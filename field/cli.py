@@ -11,7 +11,6 @@ import gc
 import importlib.util
 import logging
 import os
-import re
 import resource
 import signal
 import socket
@@ -24,7 +23,7 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from . import __version__, sources_cli
+from . import __version__, redaction, sources_cli
 from .config import Config
 from .core.embedding import EmbedderError, load_embedder
 from .errors import FieldError
@@ -60,6 +59,19 @@ def _parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--max-body-bytes", type=int, help="largest request body (1 MiB)")
     serve.add_argument("--max-queue", type=int, help="requests waiting for the writer (10000)")
+    serve.add_argument(
+        "--overload-write-target",
+        type=float,
+        metavar="SECONDS",
+        help="standing delay (event loop lag or queue wait) past which writes are refused "
+        "with 503 OVERLOADED and Retry-After until it falls; 0 never (0.02)",
+    )
+    serve.add_argument(
+        "--overload-read-target",
+        type=float,
+        metavar="SECONDS",
+        help="the same for reads (ATTUNE, REPLAY, listings); 0 never (0.25)",
+    )
     serve.add_argument(
         "--outbox-frames", type=int, help="frames queued per push connection (10000)"
     )
@@ -160,6 +172,57 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds a Standard Webhooks timestamp of an inbound event may be off (300)",
     )
+    serve.add_argument(
+        "--ws-ping-interval",
+        type=float,
+        help="seconds between WebSocket pings (20)",
+    )
+    serve.add_argument(
+        "--ws-ping-timeout",
+        type=float,
+        help="seconds a WebSocket consumer has to answer a ping, or to take bytes when its "
+        "socket is full; past it: an overflow frame and close 4008 (20)",
+    )
+    registering = serve.add_argument_group("registration", "who may REGISTER, how many, how fast")
+    registering.add_argument(
+        "--registration",
+        choices=["open", "token", "closed"],
+        help="open: anyone registers; token: with a registration token the operator issued; "
+        "closed: the operator alone. token and closed need an operator token (open)",
+    )
+    registering.add_argument(
+        "--max-agents",
+        type=int,
+        help="most registered agents; past it REGISTER is 409 AGENT_LIMIT (100000)",
+    )
+    registering.add_argument(
+        "--register-rate",
+        type=float,
+        help="REGISTER requests per second from one client address; the operator is not "
+        "limited (10)",
+    )
+    registering.add_argument(
+        "--register-burst",
+        type=int,
+        help="REGISTER requests one client address may make at once (100)",
+    )
+    serve.add_argument(
+        "--agent-rate",
+        type=float,
+        help="operations one agent may send per second on average; past it 429; 0 no limit (200)",
+    )
+    serve.add_argument(
+        "--agent-burst", type=int, help="operations one agent may send at once (2000)"
+    )
+    serve.add_argument(
+        "--notify-rate",
+        type=float,
+        help="notifications written per second to one agent's push connections together; "
+        "past it they wait (never dropped); 0 no limit (1000)",
+    )
+    serve.add_argument(
+        "--notify-burst", type=int, help="notifications written to one agent at once (2000)"
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -197,6 +260,7 @@ def _mcp(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         print("field mcp: --timeout must be positive", file=sys.stderr)
         return 2
+    redaction.install()
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -243,6 +307,8 @@ def _config(args: argparse.Namespace) -> Config:
         sync=args.sync,
         max_body_bytes=args.max_body_bytes,
         max_queue=args.max_queue,
+        overload_write_target=args.overload_write_target,
+        overload_read_target=args.overload_read_target,
         outbox_frames=args.outbox_frames,
         outbox_bytes=args.outbox_bytes,
         log_level=args.log_level,
@@ -260,6 +326,16 @@ def _config(args: argparse.Namespace) -> Config:
         webhook_allow_net=tuple(args.webhook_allow_net) if args.webhook_allow_net else None,
         webhook_key_file=args.webhook_key_file,
         source_tolerance=args.source_tolerance,
+        ws_ping_interval=args.ws_ping_interval,
+        ws_ping_timeout=args.ws_ping_timeout,
+        registration=args.registration,
+        max_agents=args.max_agents,
+        register_rate=args.register_rate,
+        register_burst=args.register_burst,
+        agent_rate=args.agent_rate,
+        agent_burst=args.agent_burst,
+        notify_rate=args.notify_rate,
+        notify_burst=args.notify_burst,
         **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None
@@ -268,19 +344,6 @@ def _config(args: argparse.Namespace) -> Config:
     if args.in_memory:
         config = replace(config, data_dir=None)
     return config
-
-
-class _RedactTokens(logging.Filter):
-    """Keep bearer tokens sent as ``?token=`` (browser WebSockets) out of the log."""
-
-    _TOKEN = re.compile(r"(token=)[^&\s\"']+")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.args:
-            record.msg = record.getMessage()
-            record.args = None
-        record.msg = self._TOKEN.sub(r"\1<redacted>", str(record.msg))
-        return True
 
 
 class _Server(uvicorn.Server):
@@ -391,8 +454,8 @@ def uvicorn_config(app: Any, config: Config) -> uvicorn.Config:
         ws=FieldWebSocketProtocol,
         ws_per_message_deflate=config.ws_deflate,
         ws_max_size=config.limits.max_body_bytes,
-        ws_ping_interval=20,
-        ws_ping_timeout=20,
+        ws_ping_interval=config.ws_ping_interval,
+        ws_ping_timeout=config.ws_ping_timeout,
     )
 
 
@@ -410,6 +473,7 @@ def _bind(host: str, port: int) -> socket.socket:
 
 def serve(config: Config) -> int:
     """Run the server until SIGINT or SIGTERM; returns the exit status."""
+    redaction.install()  # no secret in any log line, at any level
     logging.basicConfig(
         level=config.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -426,8 +490,6 @@ def serve(config: Config) -> int:
         logger.error("cannot listen on %s:%d: %s", config.host, config.port, exc)
         return 2
     config = _fit_connections(replace(config, port=sock.getsockname()[1]))
-    for name in ("uvicorn.error", "uvicorn.access"):
-        logging.getLogger(name).addFilter(_RedactTokens())
     try:
         log = open_log(config.data_dir, synchronous=config.sync)
     except FieldError as exc:

@@ -14,13 +14,24 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from .admission import AdmissionPolicy
 from .core.egress import EgressPolicy, parse_networks
+from .core.field import DEFAULT_MAX_AGENTS
+from .core.ratelimit import Rate
+from .core.registration import POLICIES, REGISTER_BURST, REGISTER_RATE
 from .core.validation import duration_seconds
 from .model import Limits
 from .subscriptions.delivery import RetryPolicy
 from .subscriptions.outbox import PushLimits
 from .transports.delivery import DeliverySettings
 from .transports.push import DEFAULT_MAX_PER_AGENT
+from .transports.ratelimits import (
+    DEFAULT_AGENT_BURST,
+    DEFAULT_AGENT_RATE,
+    DEFAULT_NOTIFY_BURST,
+    DEFAULT_NOTIFY_RATE,
+    rate_of,
+)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -105,6 +116,34 @@ class Config:
     #: Seconds a Standard Webhooks ``webhook-timestamp`` of an inbound event may be from
     #: the Field's time (either way); past it the event is refused as stale.
     source_tolerance: float = 300.0
+    #: Seconds between WebSocket pings, and the seconds a consumer has to answer one, or
+    #: to take bytes while a send waits for its socket; past either it is stalled and
+    #: closed with an ``overflow`` frame (4008).
+    ws_ping_interval: float = 20.0
+    ws_ping_timeout: float = 20.0
+    #: Seconds of standing delay (the event loop's lag, or the oldest queued request's
+    #: wait) past which writes, and past the second target reads too, are refused with
+    #: ``503 OVERLOADED`` until it falls (``field.admission``); 0 turns shedding off.
+    overload_write_target: float = 0.02
+    overload_read_target: float = 0.25
+    #: Who may REGISTER: "open" (anyone), "token" (with a registration token the operator
+    #: issued) or "closed" (the operator alone); "token" and "closed" need an operator token.
+    registration: str = "open"
+    #: Most registered agents (not counting deregistered ones); past it REGISTER is 409
+    #: AGENT_LIMIT. About 0.5 KB of memory each, 3 KB with a subscription: a few hundred MB.
+    max_agents: int = DEFAULT_MAX_AGENTS
+    #: REGISTER requests one client address (an IPv6 /64) may make per second, and at
+    #: once; past it, 429 RATE_LIMITED with Retry-After. The operator is not limited.
+    register_rate: float = REGISTER_RATE
+    register_burst: int = REGISTER_BURST
+    #: Operations one agent may send a second on average, and at once; past them
+    #: ``429 RATE_LIMITED``. 0: no limit.
+    agent_rate: float = DEFAULT_AGENT_RATE
+    agent_burst: int = DEFAULT_AGENT_BURST
+    #: Notifications one agent's push connections are written a second, all together,
+    #: and at once; past them they wait in the outbox. 0: no limit.
+    notify_rate: float = DEFAULT_NOTIFY_RATE
+    notify_burst: int = DEFAULT_NOTIFY_BURST
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -139,7 +178,14 @@ class Config:
         for name in ("max_connections", "max_connections_per_client", "max_push_per_agent"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
-        for name in (*_TIMEOUTS, *_DELIVERY_SECONDS, "delivery_rate", "source_tolerance"):
+        for name in (
+            *_TIMEOUTS,
+            *_DELIVERY_SECONDS,
+            "delivery_rate",
+            "source_tolerance",
+            "ws_ping_interval",
+            "ws_ping_timeout",
+        ):
             seconds = getattr(self, name)
             if not (math.isfinite(seconds) and 0 < seconds <= MAX_TIMEOUT):
                 raise ValueError(f"{name} must be a positive number, at most {MAX_TIMEOUT:g}")
@@ -149,6 +195,48 @@ class Config:
         if self.limits.max_subscriptions_per_thread < 1:
             raise ValueError("max_subscriptions_per_thread must be at least 1")
         parse_networks(self.webhook_allow_net)  # ValueError naming a bad one
+        for name in _OVERLOAD_TARGETS:
+            seconds = getattr(self, name)
+            if not (math.isfinite(seconds) and 0 <= seconds <= MAX_TIMEOUT):
+                raise ValueError(f"{name} must be a number of seconds (0: off), not {seconds!r}")
+        for name in ("agent_rate", "notify_rate"):
+            rate = getattr(self, name)
+            if not (math.isfinite(rate) and rate >= 0):
+                raise ValueError(f"{name} must be a number, 0 (no limit) or more, not {rate}")
+        for name in ("agent_burst", "notify_burst"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        self._check_registration()
+
+    def admission_policy(self) -> AdmissionPolicy:
+        """The targets of admission control."""
+        return AdmissionPolicy(
+            write_target=self.overload_write_target, read_target=self.overload_read_target
+        )
+
+    def _check_registration(self) -> None:
+        if self.registration not in POLICIES:
+            raise ValueError(
+                f"registration must be one of {', '.join(POLICIES)}, not {self.registration!r}"
+            )
+        if self.registration != "open" and self.operator_token is None:
+            raise ValueError(
+                f"registration {self.registration!r} needs an operator token "
+                "(--operator-token-file or FIELD_OPERATOR_TOKEN): without one nobody could "
+                "register an agent or issue a registration token"
+            )
+        if self.max_agents < 1 or self.register_burst < 1:
+            raise ValueError("max_agents and register_burst must be at least 1")
+        if not (math.isfinite(self.register_rate) and self.register_rate > 0):
+            raise ValueError("register_rate must be a positive number")
+
+    def agent_rate_limit(self) -> Rate | None:
+        """The rate of each agent's operations; None: not limited."""
+        return rate_of(self.agent_rate, self.agent_burst)
+
+    def notify_rate_limit(self) -> Rate | None:
+        """The rate of the notifications written to each agent; None: not limited."""
+        return rate_of(self.notify_rate, self.notify_burst)
 
     def egress_policy(self) -> EgressPolicy:
         """Where webhooks and RAP callbacks may be delivered."""
@@ -222,6 +310,8 @@ _DELIVERY_COUNTS = (
     "delivery_burst",
     "rap_max_invocations",
 )
+#: The delays admission control holds to, in seconds.
+_OVERLOAD_TARGETS = ("overload_write_target", "overload_read_target")
 #: The connection deadlines, in seconds.
 _TIMEOUTS = ("header_timeout", "body_timeout", "idle_timeout")
 #: Longest connection deadline (a day): a larger one is no deadline at all.
@@ -235,6 +325,10 @@ _INTEGERS = (
     "max_push_per_agent",
     *_NESTED,
     *_DELIVERY_COUNTS,
+    "max_agents",
+    "register_burst",
+    "agent_burst",
+    "notify_burst",
 )
 _FLOATS = (
     "failure_grace",
@@ -243,6 +337,12 @@ _FLOATS = (
     *_DELIVERY_SECONDS,
     "delivery_rate",
     "source_tolerance",
+    "ws_ping_interval",
+    "ws_ping_timeout",
+    *_OVERLOAD_TARGETS,
+    "register_rate",
+    "agent_rate",
+    "notify_rate",
 )
 
 

@@ -31,8 +31,12 @@ before anything changes, and serves every read; a probe task appends a
 the writer (which appends nothing meanwhile), and its success makes the
 log writable again.
 
-The queue is bounded (``max_queue``); when it is full, a request is
-refused at once with ``OVERLOADED`` rather than waiting without limit.
+The queue is bounded (``max_queue``), and so is the wait: admission
+control (:mod:`field.admission`) samples how late the event loop runs and
+how long the oldest queued job has waited, and while that delay stands
+above its target, new writes (and, past a higher target, reads) are
+refused at once with ``OVERLOADED`` and ``Retry-After`` instead of
+queueing for seconds. A full queue is refused the same way.
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from .admission import Admission, AdmissionPolicy, Work, work_of
 from .core.clock import RESERVATION_BLOCK
 from .core.context import Outcome
 from .core.field import Field
@@ -66,6 +71,16 @@ class _Pending:
     job: Job
     future: asyncio.Future[Outcome]
     operation: str | None
+    #: the loop's time when it was queued
+    queued_at: float
+
+
+class _JobQueue(asyncio.Queue[_Pending]):
+    """The writer's queue, which can tell when its oldest job was queued."""
+
+    def oldest(self) -> float | None:
+        """The loop time the job first in line was queued at; None when empty."""
+        return self._queue[0].queued_at if self._queue else None  # type: ignore[attr-defined]
 
 
 class FieldService:
@@ -78,13 +93,17 @@ class FieldService:
         *,
         max_queue: int = 10_000,
         max_batch: int = 512,
+        admission: AdmissionPolicy | None = None,
     ) -> None:
         self.log = log
         self._field_factory = field_factory
         #: entries of the batch being processed that are applied but not yet stored
         self._unstored: list[LogEntry] = []
         self.field = self._load()
-        self._queue: asyncio.Queue[_Pending] = asyncio.Queue(max_queue)
+        self._queue = _JobQueue(max_queue)
+        #: refuses work while the delay stands above its target (field.admission)
+        self.admission = Admission(admission)
+        self._sampler: asyncio.Task[None] | None = None
         self._max_batch = max_batch
         self._writer: asyncio.Task[None] | None = None
         self._probe: asyncio.Task[None] | None = None
@@ -167,6 +186,7 @@ class FieldService:
         if genesis:
             await self._append(genesis)
         self._start_writer()
+        self._sampler = asyncio.create_task(self._sample_delay(), name="field-admission")
 
     def _start_writer(self) -> None:
         self._writer = asyncio.create_task(self._run(), name="field-writer")
@@ -189,6 +209,11 @@ class FieldService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._writer
             self._writer = None
+        if self._sampler is not None:
+            self._sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._sampler
+            self._sampler = None
         if self._probe is not None:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -196,13 +221,21 @@ class FieldService:
             self._probe = None
         self.log.close()
 
-    async def execute(self, job: Job, *, operation: str | None = None) -> Outcome:
-        """Run ``job`` on the Field in order with every other job; raises FieldError."""
+    async def execute(
+        self, job: Job, *, operation: str | None = None, work: Work | None = None
+    ) -> Outcome:
+        """Run ``job`` on the Field in order with every other job; raises FieldError.
+
+        ``work`` is the job's class for admission control; by default, the
+        class of ``operation`` (none: one of the server's own jobs, never refused).
+        """
         if self._writer is None or self._stopping:
             raise Overloaded("the Field is not running", operation=operation)
-        future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
+        self.admission.admit(work or work_of(operation), operation)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
         try:
-            self._queue.put_nowait(_Pending(job, future, operation))
+            self._queue.put_nowait(_Pending(job, future, operation, loop.time()))
         except asyncio.QueueFull:
             raise Overloaded("the Field's request queue is full", operation=operation) from None
         outcome = await future
@@ -212,6 +245,20 @@ class FieldService:
             for _ in outcome.rest:
                 await asyncio.sleep(0)
         return outcome
+
+    async def _sample_delay(self) -> None:
+        """Feed admission control: every ``sample`` seconds, the larger of the loop's
+        lag (how late this timer fired) and the age of the oldest queued job."""
+        loop = asyncio.get_running_loop()
+        period = self.admission.policy.sample
+        due = loop.time() + period
+        while True:
+            await asyncio.sleep(max(0.0, due - loop.time()))
+            now = loop.time()
+            oldest = self._queue.oldest()
+            waited = 0.0 if oldest is None else now - oldest
+            self.admission.observe(max(now - due, waited), now)
+            due = now + period
 
     # -- the writer ------------------------------------------------------------
 

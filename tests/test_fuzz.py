@@ -127,7 +127,8 @@ documents = (
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ThreadedServer]:
-    running = ThreadedServer(Config(data_dir=None, log_level="critical")).start()
+    # no rate limit: the fuzzer's one agent sends thousands of bodies, and each must be read
+    running = ThreadedServer(Config(data_dir=None, log_level="critical", agent_rate=0)).start()
     yield running
     running.stop()
 

@@ -44,6 +44,7 @@ TYPES = [
     "filter-context",
     *coordination_cases.SCHEMAS["types"],
     *rap_cases.SCHEMAS["types"],
+    "registration-token",
 ]
 REQUESTS = [
     "register.request",
@@ -58,6 +59,7 @@ REQUESTS = [
     "merge.request",
     "source.request",
     *rap_cases.SCHEMAS["requests"],
+    "registration-token.request",
 ]
 RESPONSES = [
     "register.response",
@@ -78,6 +80,9 @@ RESPONSES = [
     "source-remove.response",
     "source-event.response",
     *rap_cases.SCHEMAS["responses"],
+    "registration-token.response",
+    "registration-tokens.response",
+    "registration-token-revoke.response",
 ]
 ALL = TYPES + REQUESTS + RESPONSES
 
@@ -471,7 +476,15 @@ FIELD_STATUS = {
     "epoch": 42,
     "persistence": True,
     "log": {"backend": "sqlite", "last_position": 17, "writable": True, "refusing": None},
-    "writer": {"running": True, "queued": 0},
+    "writer": {
+        "running": True,
+        "queued": 0,
+        "admission": {
+            "delay_ms": 0.4,
+            "write": {"mode": "admitting", "refused": 0, "episodes": 0},
+            "read": {"mode": "admitting", "refused": 0, "episodes": 0},
+        },
+    },
     "counts": {
         "agents": 2,
         "memory_units": {"active": 3, "contested": 2, "draft": 1},
@@ -1779,6 +1792,11 @@ INVALID = [
         "refusing-other-code",
     ),
     case("field-status.response", drop(FIELD_STATUS, "writer"), "missing-writer"),
+    case(
+        "field-status.response",
+        put(FIELD_STATUS, "writer.admission.write.mode", "refusing"),
+        "admission-mode",
+    ),
     case("field-status.response", put(FIELD_STATUS, "limits", {"x": 0.5}), "limit-float"),
     case("field-status.response", put(FIELD_STATUS, "protocol_version", "0.2.0"), "version"),
     case("field-status.response", drop(FIELD_STATUS, "field_id"), "missing-field-id"),
@@ -2101,6 +2119,60 @@ INVALID += [
     case("field-status.response", put(FIELD_STATUS, "sources.github.accepted", -1), "neg-count"),
     case("memory-unit", {**UNIT, "payload": [1]}, "payload-array"),
 ]
+REGISTRATION_TOKEN = {
+    "id": "regtok-0123456789abcdef0123",
+    "uses": 5,
+    "uses_left": 4,
+    "expires_at": "2030-01-01T00:00:00.000Z",
+    "expired": False,
+    "authority": 4,
+    "note": "pilot",
+    "created_at": "2026-01-01T00:00:00.000Z",
+}
+ISSUED = {**REGISTRATION_TOKEN, "token": "fieldreg_" + "A" * 43}
+VALID += [
+    case("registration-token", REGISTRATION_TOKEN, "basic"),
+    case("registration-token.request", {}, "empty"),
+    case("registration-token.request", {"uses": 3, "expires_at": None, "note": None}, "basic"),
+    case(
+        "registration-token.response",
+        {"status": "ok", "registration_token": ISSUED, "epoch": 3},
+        "ok",
+    ),
+    case(
+        "registration-tokens.response",
+        {
+            "status": "ok",
+            "registration": "token",
+            "registration_tokens": [REGISTRATION_TOKEN],
+            "epoch": 3,
+        },  # fmt: skip
+        "ok",
+    ),
+    case(
+        "registration-token-revoke.response", {"status": "ok", "id": ISSUED["id"], "epoch": 4}, "ok"
+    ),
+    case("register.request", {"id": "a", "role": "r", "registration_token": "fieldreg_x"}, "rt"),
+]
+INVALID += [
+    case("registration-token", {**REGISTRATION_TOKEN, "token": "fieldreg_x"}, "secret-shown"),
+    case("registration-token", {**REGISTRATION_TOKEN, "uses_left": 0}, "used-up"),
+    case("registration-token.request", {"uses": 0}, "no-uses"),
+    case("registration-token.request", {"secret": "mine"}, "extra"),
+    case(
+        "registration-token.response",
+        {"status": "ok", "registration_token": REGISTRATION_TOKEN, "epoch": 3},
+        "no-secret",
+    ),
+    case(
+        "registration-tokens.response",
+        {"status": "ok", "registration": "invite", "registration_tokens": [], "epoch": 3},
+        "policy",
+    ),
+    case(
+        "registration-token-revoke.response", {"status": "ok", "id": "regtok-1", "epoch": 4}, "id"
+    ),
+]
 VALID += coordination_cases.VALID + rap_cases.VALID
 INVALID += coordination_cases.INVALID + rap_cases.INVALID
 
@@ -2212,6 +2284,12 @@ ERROR_TABLE = {
     "SOURCE_LIMIT": (409, "Yes"),
     "INVALID_SIGNATURE": (401, "No"),
     "STALE_TIMESTAMP": (401, "No"),
+    "INVALID_HTTP": (400, "Yes"),
+    "RATE_LIMITED": (429, "Yes"),
+    "REGISTRATION_CLOSED": (403, "No"),
+    "REGISTRATION_TOKEN_INVALID": (403, "No"),
+    "REGISTRATION_TOKEN_LIMIT": (409, "Yes"),
+    "AGENT_LIMIT": (409, "Yes"),
 }
 
 

@@ -27,11 +27,21 @@ returns one page, and :meth:`AgentClient.every` follows ``next`` to the end::
 Every call sends a full envelope (spec 5.1) and keeps the agent's Lamport
 clock: the envelope carries the highest epoch the agent has seen, and
 each response's ``epoch`` moves it forward.
+
+A request the Field turns away before running it (``503 OVERLOADED`` or
+``429 RATE_LIMITED``, each with ``Retry-After``) is sent again after the
+wait it names, at most ``retries`` times (3 by default; 0 never), each wait
+at most ``max_retry_wait`` seconds; past that the error is raised, with the
+wait the Field asked for in :attr:`FieldClientError.retry_after`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import email.utils
 import itertools
+import random
+import time
 from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any, Final
@@ -58,14 +68,38 @@ def _given(**fields: Any) -> dict[str, Any]:
     return {key: value for key, value in fields.items() if value is not None}
 
 
+#: How the client waits before sending a refused request again.
+_sleep = asyncio.sleep
+#: Error codes of requests the Field refused before running them: safe to send again.
+RETRIED_CODES = frozenset({"OVERLOADED", "RATE_LIMITED"})
+
+
 class FieldClientError(Exception):
     """The Field answered with an error response (spec 8.1)."""
 
-    def __init__(self, status: int, body: dict[str, Any]) -> None:
+    def __init__(
+        self, status: int, body: dict[str, Any], *, retry_after: float | None = None
+    ) -> None:
         self.status = status
         self.body = body
         self.code = body.get("code")
+        #: seconds the Field asked the client to wait (``Retry-After``), if it did
+        self.retry_after = retry_after
         super().__init__(f"{status} {self.code}: {body.get('message')}")
+
+
+def retry_after_seconds(value: str | None, now: float | None = None) -> float | None:
+    """A ``Retry-After`` header in seconds: delay-seconds or an HTTP date (RFC 9110 10.2.3)."""
+    if value is None:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 class FieldClient:
@@ -77,10 +111,15 @@ class FieldClient:
         *,
         session: aiohttp.ClientSession | None = None,
         timeout: float | None = None,
+        retries: int = 3,
+        max_retry_wait: float = 30.0,
     ) -> None:
-        """``timeout`` bounds each request in seconds (``None``: aiohttp's default)."""
+        """``timeout`` bounds each request in seconds (``None``: aiohttp's default);
+        ``retries`` and ``max_retry_wait`` say how a refused request is sent again."""
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
+        self.retries = retries
+        self.max_retry_wait = max_retry_wait
         self._session = session
         self._owns_session = session is None
         self._ids = itertools.count(1)
@@ -133,17 +172,41 @@ class FieldClient:
     async def request(
         self, method: str, path: str, *, body: Any = None, token: str | None = None
     ) -> dict[str, Any]:
-        """One HTTP exchange; returns the JSON body or raises FieldClientError."""
+        """One HTTP exchange; returns the JSON body or raises FieldClientError.
+
+        A refusal with ``Retry-After`` (``OVERLOADED``, ``RATE_LIMITED``: nothing ran)
+        is sent again after that wait, plus up to a tenth more at random so that the
+        clients refused together do not come back together.
+        """
         headers = {"Content-Type": "application/json"}
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         data = None if body is None else orjson.dumps(body)
+        for attempt in itertools.count():
+            try:
+                return await self._exchange(method, path, data, headers)
+            except FieldClientError as error:
+                wait = error.retry_after
+                if (
+                    error.code not in RETRIED_CODES
+                    or wait is None
+                    or attempt >= self.retries
+                    or wait > self.max_retry_wait
+                ):
+                    raise
+                await _sleep(wait * (1 + random.random() / 10))
+        raise AssertionError("unreachable")
+
+    async def _exchange(
+        self, method: str, path: str, data: bytes | None, headers: dict[str, str]
+    ) -> dict[str, Any]:
         async with self.session.request(
             method, self.base_url + path, data=data, headers=headers
         ) as response:
             payload: dict[str, Any] = orjson.loads(await response.read())
             if response.status >= 400:
-                raise FieldClientError(response.status, payload)
+                wait = retry_after_seconds(response.headers.get("Retry-After"))
+                raise FieldClientError(response.status, payload, retry_after=wait)
             return payload
 
     async def register(
@@ -157,12 +220,15 @@ class FieldClient:
         authority: int | None = None,
         operator_token: str | None = None,
         previous_token: str | None = None,
+        registration_token: str | None = None,
     ) -> AgentClient:
         """REGISTER ``agent_id``; returns its handle, holding the new token.
 
         An ``authority`` above 4 needs the Field's ``operator_token``. An id
         that deregistered is retired: only its last token (``previous_token``,
-        the one DEREGISTER revoked) or the operator's registers it again.
+        the one DEREGISTER revoked) or the operator's registers it again. A
+        Field whose registration is ``token`` needs a ``registration_token``
+        the operator issued.
         """
         payload: dict[str, Any] = {"id": agent_id, "role": role}
         payload |= _given(
@@ -170,6 +236,7 @@ class FieldClient:
             current_task_id=current_task_id,
             required_operations=required_operations,
             authority=authority,
+            registration_token=registration_token,
         )
         body = self.envelope("REGISTER", agent_id, payload)
         bearer = operator_token or previous_token

@@ -46,6 +46,7 @@ from . import (
     coordination,
     history,
     listing,
+    registration,
     sessions,
     sources,
     subscribe,
@@ -53,7 +54,7 @@ from . import (
     validation,
     visibility,
 )
-from .authority import OPERATOR_ID, STANDARD
+from .authority import OPERATOR_ID
 from .clock import iso_timestamp
 from .context import Context, Outcome
 from .egress import EgressPolicy
@@ -65,6 +66,11 @@ from .text import shorten
 
 #: Operations implemented by this Field, in spec order: all of them.
 SUPPORTED_OPERATIONS: tuple[str, ...] = OPERATIONS
+#: Registered agents a Field holds at most, unless configured otherwise. An agent costs
+#: about 0.5 KB of the state bare and about 3 KB with a subscription (its profile in the
+#: matcher's columns), so 100,000 bounds that to a few hundred MB: far above what real
+#: deployments register, far below what would exhaust a small server.
+DEFAULT_MAX_AGENTS = 100_000
 #: Level 3 of spec section 9: every operation, the Coordination Extension, all seven
 #: MERGE strategies, embeddings, authority and session visibility, four bindings
 #: (HTTP, WebSocket, SSE push, MCP).
@@ -99,8 +105,15 @@ class Field:
         embedder: Embedder | None = None,
         egress: EgressPolicy | None = None,
         secret_box: SecretBox | None = None,
+        registration_policy: str = "open",
+        max_agents: int = DEFAULT_MAX_AGENTS,
     ) -> None:
         self.limits = limits or Limits()
+        if registration_policy not in registration.POLICIES:
+            raise ValueError(f"registration must be one of {', '.join(registration.POLICIES)}")
+        #: who may REGISTER (see field.core.registration), and how many agents at most
+        self.registration = registration_policy
+        self.max_agents = max_agents
         #: hash of the operator token (spec 11.2, level 10); None: no operator
         self._operator_hash = hash_token(operator_token) if operator_token else None
         self.persistent = persistent
@@ -163,6 +176,10 @@ class Field:
     def new_secret(self) -> str:
         """A fresh webhook secret (``whsec_`` and base64)."""
         return self._ids.webhook_secret()
+
+    def now(self) -> float:
+        """The Field's wall time (seconds since the epoch)."""
+        return self._now()
 
     def new_id(self, prefix: str) -> str:
         """A fresh Field-assigned id: ``<prefix>-`` and 20 hex digits."""
@@ -288,6 +305,10 @@ class Field:
         """The timestamp of the next entries: wall time, but never before the last entry's."""
         return max(self.state.last_ts, self._now())
 
+    def is_operator(self, token: str) -> bool:
+        """Whether ``token`` is the operator's (constant time; no state is read)."""
+        return self._is_operator(token)
+
     def _is_operator(self, token: str) -> bool:
         return self._operator_hash is not None and hmac.compare_digest(
             self._operator_hash, hash_token(token)
@@ -365,14 +386,7 @@ class Field:
                     "field_capabilities": self.capabilities(),
                 },
             )
-        if request["authority"] > STANDARD and ctx.agent is not OPERATOR_RECORD:
-            raise AuthError(
-                f"registering with authority {request['authority']} needs the operator token",
-                code=Code.INSUFFICIENT_AUTHORITY,
-                recoverable=False,
-                suggested_action="Register at authority 4 or lower, or have the operator "
-                "register the agent with its token.",
-            )
+        ticket = registration.admit(self, request, ctx)  # the policy, and authority
         if (
             request["id"] in self.state.agents
             or request["id"] == OPERATOR_ID
@@ -384,6 +398,7 @@ class Field:
                 suggested_action="Register under a different id.",
             )
         self._require_registrant(request["id"], ctx)
+        registration.require_room(self)
         token = self._ids.token()
         agent = {
             "id": request["id"],
@@ -393,13 +408,10 @@ class Field:
             "registered_epoch": ctx.epoch,
             "authority": request["authority"],
         }
-        entry = LogEntry(
-            ctx.epoch,
-            "agent.registered",
-            {"agent": agent, "token_hash": hash_token(token)},
-            agent_id=request["id"],
-            ts=ctx.now,
-        )
+        data: dict[str, Any] = {"agent": agent, "token_hash": hash_token(token)}
+        if ticket is not None:  # one use of it, counted with the registration itself
+            data["registration_token"] = ticket.id
+        entry = LogEntry(ctx.epoch, "agent.registered", data, agent_id=request["id"], ts=ctx.now)
         response = {
             "status": "registered",
             "agent": {**agent, "status": "idle"},
@@ -627,6 +639,20 @@ class Field:
     def ingest_event(self, event: sources.Event) -> Outcome:
         """A verified inbound event becomes a unit of its source (or is refused)."""
         return sources.ingest(self, event)
+
+    # -- registration tokens (field/core/registration.py) -------------------------
+
+    def issue_registration_token(self, token: str | None, body: Any) -> Outcome:
+        """The operator issues a registration token (its secret is in the response only)."""
+        return registration.issue(self, token, body)
+
+    def revoke_registration_token(self, token: str | None, token_id: str) -> Outcome:
+        """The operator revokes a registration token."""
+        return registration.revoke(self, token, token_id)
+
+    def registration_tokens(self, token: str | None) -> dict[str, Any]:
+        """The registration tokens held, for the operator."""
+        return registration.listing(self, token)
 
     # -- DETECT ----------------------------------------------------------------
 

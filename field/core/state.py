@@ -37,6 +37,7 @@ Entry kinds and their ``data``:
 ``memory.reinstated``      ``{memory_unit_id, conflict_id}``: contested → active
 ``source.defined``    ``{source}``: an inbound event source (its secret sealed)
 ``source.removed``    ``{name}``
+``registration_token.*``   see :mod:`field.core.registration`
 ===================== ===============================================
 
 A ``memory.recorded`` entry of an inbound event also has ``delivery``:
@@ -68,7 +69,7 @@ from typing import Any
 from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits, LogEntry, StoredEntry
 from ..subscriptions import delivery
 from ..subscriptions.registry import SubscriptionRegistry
-from . import sessions, sources, tasks
+from . import registration, sessions, sources, tasks
 from .allow_lists import AllowLists
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
@@ -155,6 +156,8 @@ class FieldState:
     registry: SubscriptionRegistry = field(init=False)
     #: inbound event sources by name (see :mod:`field.core.sources`)
     sources: dict[str, sources.Source] = field(default_factory=dict)
+    #: registration tokens the operator issued (see :mod:`field.core.registration`)
+    registration_tokens: registration.Tokens = field(default_factory=registration.Tokens)
     #: tombstones of purged units (no content), by id
     purged: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: ``units`` then ``purged``: for readers of entries about units that may be purged
@@ -228,6 +231,7 @@ class FieldState:
         insort(self.agent_ids, record.id)
         self.tokens[record.token_hash] = record.id
         self.retired.pop(record.id, None)
+        registration.apply_use(self, data.get("registration_token"))
 
     def _agent_deregistered(self, data: dict[str, Any]) -> None:
         record = self.agents.pop(data["agent_id"])
@@ -440,6 +444,8 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "memory.reinstated": FieldState._memory_reinstated,
     "source.defined": FieldState._source_defined,
     "source.removed": FieldState._source_removed,
+    "registration_token.issued": registration.apply_issued,
+    "registration_token.revoked": registration.apply_revoked,
 }
 
 

@@ -215,7 +215,15 @@ def envelope(value: Any, *, expected_operation: str | None, limits: Limits) -> E
 # -- REGISTER / DEREGISTER ----------------------------------------------------
 
 _REGISTER_KEYS = frozenset(
-    {"id", "role", "interests", "required_operations", "current_task_id", "authority"}
+    {
+        "id",
+        "role",
+        "interests",
+        "required_operations",
+        "current_task_id",
+        "authority",
+        "registration_token",
+    }
 )
 
 
@@ -244,6 +252,10 @@ def register_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
             payload.get("current_task_id"), "current_task_id", max_chars=limits.max_id_chars
         ),
         "authority": _authority(payload.get("authority", STANDARD_AUTHORITY)),
+        # the operator's admission ticket when registration needs one (never logged)
+        "registration_token": _optional_string(
+            payload.get("registration_token"), "registration_token", max_chars=256
+        ),
     }
 
 

@@ -2,7 +2,7 @@
 
 uvicorn's httptools protocol accepts every socket it is handed and waits for
 a request head or body without a deadline. :class:`FieldHttpProtocol` is that
-protocol with three things added:
+protocol with four things added:
 
 * **Admission.** One :class:`ConnectionGuard` per server counts the open
   connections (HTTP and WebSocket together, from accept to close) in all and
@@ -23,6 +23,10 @@ protocol with three things added:
   ``Upgrade`` (``h2c``, a ``POST`` with ``Upgrade: websocket``, a handshake
   with a body) is served as plain HTTP, its body read past the stopped
   parser, and the connection closed after the answer.
+* **Malformed requests.** Bytes llhttp refuses (a ``Content-Length`` that is
+  not a number, a control character in a header...) are answered ``400
+  INVALID_HTTP`` instead of uvicorn's plain text, unless a response is
+  already under way; either way the connection closes.
 
 Every answer of this module is the Field's error body with ``Connection:
 close``. A connection being closed first sends its answer and a FIN, then
@@ -243,6 +247,19 @@ def _timed_out(what: str, seconds: float) -> FieldError:
     )
 
 
+#: Longest parser message quoted in an ``INVALID_HTTP`` answer (llhttp's are short).
+MAX_REASON_CHARS = 200
+
+
+def _malformed(reason: str) -> FieldError:
+    return FieldError(
+        f"the request is not well-formed HTTP/1.1: {reason[:MAX_REASON_CHARS]}",
+        code=Code.INVALID_HTTP,
+        recoverable=True,
+        suggested_action="Send a well-formed HTTP/1.1 request (RFC 9112) on a new connection.",
+    )
+
+
 class FieldHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with admission, deadlines and declined upgrades."""
 
@@ -261,6 +278,8 @@ class FieldHttpProtocol(HttpToolsProtocol):
         self._after_upgrade: _BodyAfterUpgrade | None = None
         #: that request's framing headers, while its head is parsed
         self._declined_framing: bytes | None = None
+        #: the answer to malformed bytes that followed requests still being answered
+        self._refusal: FieldError | None = None
 
     # -- phases ---------------------------------------------------------------------
 
@@ -378,21 +397,36 @@ class FieldHttpProtocol(HttpToolsProtocol):
     def _parse(self, data: bytes) -> None:
         try:
             self.parser.feed_data(data)
-        except httptools.HttpParserError:
-            self._bad_request()
+        except httptools.HttpParserError as exc:
+            self._bad_request(str(exc))
         except httptools.HttpParserUpgrade as upgrade:
             if self._should_upgrade():
                 self.handle_websocket_upgrade()
             else:
                 self._read_past_upgrade(data[upgrade.args[0] :])
 
-    def _bad_request(self) -> None:
-        """uvicorn's answer to bytes that are not HTTP (400, plain text) and close."""
+    def _bad_request(self, reason: str) -> None:
+        """Answer bytes that are not HTTP/1.1 (``400 INVALID_HTTP``) and close.
+
+        The parser cannot find where the bad request ends, so nothing after it
+        can be read as a request: the connection closes after the answer. Whole
+        requests before it are answered first; if the bytes broke the body of a
+        request whose response is already under way, there is no answer to give.
+        """
+        if self._refusal is not None:
+            return  # refused already; llhttp refuses every byte after the first error
+        logger.warning("invalid HTTP request received: %s", reason)
+        cycle = self._running
+        if self.phase is Phase.APP and cycle is not None and not cycle.response_complete:
+            # the requests before it are whole: answered first, in order
+            self._refusal = _malformed(reason)
+            return
+        midway = cycle is not None and cycle.response_started and not cycle.response_complete
         self._let_go_of_request()
-        msg = "Invalid HTTP request received."
-        logger.warning(msg)
-        self.send_400_response(msg)
-        self._enter(Phase.CLOSING)
+        if midway:
+            self._close()
+        else:
+            self._answer_and_close(_malformed(reason))
 
     def _should_upgrade(self) -> bool:
         """Upgrade only a WebSocket handshake: GET, HTTP/1.1, no body."""
@@ -430,8 +464,8 @@ class FieldHttpProtocol(HttpToolsProtocol):
             return  # no body; anything after the head is dropped, as the connection closes
         try:
             self._after_upgrade = _BodyAfterUpgrade(self, framing)
-        except httptools.HttpParserError:  # framing llhttp refuses (e.g. not chunked)
-            self._bad_request()
+        except httptools.HttpParserError as exc:  # framing llhttp refuses (e.g. not chunked)
+            self._bad_request(str(exc))
             return
         self._after_upgrade.feed(rest)
 
@@ -444,6 +478,9 @@ class FieldHttpProtocol(HttpToolsProtocol):
         """uvicorn's, with the phases' deadlines instead of its keep-alive timer."""
         self.server_state.total_requests += 1
         if self.transport.is_closing():
+            return
+        if self._refusal is not None and not self.pipeline:
+            self._answer_and_close(self._refusal)
             return
         self.flow.resume_reading()
         if self.pipeline:
@@ -521,9 +558,9 @@ class _BodyAfterUpgrade:
             return  # past the body: dropped, the connection closes after the answer
         try:
             self._parser.feed_data(data)
-        except httptools.HttpParserError:
+        except httptools.HttpParserError as exc:
             if not self.done:
-                self._protocol._bad_request()
+                self._protocol._bad_request(str(exc))
 
     def on_body(self, body: bytes) -> None:
         self._protocol.on_body(body)

@@ -10,6 +10,7 @@ ever gets a stack trace: unexpected failures become ``INTERNAL_ERROR``.
 from __future__ import annotations
 
 import logging
+import math
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,11 +26,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
+from ..admission import Work, work_of
 from ..config import Config
 from ..core.context import Outcome
 from ..core.embedding import Embedder, load_embedder
 from ..core.field import Field
 from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
+from ..core.ratelimit import Rate
 from ..core.secrets import SecretBox
 from ..core.state import AgentRecord
 from ..errors import (
@@ -55,10 +58,12 @@ from ..store.keys import load_or_create_key
 from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .push import PushHub
+from .ratelimits import AgentRateLimits
 from .sse import sse_endpoint, subscription_of
 from .streaming import absolute_urls, deny_websocket, ws_endpoint
 
 if TYPE_CHECKING:
+    from .registration import RegisterLimit
     from .sources import SourcesBinding
 
 logger = logging.getLogger("field.http")
@@ -76,7 +81,8 @@ def error_response(error: FieldError, operation: str | None = None) -> Response:
     if error.http_status == 401:
         response.headers["WWW-Authenticate"] = "Bearer"
     if error.retry_after is not None:
-        response.headers["Retry-After"] = str(max(1, round(error.retry_after)))
+        # whole seconds, rounded up: a client that waits that long is not refused again
+        response.headers["Retry-After"] = str(max(1, math.ceil(error.retry_after)))
     return response
 
 
@@ -140,11 +146,21 @@ class HTTPBinding:
         self.started = time.monotonic()
         #: inbound event sources (their counts appear in the status)
         self.sources: SourcesBinding | None = None
+        #: REGISTER's per-client rate, checked before the writer's queue
+        self.register_limit: RegisterLimit | None = None
+        #: the per-agent limit on operations (one for the server, whatever its bindings)
+        self.rate_limits = AgentRateLimits(config.agent_rate_limit())
 
     def _service(self) -> FieldService:
         if self.service is None:
             raise FieldError("the Field is starting", code=Code.OVERLOADED, recoverable=True)
         return self.service
+
+    def admit(self, token: str | None, operation: str | None = None) -> None:
+        """Refuse (``RATE_LIMITED``) a request of an agent over its rate, before the writer
+        sees it; anything else is answered as before (:mod:`.ratelimits`)."""
+        if self.service is not None:
+            self.rate_limits.admit(self.service.field, token, operation)
 
     def operation_endpoint(self, operation: str) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
@@ -154,8 +170,14 @@ class HTTPBinding:
 
     async def operation(self, request: Request, operation: str) -> Response:
         try:
-            body = await read_json(request, self.config.limits)
             token = bearer_token(request)
+            self.admit(token, operation)  # first: a refusal costs no body read
+            self._service().admission.admit(work_of(operation), operation)  # likewise
+            if operation == "REGISTER" and self.register_limit is not None:
+                client = request.client
+                host = None if client is None else client.host
+                self.register_limit.check(self._service().field, token, host)
+            body = await read_json(request, self.config.limits)
             await check_webhook(body, self._service().field.egress)
             outcome = await self._service().execute(
                 lambda field: field.handle(body, token=token, operation=operation),
@@ -177,7 +199,8 @@ class HTTPBinding:
             return Outcome(job(field, field.authenticate(token)))
 
         try:
-            outcome = await self._service().execute(authenticated)
+            self.admit(token)
+            outcome = await self._service().execute(authenticated, work=Work.READ)
         except FieldError as error:
             return error_response(error)
         return json_response(outcome.response)
@@ -201,7 +224,11 @@ class HTTPBinding:
             if refusing is None
             else {"code": refusing.code, "message": refusing.message},
         }
-        body["writer"] = {"running": service.running, "queued": service.queued}
+        body["writer"] = {
+            "running": service.running,
+            "queued": service.queued,
+            "admission": service.admission.status(),
+        }
         body["sources"] = {} if self.sources is None else self.sources.status(field)
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
         return json_response(body)
@@ -424,11 +451,14 @@ def create_app(
     :func:`webhook_key_of` ``config``.
     """
     from .rap import RapBinding  # they build on this module
+    from .registration import RegisterLimit, RegistrationBinding
     from .sources import SourcesBinding
 
     binding = HTTPBinding(config)
     rap = RapBinding(binding)
     binding.sources = SourcesBinding(binding, tolerance=config.source_tolerance)
+    registration = RegistrationBinding(binding)
+    binding.register_limit = RegisterLimit(Rate(config.register_rate, config.register_burst))
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -446,13 +476,23 @@ def create_app(
                 embedder=chosen,
                 egress=binding.egress,
                 secret_box=box,
+                registration_policy=config.registration,
+                max_agents=config.max_agents,
             ),
             max_queue=config.max_queue,
             max_batch=config.max_batch,
+            admission=config.admission_policy(),
         )
         await service.start()
         binding.service = service
-        binding.hub = PushHub(service, config.push, max_per_agent=config.max_push_per_agent)
+        binding.hub = PushHub(
+            service,
+            config.push,
+            max_per_agent=config.max_push_per_agent,
+            notify_rate=config.notify_rate_limit(),
+        )
+        binding.hub.rate_limits = binding.rate_limits
+        service.listeners.append(binding.rate_limits.published)
         liveness = Liveness(
             service,
             failure_grace=config.failure_grace,
@@ -460,6 +500,7 @@ def create_app(
         )
         service.on_seen = liveness.seen
         binding.hub.liveness = liveness
+        binding.hub.register_limit = binding.register_limit
         liveness.start()
         deliveries = DeliveryEngine(
             service,
@@ -472,6 +513,8 @@ def create_app(
         binding.deliveries = deliveries
         app.state.service = service
         app.state.push_hub = binding.hub
+        app.state.register_limit = binding.register_limit
+        app.state.rate_limits = binding.rate_limits
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(
@@ -510,6 +553,7 @@ def create_app(
         ),
         *rap.routes(),
         *binding.sources.routes(),
+        *registration.routes(),
     ]
     app = _FieldApp(
         binding,

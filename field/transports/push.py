@@ -13,6 +13,12 @@ Attaching a stream with a cursor replays the subscription's stream from
 the log (in a worker thread) while live notifications for it are held
 back; the held ones follow the replay, so the seam has no gap and no
 duplicate.
+
+Notifications are also paced per agent (``--notify-rate``): a socket's sender
+waits in :meth:`PushHub.pace` for its agent's tokens before it writes the next
+batch. Nothing is dropped meanwhile: frames wait in the connection's outbox,
+and one that overflows ends with the cursors to resume from, as for any slow
+consumer.
 """
 
 from __future__ import annotations
@@ -22,15 +28,16 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import orjson
 
 from ..core import visibility
 from ..core.field import Field
+from ..core.ratelimit import KeyedLimiter, Rate
 from ..core.subscribe import EXPIRED
 from ..errors import Code, FieldError
 from ..liveness import Liveness
@@ -50,6 +57,10 @@ from ..subscriptions.stream import (
     shared_tail,
     subscription_prefix,
 )
+
+if TYPE_CHECKING:
+    from .ratelimits import AgentRateLimits
+    from .registration import RegisterLimit
 
 logger = logging.getLogger("field.push")
 
@@ -121,6 +132,9 @@ class PushHub:
         limits: PushLimits | None = None,
         *,
         max_per_agent: int = DEFAULT_MAX_PER_AGENT,
+        notify_rate: Rate | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        pause: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self.service = service
         self.limits = limits or PushLimits()
@@ -144,6 +158,16 @@ class PushHub:
         self._tasks: set[asyncio.Task[None]] = set()
         #: told of every connection and disconnection, if set
         self.liveness: Liveness | None = None
+        #: REGISTER's per-client rate, for envelopes sent on a WebSocket, if set
+        self.register_limit: RegisterLimit | None = None
+        #: notifications each agent's push connections are written, all together
+        #: (:meth:`pace`); None: not limited
+        self.notifications = None if notify_rate is None else KeyedLimiter(notify_rate, clock=clock)
+        #: how :meth:`pace` waits (a test's fake clock advances in it)
+        self._pause = pause
+        #: the per-agent limit on operations, which envelopes sent on a WebSocket take
+        #: their tokens from, if set
+        self.rate_limits: AgentRateLimits | None = None
         service.listeners.append(self.publish)
 
     @property
@@ -182,6 +206,36 @@ class PushHub:
         connection = Connection(agent_id, kind, outbox)
         self.connections.add(connection)
         return connection
+
+    def batch_size(self, most: int) -> int:
+        """Most frames a sender writes at once: ``most``, and no more than the burst of the
+        notification bucket, so that :meth:`pace` spreads a long queue out at the rate
+        instead of letting it out in lumps of ``most``."""
+        if self.notifications is None:
+            return most
+        return max(1, min(most, int(self.notifications.rate.burst)))
+
+    async def pace(self, connection: Connection, frames: int) -> None:
+        """Wait until ``connection``'s agent may be written ``frames`` more notifications.
+
+        The bucket is the agent's, shared by all its push connections. The sender
+        calls this before it writes a batch, so notifications wait in the outbox
+        (bounded; overflow ends the connection with cursors) and are never dropped.
+        A durable sink is not paced here (a delivery has its own ``delivery_rate``),
+        and neither is a connection that has ended: nothing more is queued on it, and
+        what is left is sent at once (the client may be gone).
+        """
+        limiter = self.notifications
+        if limiter is None or connection.kind in SINK_KINDS:
+            return
+        burst = int(limiter.rate.burst)
+        while frames > 0 and connection.ended is None:
+            cost = min(frames, burst)
+            wait = limiter.take(connection.agent_id, cost)
+            if wait:
+                await self._pause(wait)
+            else:
+                frames -= cost
 
     def sleep(self, subscription_id: str, sleeper: Sleeper) -> None:
         """Match ``subscription_id`` with no connection; the sleeper owes nothing up to
@@ -668,24 +722,32 @@ class PushHub:
             binding.queued = notification.position
         return len(notifications)
 
-    def overflow(self, connection: Connection) -> None:
-        """The consumer fell too far behind: close it with the cursors to resume from."""
+    def overflow(
+        self,
+        connection: Connection,
+        why: str = "outbox overflow",
+        detail: str = "the consumer fell too far behind",
+    ) -> None:
+        """The consumer fell too far behind: close it with the cursors to resume from.
+
+        ``why`` is the close reason (the bound reached: the outbox, or for a
+        WebSocket ``send timed out`` or ``keepalive ping timeout``), ``why: detail``
+        the ``overflow`` frame's.
+        """
         if connection.ended is not None:
             return
         cursors = {
             sid: format_cursor(self.tag, binding.queued)
             for sid, binding in connection.streams.items()
         }
-        body = orjson.dumps(
-            {
-                "reason": "outbox overflow: the consumer fell too far behind",
-                "cursors": cursors,
-            }
-        )
+        body = orjson.dumps({"reason": f"{why}: {detail}", "cursors": cursors})
         logger.warning(
-            "closing a slow %s consumer of agent %s", connection.kind, connection.agent_id
+            "closing a slow %s consumer of agent %s (%s)",
+            connection.kind,
+            connection.agent_id,
+            why,
         )
-        self.end(connection, 4008, "outbox overflow", Frame(body, "overflow"))
+        self.end(connection, 4008, why, Frame(body, "overflow"))
         self.disconnect(connection)
 
     def _lifecycle(self, entries: list[StoredEntry]) -> dict[str, int]:
@@ -703,6 +765,8 @@ class PushHub:
                 ended[entry.data["subscription_id"]] = entry.position
             elif entry.kind == "agent.deregistered":
                 agent_id = entry.data["agent_id"]
+                if self.notifications is not None:
+                    self.notifications.forget(agent_id)
                 for subscription_id in [*self._by_subscription, *self._dormant]:
                     subscription = subscriptions[subscription_id]
                     if (

@@ -307,6 +307,7 @@ class RapBinding:
             token = bearer_token(request)
             service = self.http._service()
             service.field.authenticate(token)
+            self.http.admit(token)  # an invocation is one of the agent's operations
             call = parse_invocation(await read_json(request, self.limits))
             operation = call.operation
             reason = await check_destination(service.field.egress, call.callback_url)

@@ -26,6 +26,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..admission import Work
 from ..core import sources
 from ..core.context import Outcome
 from ..core.field import Field
@@ -198,7 +199,8 @@ class SourcesBinding:
             if passed is not True:
                 return None
         event = sources.Event(source, delivery_id, timestamp, payload, shown_headers)
-        return await service.execute(lambda field: field.ingest_event(event))
+        # an inbound event is a write: refused first under overload (its sender retries)
+        return await service.execute(lambda field: field.ingest_event(event), work=Work.WRITE)
 
     @staticmethod
     async def _body(request: Request, source: sources.Source, most: int) -> bytes:

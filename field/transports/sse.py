@@ -134,7 +134,7 @@ class HubEventStream:
         connection = self.connection
         departure = _Departure(receive, lambda: _client_gone(connection))
         try:
-            await _stream(connection, send, self.subscription_id)
+            await _stream(self.hub, connection, send, self.subscription_id)
         finally:
             departure.close()
             self.hub.disconnect(connection)
@@ -152,12 +152,14 @@ def _client_gone(connection: Connection) -> None:
         connection.outbox.close_with(None)
 
 
-async def _stream(connection: Connection, send: Send, subscription_id: str) -> None:
-    """Send the response: the head, then the outbox's frames as events, a ping comment
+async def _stream(hub: PushHub, connection: Connection, send: Send, subscription_id: str) -> None:
+    """Send the response: the head, then the outbox's frames as events (each chunk once
+    its notifications' tokens are there, :meth:`PushHub.pace`), a ping comment
     whenever the outbox has been empty for :data:`SSE_PING_SECONDS`, and the end of the
     body once the outbox closes. A send that blocks for :data:`SEND_TIMEOUT_SECONDS`
     ends the stream with an ``overflow`` event if the consumer takes it at once."""
     outbox = connection.outbox
+    most = hub.batch_size(SSE_BATCH)
     #: the cursor the client can resume from: what it has been sent
     resume_from: str | None = None
     try:
@@ -173,7 +175,8 @@ async def _stream(connection: Connection, send: Send, subscription_id: str) -> N
                 continue
             if frame is None or connection.ended is _GONE:
                 break
-            chunk, last, cursor = _events(frame, outbox)
+            chunk, last, cursor, notifications = _events(frame, outbox, most)
+            await hub.pace(connection, notifications)
             async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
                 await send(_body(chunk))
             resume_from = cursor or resume_from
@@ -220,13 +223,14 @@ def _ping() -> bytes:
     return ServerSentEvent(comment=comment).encode()
 
 
-def _events(frame: Frame, outbox: Outbox) -> tuple[bytes, bool, str | None]:
-    """``frame`` and what is queued behind it as one body chunk; whether the stream ends
-    with it (an ``end`` or ``overflow`` event); the cursor a client that read it all
-    resumes from (None: the chunk does not move it)."""
+def _events(frame: Frame, outbox: Outbox, most: int) -> tuple[bytes, bool, str | None, int]:
+    """``frame`` and what is queued behind it (``most`` frames at most) as one body chunk;
+    whether the stream ends with it (an ``end`` or ``overflow`` event); the cursor a
+    client that read it all resumes from (None: the chunk does not move it); how many
+    notifications it holds."""
     frames = [frame]
     if frame.kind not in _LAST:
-        for queued in outbox.drain_now(SSE_BATCH):
+        for queued in outbox.drain_now(most - 1):
             frames.append(queued)
             if queued.kind in _LAST:
                 break
@@ -235,7 +239,8 @@ def _events(frame: Frame, outbox: Outbox) -> tuple[bytes, bool, str | None]:
         cursor = _resume_point(sent)
         if cursor is not None:
             break
-    return b"".join(_sse_event(f) for f in frames), frames[-1].kind in _LAST, cursor
+    notifications = sum(f.cursor is not None for f in frames)
+    return b"".join(_sse_event(f) for f in frames), frames[-1].kind in _LAST, cursor, notifications
 
 
 #: The events after which the Field ends a stream.

@@ -6,9 +6,11 @@ to the socket until one side ends. The framing is in
 ``protocol/README.md`` ("Push").
 
 WebSocket close codes: 4401 authentication failed, 4429 the agent holds as
-many push connections as it may, 4008 outbox overflow (the consumer was too
-slow; resume from the cursors of the ``overflow`` frame), 4409 the agent
-deregistered, 1001 the server is stopping.
+many push connections as it may, 4008 the consumer was too slow, whichever
+bound it reached (its outbox, a send waiting for the socket, an unanswered
+ping; resume from the cursors of the ``overflow`` frame), 4409 the agent
+deregistered, 1001 the server is stopping. (A message over the size limit is
+answered and closed with 1009 by ``field serve``'s protocol.)
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..subscriptions.outbox import Frame
 from .delivery import check_webhook
 from .documents import decode_document
 from .push import Connection, PushHub
-from .wsprotocol import BATCH_EXTENSION
+from .wsprotocol import BATCH_EXTENSION, STALL_EXTENSION
 
 logger = logging.getLogger("field.streaming")
 
@@ -85,12 +87,14 @@ async def ws_endpoint(scope: Scope, receive: Receive, send: Send, hub: PushHub) 
     base_http = str(websocket.base_url).replace("ws", "http", 1).rstrip("/")  # the Host header
     _release_handshake(websocket)
     batched = BATCH_EXTENSION in scope.get("extensions", {})
-    sender = asyncio.create_task(_ws_sender(websocket, connection, send if batched else None))
+    sender = asyncio.create_task(_ws_sender(websocket, hub, connection, send if batched else None))
     try:
         for subscription_id in sorted(hub.field.state.active_subscriptions.get(agent_id, ())):
             hub.attach(connection, subscription_id, each.get(subscription_id, default))
         del outcome, default, each  # this frame lives as long as the connection
-        await _ws_reader(websocket, hub, connection, token, base_http)
+        client = scope.get("client")
+        host = client[0] if client else None
+        await _ws_reader(receive, hub, connection, token, base_http, host)
     except Exception:
         logger.exception("a WebSocket connection of %s failed", agent_id)
         hub.end(connection, 1011, "internal error", None)
@@ -123,25 +127,30 @@ async def deny_websocket(scope: Scope, send: Send, error: FieldError) -> None:
 
 
 async def _ws_reader(
-    websocket: WebSocket,
+    receive: Receive,
     hub: PushHub,
     connection: Connection,
     token: str | None,
     base_http: str,
+    host: str | None,
 ) -> None:
-    """Run each envelope the client sends; queue each response as a frame."""
+    """Run each envelope the client sends; queue each response as a frame.
+
+    A stalled consumer (``field serve``'s protocol says so, :data:`STALL_EXTENSION`)
+    is ended as one whose outbox overflowed: what is queued, ``overflow``, 4008.
+    """
     while connection.ended is None:
-        try:
-            message = await websocket.receive()
-        except (WebSocketDisconnect, RuntimeError):
+        message = await receive()
+        if message["type"] == STALL_EXTENSION:
+            hub.overflow(connection, message["reason"], message["detail"])
             return
-        if message["type"] == "websocket.disconnect":
+        if message["type"] != "websocket.receive":  # websocket.disconnect
             return
         # a binary frame is accepted if it is UTF-8 JSON
         data = message.get("text")
         if data is None:
             data = message.get("bytes") or b""
-        msg_id, status, body = await _run_envelope(hub, data, token, base_http)
+        msg_id, status, body = await _run_envelope(hub, data, token, base_http, host)
         frame = orjson.dumps({"type": "response", "id": msg_id, "status": status, "body": body})
         if not connection.outbox.put(Frame(frame, "response")):
             hub.overflow(connection)
@@ -149,7 +158,7 @@ async def _ws_reader(
 
 
 async def _run_envelope(
-    hub: PushHub, message: str | bytes, token: str | None, base_http: str
+    hub: PushHub, message: str | bytes, token: str | None, base_http: str, host: str | None = None
 ) -> tuple[Any, int, dict[str, Any]]:
     msg_id = None
     try:
@@ -158,6 +167,10 @@ async def _run_envelope(
         if isinstance(body, dict):
             msg_id = _echoed_id(body.get("id"))
             operation = _known_operation(body.get("operation"))
+        if hub.register_limit is not None:  # REGISTER's per-client rate, before the writer
+            hub.register_limit.check_envelope(hub.field, body, token, host)
+        if hub.rate_limits is not None:  # before the writer's queue: it spares the writer
+            hub.rate_limits.admit(hub.field, token, operation)
         await check_webhook(body, hub.field.egress)
         outcome = await hub.service.execute(
             lambda field: field.handle(body, token=token, operation=None), operation=operation
@@ -189,25 +202,32 @@ def absolute_urls(response: dict[str, Any], base_http: str) -> dict[str, Any]:
     return response
 
 
-async def _ws_sender(websocket: WebSocket, connection: Connection, send: Send | None) -> None:
+async def _ws_sender(
+    websocket: WebSocket, hub: PushHub, connection: Connection, send: Send | None
+) -> None:
     """Copy frames to the socket; close with the hub's code when it ends the connection.
 
     ``send`` is the server's ASGI send when it offers the batch extension
-    (``field serve``'s protocol): what is queued goes out in one socket write.
+    (``field serve``'s protocol): what is queued goes out in one socket write,
+    each batch once its notifications' tokens are there (:meth:`PushHub.pace`),
+    and the protocol bounds the wait for a full socket (a stall, which ends the
+    connection through :func:`_ws_reader`). Otherwise each send may wait
+    :data:`SEND_TIMEOUT_SECONDS`, then the connection is given up.
     """
     outbox = connection.outbox
+    most = hub.batch_size(SEND_BATCH + 1)
     try:
         while True:
             frame = await outbox.get()
             if frame is None:
                 break
             # send what is queued in one go; the timeout bounds a consumer that stalls
-            batch = [frame, *outbox.drain_now(SEND_BATCH)]
+            batch = [frame, *outbox.drain_now(most - 1)]
+            await hub.pace(connection, sum(queued.cursor is not None for queued in batch))
             if send is not None:
                 texts = [_ws_frame(queued) for queued in batch]
-                message = {"type": BATCH_EXTENSION, "texts": texts, "timeout": SEND_TIMEOUT_SECONDS}
-                await send(message)
-                del texts, message
+                await send({"type": BATCH_EXTENSION, "texts": texts})
+                del texts
             else:
                 async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
                     for queued in batch:

@@ -2,8 +2,9 @@
 
 A Field may hold tens of thousands of push connections open for hours,
 nearly all idle. uvicorn's websockets sans-I/O protocol is used as it is,
-with three things taken away from what an idle connection keeps and three
-things added:
+with three things taken away from what an idle connection keeps, and
+things added for batches, refusals, counts, stalls, oversize messages and
+closing:
 
 * its receive queue is an :class:`Inbox` (no deque until a message waits)
   instead of an ``asyncio.Queue`` (four deques, about 3 KB);
@@ -22,9 +23,28 @@ things added:
   (``400 INVALID_HANDSHAKE``) instead of plain text (:class:`FieldServerProtocol`);
 * the connection's place in the server's connection counts
   (:class:`~field.transports.connections.Admission`), handed over by the HTTP
-  protocol at the upgrade, is given back when the connection closes.
+  protocol at the upgrade, is given back when the connection closes;
+* a consumer that stalls ends the documented way, whichever bound it reaches
+  first (:data:`STALL_EXTENSION`): uvicorn's keepalive would fail the
+  connection with 1011 instead, and a send waiting for a full socket would
+  wait for ever;
+* a message over ``ws_max_size`` is answered with a ``response`` frame
+  (``413 PAYLOAD_TOO_LARGE``) before websockets closes with 1009;
+* a closing connection whose consumer does not read is cut after the close
+  timeout (asyncio's ``close`` would wait for its buffer to drain for ever).
 
 Everything else, the wire included, is uvicorn's and websockets' own.
+
+**Stalls.** A consumer is stalled when it answers no ping within
+``ws_ping_timeout`` (uvicorn's keepalive, whose expiry is taken over here),
+or when a batch of frames waits ``ws_ping_timeout`` for the socket's buffer
+to drain. Then the protocol stops waiting for the socket: every later write
+goes to the transport whatever it holds, and the application receives a
+``{"type": STALL_EXTENSION, "reason": ...}`` event, to which it answers by
+sending what it has queued, a last frame and a close. What it sends is
+bounded by its own queue, and the consumer has ``ws_ping_timeout`` more to
+read it before the connection is cut. No task or timer is added: the
+keepalive's timers are uvicorn's, and the close timer is reused.
 """
 
 from __future__ import annotations
@@ -32,13 +52,15 @@ from __future__ import annotations
 import asyncio
 import collections
 import email.utils
+import logging
 from typing import TYPE_CHECKING, Any
 
 import orjson
 from uvicorn.protocols.utils import ClientDisconnected
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from websockets.datastructures import Headers
-from websockets.exceptions import InvalidState
+from websockets.exceptions import InvalidState, PayloadTooBig
+from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
 from websockets.protocol import Protocol
 from websockets.server import ServerProtocol
@@ -49,10 +71,20 @@ from ..errors import Code, FieldError
 if TYPE_CHECKING:
     from .connections import Admission
 
+logger = logging.getLogger("field.websocket")
+
 #: The scope extension, and the type of its message: ``{"type": BATCH_EXTENSION,
 #: "texts": [bytes, ...], "timeout": seconds}``, each text the UTF-8 of one text
-#: frame; ``timeout`` (optional) bounds the wait for a full socket buffer to drain.
+#: frame; ``timeout`` (optional; default ``ws_ping_timeout``) bounds the wait for a
+#: full socket buffer to drain, past which the consumer is stalled (the texts are
+#: written all the same).
 BATCH_EXTENSION = "field.websocket.send_texts"
+#: The scope extension, and the type of the receive event ``{"type": STALL_EXTENSION,
+#: "reason": close reason, "detail": what happened}`` that says the consumer stalled
+#: (module docstring): the application should end the connection.
+STALL_EXTENSION = "field.websocket.stalled"
+#: The options of both extensions (none): one dict for every connection's scope.
+_NO_OPTIONS: dict[str, Any] = {}
 
 
 class Inbox:
@@ -179,6 +211,9 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
 
     #: this connection's place in the server's counts, given back when it closes
     admission: Admission | None = None
+    #: the consumer stalled: writes no longer wait for the socket (a class default,
+    #: so that a connection that never stalls keeps no attribute for it)
+    stalled = False
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -199,13 +234,20 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
         super().handle_connect(event)
         scope = getattr(self, "scope", None)
         if scope is not None:  # the handshake went to the application
-            scope["extensions"][BATCH_EXTENSION] = {}
+            extensions = scope["extensions"]
+            extensions[BATCH_EXTENSION] = extensions[STALL_EXTENSION] = _NO_OPTIONS
 
     async def send(self, message: Any) -> None:
         if message["type"] == BATCH_EXTENSION:
             await self._send_texts(message["texts"], message.get("timeout"))
             return
+        timer = self.close_timer
         await super().send(message)
+        if self.close_timer is not timer and self.close_timer is not None:
+            # uvicorn's close timer closes gracefully, which waits for ever for a consumer
+            # that does not read: a stall's own deadline stands, else the close timeout's
+            self.close_timer.cancel()
+            self.close_timer = timer or self.loop.call_later(self.close_timeout, self._cut)
         if message["type"] == "websocket.accept" and self.handshake_complete:
             self._forget_handshake()
         elif message["type"] == "websocket.http.response.body" and self.close_sent:
@@ -220,8 +262,12 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
         ``timeout`` seconds (``TimeoutError``).
         """
         if not self.writable.is_set():
-            async with asyncio.timeout(timeout):
-                await self.writable.wait()
+            bound = self.ping_timeout if timeout is None else timeout
+            try:
+                async with asyncio.timeout(bound):
+                    await self.writable.wait()
+            except TimeoutError:
+                self._stall("send timed out", f"the socket took no bytes for {bound:g} s")
         if self.close_sent or not self.handshake_complete or self.transport.is_closing():
             raise ClientDisconnected()
         conn = self.conn
@@ -231,6 +277,73 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
         except InvalidState:
             raise ClientDisconnected() from None
         self.transport.write(b"".join(conn.data_to_send()))
+
+    # -- stalls, oversize messages, closing ------------------------------------------
+
+    def pause_writing(self) -> None:
+        if not self.stalled:  # a stalled consumer's writes no longer wait
+            self.writable.clear()
+
+    def keepalive_timeout(self) -> None:
+        """No pong within ``ping_timeout``: a stall (uvicorn fails the connection, 1011)."""
+        self.pong_timer = None
+        self.pending_ping_payload = None
+        if self.close_sent or self.transport.is_closing():
+            return
+        self._stall("keepalive ping timeout", f"no pong within {self.ping_timeout:g} s")
+
+    def _stall(self, reason: str, detail: str) -> None:
+        """The consumer takes no bytes: stop waiting for it and tell the application."""
+        if self.stalled or self.close_sent or self.transport.is_closing():
+            return
+        self.stalled = True
+        self.stop_keepalive()
+        self.writable.set()  # wakes a send waiting for the socket: it writes all the same
+        if self.client:
+            logger.debug("the WebSocket consumer at %s:%d stalled: %s", *self.client, detail)
+        self.queue.put_nowait({"type": STALL_EXTENSION, "reason": reason, "detail": detail})
+        linger = self.ping_timeout or self.close_timeout
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+        self.close_timer = self.loop.call_later(linger, self._cut)
+
+    def _cut(self) -> None:
+        """The close deadline: close if all was handed to the kernel, else drop what is left
+        (as :meth:`FieldHttpProtocol._expired` does)."""
+        self.close_timer = None
+        if self.transport.get_write_buffer_size() == 0:
+            self.transport.close()
+        else:
+            self.transport.abort()
+
+    def data_received(self, data: bytes) -> None:
+        conn = self.conn
+        conn.receive_data(data)
+        if conn.parser_exc is not None:
+            if isinstance(conn.parser_exc, PayloadTooBig):
+                self._answer_too_big()
+            self.handle_parser_exception()
+            return
+        self.handle_events()
+
+    def _answer_too_big(self) -> None:
+        """A ``response`` frame (``id`` null, ``413 PAYLOAD_TOO_LARGE``) ahead of
+        websockets' close (1009), which is already queued in the protocol."""
+        if self.close_sent or not self.handshake_complete or self.initial_response is not None:
+            return  # no application-level frame may go out
+        limit = self.config.ws_max_size
+        error = FieldError(
+            f"the message is larger than {limit} bytes (max_body_bytes); "
+            "the connection is closed (1009)",
+            code=Code.PAYLOAD_TOO_LARGE,
+            recoverable=True,
+            suggested_action=f"Send messages of at most {limit} bytes; reconnect with the "
+            "cursors of the last notifications received.",
+        )
+        body = {"type": "response", "id": None, "status": error.http_status}
+        text = orjson.dumps({**body, "body": error.to_response()})
+        # uncompressed (RFC 7692 allows it), since the protocol is already closing
+        self.transport.write(Frame(Opcode.TEXT, text).serialize(mask=False))
 
     def _forget_handshake(self) -> None:
         """Let go of the request and response: nothing reads them once the handshake is done."""
