@@ -1,7 +1,7 @@
 """Memory per push connection: server RSS before and after opening idle subscribers.
 
-    python benchmarks/memory.py [--cases ws:10000 ws:1000 sse:1000 ws-deflate:1000 redis:10000]
-                                [--procs 3] [--settle 3]
+    python benchmarks/memory.py [--cases ws:10000 sse:10000 ws:1000 sse:1000 ws-deflate:1000
+                                 redis:10000] [--procs 3] [--settle 3]
 
 For each case, starts ``field serve --in-memory`` as a child process and
 ``--procs`` client processes (the lean clients of ``fanout.py``). Every
@@ -21,7 +21,8 @@ offered), ``ws-deflate`` (the client offers permessage-deflate, as browsers
 and the ``websockets`` library do by default, to a server started with
 ``--ws-deflate``, so that it accepts), ``sse`` (one stream per
 subscription) and the baseline ``redis`` (a private ``redis-server`` with
-that many connections SUBSCRIBEd to one channel).
+that many connections SUBSCRIBEd to one channel). The machine's speed is
+read before and after the run (``_common.machine_line``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import signal
 import sys
 import time
 
+from _common import bracketed
 from fanout import ClientPool, raise_nofile, rss_kb, start_field, start_redis
 
 KINDS = {
@@ -85,7 +87,7 @@ def main() -> None:
     parser.add_argument(
         "--cases",
         nargs="+",
-        default=["ws:10000", "ws:1000", "sse:1000", "ws-deflate:1000", "redis:10000"],
+        default=["ws:10000", "sse:10000", "ws:1000", "sse:1000", "ws-deflate:1000", "redis:10000"],
         help="kind:count, kind one of " + ", ".join(KINDS),
     )
     parser.add_argument("--procs", type=int, default=3, help="client processes")
@@ -127,8 +129,16 @@ def main() -> None:
         if kind != "redis" and base is not None and base["per_connection"] > 0:
             ratio = r["per_connection"] / base["per_connection"]
             print(f"{KINDS[kind]} {count:,}: {ratio:.1f}x Redis's KB per subscriber connection")
+    websocket = {count: r for kind, count, r in rows if kind == "ws"}
+    for kind, count, r in rows:
+        base = websocket.get(count)
+        if kind == "sse" and base is not None:
+            print(
+                f"SSE {count:,}: {r['per_connection']:.1f} KB per stream beside "
+                f"{base['per_connection']:.1f} KB per WebSocket"
+            )
     print("target: <= 20 KB per connection")
 
 
 if __name__ == "__main__":
-    main()
+    bracketed(main)

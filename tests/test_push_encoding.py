@@ -32,7 +32,7 @@ from field.subscriptions.stream import (
     format_cursor,
 )
 from field.transports.push import PushHub
-from field.transports.streaming import _sse_event
+from field.transports.sse import _sse_event
 from field.transports.wsprotocol import FieldWebSocketProtocol
 
 from .conftest import ThreadedServer

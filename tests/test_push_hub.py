@@ -22,7 +22,7 @@ import pytest
 from field.core.field import Field
 from field.service import FieldService
 from field.store.memory import MemoryEventLog
-from field.transports import streaming
+from field.transports import sse
 from field.transports.push import Connection, PushHub
 
 from .test_service import envelope
@@ -156,10 +156,10 @@ async def test_deregistering_ends_only_that_agents_connections(hub: Hub) -> None
 
 
 async def test_an_sse_response_that_never_streams_lets_go_of_its_connection(hub: Hub) -> None:
-    """The client is gone before the first byte: the events' generator never starts (so its
-    own clean-up never runs), and the response still releases the hub connection."""
+    """The client is gone before the first byte (the server's send fails at once): the
+    response still releases the hub connection."""
     connection = hub.stream("a", await hub.subscribe("a", ["memory.recorded"]))
-    response = streaming._HubEventStream(hub.hub, connection)
+    response = sse.HubEventStream(hub.hub, connection, "s")
     scope = {"type": "http", "method": "GET", "path": "/", "headers": [], "query_string": b""}
 
     async def receive() -> dict[str, Any]:

@@ -31,7 +31,7 @@ from field.transports.push import PushHub
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid
-from .test_push import open_ws, record, subscribe
+from .test_push import open_ws, record, sse_stream, subscribe
 from .test_push_hub import Hub
 
 OPERATOR_TOKEN = "operator-token-of-the-rate-tests"
@@ -254,6 +254,30 @@ async def test_notifications_over_the_rate_wait_and_all_arrive_in_order(
     assert positions == sorted(positions) and len(set(positions)) == total
     # and they waited for their tokens: the burst at once, the rest at 4 a second
     assert clock.pauses, "nothing waited"
+    assert math.isclose(sum(clock.pauses), (total - 5) / 4.0, rel_tol=1e-9)
+
+
+async def test_sse_notifications_are_paced_too(
+    server_factory: Callable[..., ThreadedServer],
+) -> None:
+    clock = Clock()
+    server = server_factory(notify_rate=4.0, notify_burst=5)
+    hub = server.app.state.push_hub
+    hub.notifications.clock = clock
+    hub._pause = clock.pause
+    total = 12
+    async with FieldClient(server.url) as client, aiohttp.ClientSession() as http:
+        a = await client.register("agent-a", "analyst", interests=["market sizing"])
+        b = await client.register("agent-b", "researcher", interests=["market sizing"])
+        stream = await subscribe(b, ["memory.recorded"])
+        async with sse_stream(http, stream["sse_url"], b.token) as sse:
+            await sse.ready()
+            written = await asyncio.gather(
+                *(record(a, f"market sizing: finding {n}") for n in range(total))
+            )
+            got = await sse.notifications(total)
+    received = [event.data["memory_unit_id"] for event in got]
+    assert sorted(received) == sorted(unit["memory_unit_id"] for unit in written)
     assert math.isclose(sum(clock.pauses), (total - 5) / 4.0, rel_tol=1e-9)
 
 

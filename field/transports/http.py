@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
 from ..admission import Work, work_of
@@ -59,7 +59,8 @@ from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .push import PushHub
 from .ratelimits import AgentRateLimits
-from .streaming import absolute_urls, deny_websocket, sse_endpoint, ws_endpoint
+from .sse import sse_endpoint, subscription_of
+from .streaming import absolute_urls, deny_websocket, ws_endpoint
 
 if TYPE_CHECKING:
     from .registration import RegisterLimit
@@ -232,7 +233,7 @@ class HTTPBinding:
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
         return json_response(body)
 
-    async def subscription_events(self, request: Request) -> Response:
+    async def subscription_events(self, request: Request) -> ASGIApp:
         if self.hub is None:
             return error_response(FieldError("the Field is starting", code=Code.OVERLOADED))
         return await sse_endpoint(request, self.hub, error_response)
@@ -371,6 +372,7 @@ class _FieldApp(Starlette):
     ``/v1/ws``: a WebSocket lives for hours and there may be tens of
     thousands; each layer it passed through would stay on its stack for
     its whole life. Both endpoints turn every failure into a response.
+    The same holds for an SSE stream (``GET /v1/subscriptions/<id>/events``).
     """
 
     def __init__(self, binding: HTTPBinding, **kwargs: Any) -> None:
@@ -401,6 +403,18 @@ class _FieldApp(Starlette):
                 except Exception as exc:
                     response = await _crash(request, exc)
                 await response(scope, receive, send)
+                return
+        if kind == "http" and scope["method"] in ("GET", "HEAD"):
+            subscription_id = subscription_of(scope["path"])
+            if subscription_id is not None:  # an SSE stream: it may live for hours, as /v1/ws
+                scope["app"], scope["path_params"] = self, {"subscription_id": subscription_id}
+                request = Request(scope, receive)
+                try:
+                    stream = await self._binding.subscription_events(request)
+                except Exception as exc:
+                    stream = await _crash(request, exc)
+                del request
+                await stream(scope, receive, send)
                 return
         if kind == "http" and scope["path"] == "/v1/ws":
             response = error_response(_not_a_handshake())

@@ -1,4 +1,4 @@
-"""WebSocket (``/v1/ws``) and Server-Sent Events (``/v1/subscriptions/{id}/events``).
+"""WebSocket (``/v1/ws``), and what Server-Sent Events (``sse.py``) share with it.
 
 Both are thin: authenticate, make a hub connection, attach subscriptions
 with the client's cursors, then copy frames from the connection's outbox
@@ -18,21 +18,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
-from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..core.context import Outcome
-from ..core.field import Field
 from ..errors import FieldError, internal_error
 from ..model import OPERATIONS
-from ..subscriptions.outbox import Frame, Outbox
+from ..subscriptions.outbox import Frame
 from .delivery import check_webhook
 from .documents import decode_document
 from .push import Connection, PushHub
@@ -40,10 +35,6 @@ from .wsprotocol import BATCH_EXTENSION, STALL_EXTENSION
 
 logger = logging.getLogger("field.streaming")
 
-#: Headers of every SSE response (and of the answer to a HEAD).
-SSE_HEADERS = {"Cache-Control": "no-store"}
-#: Seconds between SSE keep-alive comments.
-SSE_PING_SECONDS = 15
 #: Seconds a send may block before the consumer is considered dead.
 SEND_TIMEOUT_SECONDS = 30
 #: Most frames the WebSocket sender writes per wake-up.
@@ -70,104 +61,6 @@ def since_cursors(values: list[str]) -> tuple[str | None, dict[str, str]]:
         else:
             default = value
     return default, each
-
-
-# -- Server-Sent Events -----------------------------------------------------------
-
-
-async def sse_endpoint(
-    request: Request, hub: PushHub, error_response: Callable[[FieldError], Response]
-) -> Response:
-    subscription_id = request.path_params["subscription_id"]
-    token = token_of(request.headers, request.query_params)
-
-    def check(field: Field) -> Outcome:
-        agent = field.authenticate(token)
-        field.active_subscription(subscription_id, agent.id)
-        return Outcome({"agent_id": agent.id})
-
-    try:
-        outcome = await hub.service.execute(check)
-    except FieldError as error:
-        return error_response(error)
-    if request.method == "HEAD":  # what a GET would answer, and no stream (nothing to release)
-        return EventSourceResponse(_no_events(), headers=SSE_HEADERS)
-    since = request.headers.get("last-event-id") or request.query_params.get("since")
-    try:
-        connection = hub.connect(outcome.response["agent_id"], "sse")
-    except FieldError as error:  # TOO_MANY_CONNECTIONS
-        return error_response(error)
-    try:
-        hub.attach(connection, subscription_id, since)
-    except Exception:
-        hub.disconnect(connection)
-        logger.exception("attaching %s failed", subscription_id)
-        return error_response(internal_error())
-    return _HubEventStream(hub, connection)
-
-
-class _HubEventStream(EventSourceResponse):
-    """One connection's frames as an SSE response, which lets go of the connection
-    however the response ends: the events' generator cleans up only if it was started,
-    and a client that goes away at once may leave it unstarted."""
-
-    def __init__(self, hub: PushHub, connection: Connection) -> None:
-        super().__init__(
-            _sse_events(connection.outbox),
-            ping=SSE_PING_SECONDS,
-            send_timeout=SEND_TIMEOUT_SECONDS,
-            headers=SSE_HEADERS,
-        )
-        self._hub, self._connection = hub, connection
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._hub.disconnect(self._connection)
-
-
-async def _no_events() -> AsyncIterator[bytes]:
-    return
-    yield b""  # an async generator that yields nothing
-
-
-async def _sse_events(outbox: Outbox) -> AsyncIterator[bytes]:
-    """The outbox's frames as SSE events, what is queued joined into one body chunk.
-
-    The response that streams them lets go of the connection (:class:`_HubEventStream`).
-    """
-    while True:
-        frame = await outbox.get()
-        if frame is None:
-            return
-        chunk = [_sse_event(frame)]
-        if frame.kind != "end":
-            for queued in outbox.drain_now(SEND_BATCH):
-                chunk.append(_sse_event(queued))
-                if queued.kind == "end":
-                    frame = queued
-                    break
-        yield b"".join(chunk)
-        if frame.kind == "end":
-            return
-        del frame, chunk  # an idle stream must not pin the frames it last sent
-
-
-def _sse_event(frame: Frame) -> bytes:
-    """``ServerSentEvent(data=body, event=kind, id=cursor).encode()``, by concatenation.
-
-    Frame bodies are JSON from orjson (no raw line breaks, so one ``data:``
-    line); anything else goes through sse-starlette's encoder.
-    """
-    body = frame.body
-    if b"\n" in body or b"\r" in body:
-        event = ServerSentEvent(data=body.decode(), event=frame.kind, id=frame.cursor)
-        return event.encode()
-    head = b"event: " + frame.kind.encode() + b"\r\ndata: "
-    if frame.cursor is not None:
-        head = b"id: " + frame.cursor.encode() + b"\r\n" + head
-    return head + body + b"\r\n\r\n"
 
 
 # -- WebSocket --------------------------------------------------------------------

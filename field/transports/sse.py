@@ -1,0 +1,334 @@
+"""Server-Sent Events (``/v1/subscriptions/{id}/events``): one subscription as a stream.
+
+The endpoint authenticates, makes a hub connection and attaches the
+subscription with the client's cursor, then :class:`HubEventStream` copies
+frames from the connection's outbox to the response until one side ends.
+The framing is in ``protocol/README.md`` ("Push", Server-Sent Events).
+
+An idle stream may live for hours and there may be tens of thousands, so
+the response is written here rather than by sse-starlette's
+``EventSourceResponse``, which runs a task group of four tasks per stream
+(sender, ping, shutdown and disconnect listeners; about 29 KB of an idle
+stream's 50). Here the request's own task is the stream's only task: it
+waits on the outbox with the ping interval as its timeout, and the client
+going away is noticed by stepping the server's ``receive()`` by hand
+(:class:`_Departure`), which costs no task. sse-starlette still encodes
+what is not plain (:class:`ServerSentEvent`): pings, and bodies with line
+breaks. A server that stops ends every stream through the hub
+(:meth:`PushHub.shutdown` closes every outbox), which is what
+sse-starlette's shutdown listener was for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from sse_starlette import ServerSentEvent
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from ..core.context import Outcome
+from ..core.field import Field
+from ..errors import FieldError, internal_error
+from ..subscriptions.outbox import Frame, Outbox
+from .push import Connection, PushHub
+from .streaming import SEND_TIMEOUT_SECONDS, token_of
+
+logger = logging.getLogger("field.sse")
+
+#: Headers of every SSE response besides its content type (and of the answer to a HEAD).
+SSE_HEADERS = {"Cache-Control": "no-store"}
+#: Seconds between SSE keep-alive comments.
+SSE_PING_SECONDS = 15
+#: Most queued frames joined into one body chunk.
+SSE_BATCH = 256
+#: Seconds the last words to a consumer whose send timed out (its ``overflow`` event) may take.
+FAREWELL_SECONDS = 1.0
+
+#: The response head of a stream, as sse-starlette's sends it (proxies must not buffer it).
+_HEAD = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    *((name.lower().encode(), value.encode()) for name, value in SSE_HEADERS.items()),
+    (b"connection", b"keep-alive"),
+    (b"x-accel-buffering", b"no"),
+]
+_START = {"type": "http.response.start", "status": 200, "headers": _HEAD}
+_END = {"type": "http.response.body", "body": b"", "more_body": False}
+
+
+def subscription_of(path: str) -> str | None:
+    """The subscription named by ``/v1/subscriptions/<id>/events``, or None for any other
+    path (the route's ``{subscription_id}``: one segment, not empty)."""
+    prefix, suffix = "/v1/subscriptions/", "/events"
+    if not (path.startswith(prefix) and path.endswith(suffix)):
+        return None
+    subscription_id = path[len(prefix) : -len(suffix)]
+    return subscription_id if subscription_id and "/" not in subscription_id else None
+
+
+async def sse_endpoint(
+    request: Request, hub: PushHub, error_response: Callable[[FieldError], Response]
+) -> ASGIApp:
+    """The stream of one subscription, or the error response that refuses it."""
+    subscription_id = request.path_params["subscription_id"]
+    token = token_of(request.headers, request.query_params)
+
+    def check(field: Field) -> Outcome:
+        agent = field.authenticate(token)
+        field.active_subscription(subscription_id, agent.id)
+        return Outcome({"agent_id": agent.id})
+
+    try:
+        outcome = await hub.service.execute(check)
+    except FieldError as error:
+        return error_response(error)
+    if request.method == "HEAD":  # what a GET would answer, and no stream (nothing to release)
+        return _head
+    since = request.headers.get("last-event-id") or request.query_params.get("since")
+    try:
+        connection = hub.connect(outcome.response["agent_id"], "sse")
+    except FieldError as error:  # TOO_MANY_CONNECTIONS
+        return error_response(error)
+    try:
+        hub.attach(connection, subscription_id, since)
+    except Exception:
+        hub.disconnect(connection)
+        logger.exception("attaching %s failed", subscription_id)
+        return error_response(internal_error())
+    _release_request(request)
+    return HubEventStream(hub, connection, subscription_id)
+
+
+async def _head(scope: Scope, receive: Receive, send: Send) -> None:
+    """The answer to a HEAD: a stream's head and no body."""
+    await send(_START)
+    await send(_END)
+
+
+def _release_request(request: Request) -> None:
+    """Let go of the request's headers, read above and never again: the scope lives as
+    long as the stream, which may be hours."""
+    request.scope["headers"] = []
+    for cached in ("_headers", "_query_params", "_url"):
+        request.__dict__.pop(cached, None)
+
+
+class HubEventStream:
+    """One connection's frames as an SSE response (an ASGI app), which lets go of the
+    connection however the response ends: the client gone before the first byte or
+    later, the subscription ended, an overflow, a send that timed out, the server
+    stopping (the hub closes every outbox)."""
+
+    __slots__ = ("hub", "connection", "subscription_id")
+
+    def __init__(self, hub: PushHub, connection: Connection, subscription_id: str) -> None:
+        self.hub, self.connection, self.subscription_id = hub, connection, subscription_id
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        connection = self.connection
+        departure = _Departure(receive, lambda: _client_gone(connection))
+        try:
+            await _stream(self.hub, connection, send, self.subscription_id)
+        finally:
+            departure.close()
+            self.hub.disconnect(connection)
+
+
+#: ``Connection.ended`` of a stream whose client went away (compared by identity).
+_GONE = (1000, "client closed")
+
+
+def _client_gone(connection: Connection) -> None:
+    """The client went away: end the stream (its sender is woken by the closed outbox,
+    and sends nothing more of what it holds)."""
+    if connection.ended is None:
+        connection.ended = _GONE
+        connection.outbox.close_with(None)
+
+
+async def _stream(hub: PushHub, connection: Connection, send: Send, subscription_id: str) -> None:
+    """Send the response: the head, then the outbox's frames as events (each chunk once
+    its notifications' tokens are there, :meth:`PushHub.pace`), a ping comment
+    whenever the outbox has been empty for :data:`SSE_PING_SECONDS`, and the end of the
+    body once the outbox closes. A send that blocks for :data:`SEND_TIMEOUT_SECONDS`
+    ends the stream with an ``overflow`` event if the consumer takes it at once."""
+    outbox = connection.outbox
+    most = hub.batch_size(SSE_BATCH)
+    #: the cursor the client can resume from: what it has been sent
+    resume_from: str | None = None
+    try:
+        async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+            await send(_START)
+        while True:
+            try:
+                async with asyncio.timeout(SSE_PING_SECONDS):
+                    frame = await outbox.get()
+            except TimeoutError:
+                async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                    await send(_body(_ping()))
+                continue
+            if frame is None or connection.ended is _GONE:
+                break
+            chunk, last, cursor, notifications = _events(frame, outbox, most)
+            await hub.pace(connection, notifications)
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                await send(_body(chunk))
+            resume_from = cursor or resume_from
+            if last:
+                break
+            del frame, chunk  # an idle stream must not pin the frames it last sent
+    except TimeoutError:
+        await _farewell(connection, send, subscription_id, resume_from)
+        return
+    try:
+        async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+            await send(_END)
+    except TimeoutError:  # everything was sent but the end: nothing more to say
+        logger.warning("an SSE consumer of agent %s stopped reading", connection.agent_id)
+
+
+async def _farewell(
+    connection: Connection, send: Send, subscription_id: str, resume_from: str | None
+) -> None:
+    """The consumer stopped reading: end its stream with an ``overflow`` event holding the
+    cursor of the last notification it was sent, if it takes it within
+    :data:`FAREWELL_SECONDS` (the server may have to close the connection otherwise)."""
+    logger.warning("closing a stalled SSE consumer of agent %s", connection.agent_id)
+    if connection.ended is None:
+        connection.ended = (4008, "send timed out")
+        connection.outbox.close_with(None)
+    cursors = {subscription_id: resume_from} if resume_from is not None else {}
+    data = {"reason": "send timed out: the consumer stopped reading", "cursors": cursors}
+    last = _sse_event(Frame(orjson.dumps(data), "overflow"))
+    try:
+        async with asyncio.timeout(FAREWELL_SECONDS):
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+    except TimeoutError:
+        pass
+
+
+def _body(chunk: bytes) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": chunk, "more_body": True}
+
+
+def _ping() -> bytes:
+    """A keep-alive comment, as sse-starlette writes it."""
+    comment = f"ping - {datetime.now(UTC)}"
+    return ServerSentEvent(comment=comment).encode()
+
+
+def _events(frame: Frame, outbox: Outbox, most: int) -> tuple[bytes, bool, str | None, int]:
+    """``frame`` and what is queued behind it (``most`` frames at most) as one body chunk;
+    whether the stream ends with it (an ``end`` or ``overflow`` event); the cursor a
+    client that read it all resumes from (None: the chunk does not move it); how many
+    notifications it holds."""
+    frames = [frame]
+    if frame.kind not in _LAST:
+        for queued in outbox.drain_now(most - 1):
+            frames.append(queued)
+            if queued.kind in _LAST:
+                break
+    cursor = None
+    for sent in reversed(frames):
+        cursor = _resume_point(sent)
+        if cursor is not None:
+            break
+    notifications = sum(f.cursor is not None for f in frames)
+    return b"".join(_sse_event(f) for f in frames), frames[-1].kind in _LAST, cursor, notifications
+
+
+#: The events after which the Field ends a stream.
+_LAST = frozenset({"end", "overflow"})
+
+
+def _resume_point(frame: Frame) -> str | None:
+    """Where a client that has read ``frame`` resumes: a notification's cursor, or the
+    ``from`` of the stream's ``resume`` event (nothing is owed before it)."""
+    if frame.cursor is not None:
+        return frame.cursor
+    if frame.kind == "resume":
+        start = orjson.loads(frame.body).get("from")
+        return start if isinstance(start, str) else None
+    return None
+
+
+def _sse_event(frame: Frame) -> bytes:
+    """``ServerSentEvent(data=body, event=kind, id=cursor).encode()``, by concatenation.
+
+    Frame bodies are JSON from orjson (no raw line breaks, so one ``data:``
+    line); anything else goes through sse-starlette's encoder.
+    """
+    body = frame.body
+    if b"\n" in body or b"\r" in body:
+        event = ServerSentEvent(data=body.decode(), event=frame.kind, id=frame.cursor)
+        return event.encode()
+    head = b"event: " + frame.kind.encode() + b"\r\ndata: "
+    if frame.cursor is not None:
+        head = b"id: " + frame.cursor.encode() + b"\r\n" + head
+    return head + body + b"\r\n\r\n"
+
+
+class _Departure:
+    """Calls ``gone()`` once the client has gone away, with no task of its own.
+
+    Once the request's (empty) body has been read, the server's ``receive()``
+    waits until the client disconnects. A task awaiting it would be a second
+    task per stream; instead the coroutine is stepped by hand, as a task
+    would step it: each step runs it until it awaits a future, whose
+    completion steps it again. A ``receive()`` that awaits anything else
+    than an asyncio future (a bare yield) is stepped again on the next turn
+    of the loop.
+    """
+
+    __slots__ = ("_receive", "_gone", "_coro")
+
+    def __init__(self, receive: Receive, gone: Callable[[], None]) -> None:
+        self._receive = receive
+        self._gone: Callable[[], None] | None = gone
+        self._coro: Coroutine[Any, Any, Any] | None = None
+        self._listen()
+
+    def _listen(self) -> None:
+        self._coro = self._receive()  # type: ignore[assignment]
+        self._step(None)
+
+    def _step(self, _: object) -> None:
+        coro = self._coro
+        if coro is None:
+            return
+        try:
+            awaited = coro.send(None)
+        except StopIteration as stop:
+            message = stop.value
+            if isinstance(message, dict) and message.get("type") == "http.request":
+                self._listen()  # the request's body: read on
+            else:
+                self._depart()
+            return
+        except Exception:
+            logger.exception("watching an SSE client failed")
+            self._depart()
+            return
+        if asyncio.isfuture(awaited):
+            awaited._asyncio_future_blocking = False
+            awaited.add_done_callback(self._step)
+        else:
+            asyncio.get_running_loop().call_soon(self._step, None)
+
+    def _depart(self) -> None:
+        self._coro = None
+        gone, self._gone = self._gone, None
+        if gone is not None:
+            gone()
+
+    def close(self) -> None:
+        """Stop watching (the response has ended)."""
+        coro, self._coro, self._gone = self._coro, None, None
+        if coro is not None:
+            coro.close()
