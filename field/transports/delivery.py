@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import functools
 import logging
 import random
@@ -48,6 +47,7 @@ import aiohttp
 import orjson
 
 from .. import __version__
+from ..client import retry_after_seconds
 from ..core.clock import iso_timestamp
 from ..core.egress import EgressPolicy
 from ..core.field import Field
@@ -208,7 +208,8 @@ class Poster:
             ) as response:
                 # what a receiver answers is read only so far
                 await response.content.read(self.settings.max_response_bytes)
-                return Answer(response.status, None, _retry_after(response.headers))
+                wait = retry_after_seconds(response.headers.get("Retry-After"))
+                return Answer(response.status, None, wait)
         except aiohttp.ClientConnectorError as exc:
             refused = refusal_of(exc)
             why = f"refused by the egress policy: {refused}" if refused else _why(exc)
@@ -223,21 +224,6 @@ def _why(exc: BaseException) -> str:
         return "timed out"
     text = str(exc) or type(exc).__name__
     return text if len(text) <= 200 else text[:199] + "…"
-
-
-def _retry_after(headers: Any) -> float | None:
-    """``Retry-After`` in seconds: a number of seconds or an HTTP date."""
-    value = headers.get("Retry-After")
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - time.time())
 
 
 async def check_webhook(body: Any, policy: EgressPolicy) -> None:
