@@ -10,7 +10,7 @@ Starts ``field serve`` (a durable SQLite log in a temporary directory unless
 subscriber its own agent with one subscription to every ``memory.recorded``),
 and ``--writers`` writer agents in this process. Then:
 
-1. **Capacity.** Writers record flat out (8 in flight) for 5 s: the RECORDs/s
+1. **Capacity.** Writers record flat out (64 in flight) for 5 s: the RECORDs/s
    the server sustains with this fan-out (the 100% line).
 2. **Overload.** For ``--seconds``, RECORDs are sent on schedule at
    ``--factor`` times that rate (or at ``--rate``), spread over the writers,
@@ -55,7 +55,7 @@ from fanout import HOST, ClientPool, _post, raise_nofile, rss_kb, start_field
 #: Seconds of the capacity measurement.
 CAPACITY_SECONDS = 5.0
 #: RECORDs in flight while measuring capacity.
-CAPACITY_CONCURRENCY = 8
+CAPACITY_CONCURRENCY = 64
 #: Seconds between new-connection probes.
 PROBE_EVERY = 0.1
 #: Seconds the clients may take to receive the backlog.
