@@ -210,3 +210,12 @@ def server_process() -> Iterator[Callable[..., ServerProcess]]:
     for proc in processes:
         if proc.process.poll() is None:
             proc.stop(signal.SIGKILL)
+
+
+@pytest.fixture
+async def raws() -> AsyncIterator[list[Any]]:
+    """Raw connections a test opens (append them; each has ``close()``); closed after it."""
+    opened: list[Any] = []
+    yield opened
+    for raw in opened:
+        raw.close()

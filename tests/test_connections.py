@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -77,15 +77,6 @@ class Raw:
 
     def close(self) -> None:
         self.writer.close()
-
-
-@pytest.fixture
-async def raws() -> AsyncIterator[list[Raw]]:
-    """Raw connections a test opens (append them); closed after it."""
-    opened: list[Raw] = []
-    yield opened
-    for raw in opened:
-        raw.close()
 
 
 async def connect(server: ThreadedServer, raws: list[Raw], source: str = "127.0.0.1") -> Raw:

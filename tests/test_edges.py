@@ -36,15 +36,6 @@ from .test_push import ids, open_ws, record, stalling_socket, subscribe, ws_url
 TIMEOUT = 5.0
 
 
-@pytest.fixture
-async def raws() -> AsyncIterator[list[Raw]]:
-    """Raw connections a test opens (append them); closed after it."""
-    opened: list[Raw] = []
-    yield opened
-    for raw in opened:
-        raw.close()
-
-
 # == malformed HTTP framing =============================================================
 
 #: Requests llhttp cannot frame, each answered 400 INVALID_HTTP.

@@ -59,22 +59,34 @@ def agent_of(field: Field, token: str | None) -> str | None:
     return field.state.tokens.get(hash_token(token))
 
 
-def rate_limited(wait: float, rate: Rate, operation: str | None = None) -> FieldError:
-    """The refusal of an operation over its agent's rate: ``wait`` seconds until it would
-    pass, as ``Retry-After`` (whole seconds, rounded up) and ``details.retry_after``
-    (seconds, to the millisecond, rounded up: a WebSocket frame has no header)."""
+def too_fast(
+    wait: float, message: str, *, suggested_action: str, operation: str | None
+) -> FieldError:
+    """``429 RATE_LIMITED`` for a request ``wait`` seconds too early, as ``Retry-After``
+    (whole seconds, rounded up) and ``details.retry_after`` (seconds, to the millisecond,
+    rounded up: a WebSocket frame has no header)."""
     error = FieldError(
-        f"the agent is sending more than {rate.per_second:g} operations a second "
-        f"(at most {rate.burst:g} at once); this one was not run",
+        message,
         code=Code.RATE_LIMITED,
         recoverable=True,
         operation=operation,
-        suggested_action="Retry after details.retry_after seconds (the Retry-After header over "
-        f"HTTP), and send at most {rate.per_second:g} operations a second on average.",
+        suggested_action=suggested_action,
         details={"retry_after": math.ceil(wait * 1000) / 1000},
     )
     error.retry_after = wait
     return error
+
+
+def rate_limited(wait: float, rate: Rate, operation: str | None = None) -> FieldError:
+    """The refusal of an operation over its agent's rate (:func:`too_fast`)."""
+    return too_fast(
+        wait,
+        f"the agent is sending more than {rate.per_second:g} operations a second "
+        f"(at most {rate.burst:g} at once); this one was not run",
+        operation=operation,
+        suggested_action="Retry after details.retry_after seconds (the Retry-After header over "
+        f"HTTP), and send at most {rate.per_second:g} operations a second on average.",
+    )
 
 
 class AgentRateLimits:

@@ -29,9 +29,10 @@ from starlette.routing import Route
 from ..core.context import Outcome
 from ..core.field import Field
 from ..core.ratelimit import KeyedLimiter, Rate
-from ..errors import Code, FieldError
+from ..errors import FieldError
 from .connections import client_key
 from .http import bearer_token, error_response, json_response, read_json
+from .ratelimits import too_fast
 
 if TYPE_CHECKING:
     from .http import HTTPBinding
@@ -60,17 +61,14 @@ class RegisterLimit:
 
 
 def rate_limited(wait: float) -> FieldError:
-    error = FieldError(
+    """The refusal of a REGISTER over its client's rate (:func:`.ratelimits.too_fast`)."""
+    return too_fast(
+        wait,
         "too many REGISTER requests from this address; slow down",
-        code=Code.RATE_LIMITED,
-        recoverable=True,
+        operation="REGISTER",
         suggested_action="Retry after the Retry-After seconds (details.retry_after); register "
         "agents at a steady pace, or have the operator register them.",
-        operation="REGISTER",
-        details={"retry_after": round(wait, 3)},
     )
-    error.retry_after = wait
-    return error
 
 
 class RegistrationBinding:
