@@ -1,0 +1,407 @@
+"""MCP over Streamable HTTP at ``/mcp`` of ``field serve``, end to end.
+
+``field serve`` runs as a real process; the tests speak to it with the
+official SDK's client (``streamable_http_client`` + ``ClientSession``), with
+an agent's bearer token in the ``Authorization`` header, and with raw HTTP
+where the SDK would hide what the Field answers (refusals, stateless POSTs).
+Agents are registered over the HTTP binding. One server serves the module
+(each test its own agents); the tests of bounds start their own.
+
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import aiohttp
+import httpx2
+import pytest
+import pytest_asyncio
+from mcp import Client, ClientSession, types
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from field.cli import main
+from field.client import AgentClient, FieldClient
+
+from .conftest import ServerProcess, spawn_server
+from .schema_util import assert_valid
+
+HANG_GUARD = 60  # seconds; only ever reached when something hangs
+ACCEPT = "application/json, text/event-stream"
+
+pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def field(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
+    server = spawn_server(tmp_path_factory.mktemp("mcp-http"))
+    yield server
+    server.stop()
+
+
+@asynccontextmanager
+async def mcp_session(
+    url: str, token: str, ids: list[str] | None = None
+) -> AsyncIterator[ClientSession]:
+    """An initialized MCP session over Streamable HTTP, as the agent of ``token``; the
+    ``Mcp-Session-Id`` the Field answered is appended to ``ids``."""
+    headers = {"Authorization": f"Bearer {token}"}
+
+    async def answered(response: httpx2.Response) -> None:
+        session_id = response.headers.get("mcp-session-id")
+        if ids is not None and session_id is not None and session_id not in ids:
+            ids.append(session_id)
+
+    async with (
+        httpx2.AsyncClient(
+            headers=headers, timeout=HANG_GUARD, event_hooks={"response": [answered]}
+        ) as http,
+        streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await asyncio.wait_for(session.initialize(), HANG_GUARD)
+        yield session
+
+
+async def call(session: ClientSession, tool: str, /, **arguments: Any) -> tuple[bool, Any]:
+    result = await asyncio.wait_for(session.call_tool(tool, arguments), HANG_GUARD)
+    (content,) = result.content
+    assert isinstance(content, types.TextContent)
+    return bool(result.is_error), json.loads(content.text)
+
+
+async def ok(session: ClientSession, tool: str, /, **arguments: Any) -> Any:
+    failed, body = await call(session, tool, **arguments)
+    assert not failed, body
+    return body
+
+
+@pytest_asyncio.fixture(loop_scope="module")
+async def http(field: ServerProcess) -> AsyncIterator[FieldClient]:
+    """A client of the Field over its HTTP binding, as other agents use it."""
+    async with FieldClient(field.url) as client:
+        yield client
+
+
+async def register(client: FieldClient, *ids: str, role: str = "analyst") -> list[AgentClient]:
+    return [await client.register(agent_id, role) for agent_id in ids]
+
+
+def finding(content: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "type": "finding",
+        "content": content,
+        "intent": {"purpose": "test MCP over HTTP"},
+        "confidence": {"score": 0.8, "reasoning": "made up for the test"},
+        **extra,
+    }
+
+
+async def record(agent: AgentClient, content: str, **extra: Any) -> dict[str, Any]:
+    """RECORD over the HTTP binding, as another client of the Field would."""
+    return await agent.send("RECORD", finding(content, **extra))
+
+
+# -- tools -----------------------------------------------------------------------------------
+
+
+async def test_tools_act_as_the_agent_of_the_token(field: ServerProcess, http: FieldClient) -> None:
+    (ada,) = await register(http, "t-ada")
+    async with mcp_session(field.url, ada.token) as session:
+        init = session.initialize_result
+        assert init is not None and init.server_info.name == "akashik-field"
+        assert "akashik_attune" in (init.instructions or "")
+        listed = await asyncio.wait_for(session.list_tools(), HANG_GUARD)
+        tools = {tool.name: tool for tool in listed.tools}
+        assert "akashik_register" not in tools
+        assert "akashik_record" in tools and "akashik_session" in tools
+        for tool in tools.values():
+            assert "agent_id" not in tool.input_schema["properties"]
+        recorded = await ok(session, "akashik_record", **finding("Churn fell to 2%."))
+        assert_valid("record.response", recorded)
+        seen = await ok(session, "akashik_attune", scope={"include_own": True})
+        assert_valid("attune.response", seen)
+        (unit,) = [
+            r["memory_unit"]
+            for r in seen["record"]
+            if r["memory_unit"]["id"] == recorded["memory_unit_id"]
+        ]
+        assert unit["source"]["agent_id"] == "t-ada"
+
+
+async def test_a_failed_call_is_the_fields_error_body(
+    field: ServerProcess, http: FieldClient
+) -> None:
+    (bo,) = await register(http, "t-bo")
+    async with mcp_session(field.url, bo.token) as session:
+        failed, body = await call(
+            session, "akashik_record", type="finding", content="no reason", confidence={}
+        )
+        assert failed and body["code"] == "MISSING_INTENT" and body["operation"] == "RECORD"
+        assert_valid("error", body)
+        failed, body = await call(session, "akashik_attune", agent_id="someone-else")
+        assert failed and body["code"] == "FORBIDDEN" and "t-bo" in body["message"]
+        failed, same = await call(session, "akashik_attune", agent_id="t-bo")  # its own: fine
+        assert not failed and same["status"] == "ok"
+        failed, body = await call(session, "akashik_register", id="x", role="y")
+        assert failed and body["code"] == "NOT_FOUND"
+        assert_valid("error", body)
+
+
+async def test_polls_and_the_default_session_are_kept_per_mcp_session(
+    field: ServerProcess, http: FieldClient
+) -> None:
+    cy, di = await register(http, "t-cy", "t-di")
+    async with mcp_session(field.url, di.token) as session:
+        first = await ok(session, "akashik_attune", poll=True, scope={"max_units": 1000})
+        assert first["context_budget"]["units_available"] == len(first["record"])
+        new = await record(cy, "Pricing converts at 4%.")
+        polled = await ok(session, "akashik_attune", poll=True)
+        assert [r["memory_unit"]["id"] for r in polled["record"]] == [new["memory_unit_id"]]
+        assert (await ok(session, "akashik_attune", poll=True))["record"] == []
+        created = await ok(session, "akashik_session", action="create", name="Pricing")
+        unit = await ok(session, "akashik_record", **finding("Inside the session."))
+        replayed = await ok(
+            session,
+            "akashik_replay",
+            target_type="session",
+            target_id=created["session"]["id"],
+            depth="detailed",
+        )
+        assert unit["memory_unit_id"] in json.dumps(replayed)
+    async with mcp_session(field.url, di.token) as other:  # a new session starts afresh
+        again = await ok(other, "akashik_attune", poll=True, scope={"max_units": 1000})
+        assert new["memory_unit_id"] in [r["memory_unit"]["id"] for r in again["record"]]
+        outside = await ok(other, "akashik_record", **finding("Outside any session."))
+        replayed = await ok(
+            other,
+            "akashik_replay",
+            target_type="session",
+            target_id=created["session"]["id"],
+            depth="detailed",
+        )
+        assert outside["memory_unit_id"] not in json.dumps(replayed)
+
+
+# -- refusals ----------------------------------------------------------------------------------
+
+
+async def post(url: str, body: Any, headers: dict[str, str]) -> tuple[int, Any, Any]:
+    """A raw POST to /mcp: (status, JSON body, headers); ``body`` bytes are sent as given."""
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{url}/mcp", data=data, headers=headers) as response,
+    ):
+        text = await response.text()
+        return response.status, (json.loads(text) if text else None), response.headers
+
+
+def initialize_message() -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+
+
+async def test_a_missing_or_bad_token_is_refused(field: ServerProcess, http: FieldClient) -> None:
+    plain = {"Content-Type": "application/json", "Accept": ACCEPT}
+    for headers in (plain, {**plain, "Authorization": "Bearer not-a-token"}):
+        status, body, answered = await post(field.url, initialize_message(), headers)
+        assert status == 401 and answered["WWW-Authenticate"] == "Bearer"
+        assert_valid("error", body)
+        assert body["code"] == "UNAUTHENTICATED"
+    async with httpx2.AsyncClient(timeout=HANG_GUARD) as client:  # the SDK's client is told so
+        with pytest.raises(BaseExceptionGroup) as refused:
+            async with (
+                streamable_http_client(f"{field.url}/mcp", http_client=client) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await asyncio.wait_for(session.initialize(), HANG_GUARD)
+        assert refused.group_contains(MCPError, depth=None)
+
+
+async def test_bodies_methods_and_sessions_are_answered_with_the_error_body(
+    field: ServerProcess, http: FieldClient
+) -> None:
+    (ed,) = await register(http, "t-ed")
+    auth = {"Authorization": f"Bearer {ed.token}", "Content-Type": "application/json"}
+    unknown = {**auth, "Accept": ACCEPT, "Mcp-Session-Id": "0" * 32}
+    status, body, _ = await post(field.url, initialize_message(), unknown)
+    assert status == 404 and body["code"] == "NOT_FOUND"
+    async with (
+        aiohttp.ClientSession() as raw,
+        raw.get(f"{field.url}/mcp", headers=auth) as got,
+        raw.put(f"{field.url}/mcp", headers=auth) as put,
+    ):
+        assert got.status == 405 and (await got.json())["code"] == "METHOD_NOT_ALLOWED"
+        assert put.status == 405 and put.headers["Allow"] == "GET, POST, DELETE"
+    (other,) = await register(http, "t-ed-other")
+    ids: list[str] = []
+    async with mcp_session(field.url, ed.token, ids=ids):  # not another agent's session
+        (session_id,) = ids
+        mine = {**auth, "Accept": ACCEPT, "Mcp-Session-Id": session_id}
+        stolen = {**mine, "Authorization": f"Bearer {other.token}"}
+        status, body, _ = await post(field.url, tools_call("akashik_attune"), stolen)
+        assert status == 404 and body["code"] == "NOT_FOUND"
+
+
+def tools_call(tool: str, **arguments: Any) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": 7,
+        "method": "tools/call",
+        "params": {"name": tool, "arguments": arguments},
+    }
+
+
+async def test_a_stateless_request_needs_no_initialize(
+    field: ServerProcess, http: FieldClient
+) -> None:
+    (fay,) = await register(http, "t-fay")
+    headers = {
+        "Authorization": f"Bearer {fay.token}",
+        "Content-Type": "application/json",
+        "Accept": ACCEPT,
+    }
+    status, body, answered = await post(
+        field.url, tools_call("akashik_record", **finding("Stateless.")), headers
+    )
+    assert status == 200 and "Mcp-Session-Id" not in answered
+    result = body["result"]
+    assert result["isError"] is False
+    recorded = json.loads(result["content"][0]["text"])
+    assert_valid("record.response", recorded)
+    status, body, _ = await post(field.url, tools_call("akashik_attune", poll=True), headers)
+    refused = json.loads(body["result"]["content"][0]["text"])
+    assert body["result"]["isError"] and refused["code"] == "UNSUPPORTED_OPERATION"
+
+
+async def test_the_per_request_protocol_is_served_statelessly(
+    field: ServerProcess, http: FieldClient
+) -> None:
+    """The SDK's client on MCP's 2026 protocol (no initialize, no session): tools work."""
+    (gil,) = await register(http, "t-gil")
+    headers = {"Authorization": f"Bearer {gil.token}"}
+    async with (
+        httpx2.AsyncClient(headers=headers, timeout=HANG_GUARD) as client,
+        Client(
+            streamable_http_client(f"{field.url}/mcp", http_client=client), mode="2026-07-28"
+        ) as modern,
+    ):
+        assert modern.session.protocol_version == "2026-07-28"
+        result = await asyncio.wait_for(
+            modern.call_tool("akashik_record", finding("Per request.")), HANG_GUARD
+        )
+        (content,) = result.content
+        assert isinstance(content, types.TextContent) and not result.is_error
+        assert_valid("record.response", json.loads(content.text))
+
+
+# -- bounds ----------------------------------------------------------------------------------
+
+
+@pytest_asyncio.fixture(loop_scope="module", scope="module")
+async def small(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[ServerProcess]:
+    """A server of small bounds: bodies of 4 KB, 2 sessions, one push connection (and so one
+    session) per agent, outboxes of 8 frames."""
+    server = spawn_server(
+        tmp_path_factory.mktemp("mcp-bounds"),
+        "--max-body-bytes=4096",
+        "--mcp-max-sessions=2",
+        "--max-push-per-agent=1",
+        "--outbox-frames=8",
+    )
+    yield server
+    server.stop()
+
+
+async def test_bodies_and_sessions_are_bounded(small: ServerProcess) -> None:
+    async with FieldClient(small.url) as client:
+        ann, cal, dee = await register(client, "ann", "cal", "dee")
+    headers = {
+        "Authorization": f"Bearer {ann.token}",
+        "Content-Type": "application/json",
+        "Accept": ACCEPT,
+    }
+    big = json.dumps(tools_call("akashik_record", **finding("x" * 5000))).encode()
+
+    async def chunked() -> AsyncIterator[bytes]:
+        for start in range(0, len(big), 1000):
+            yield big[start : start + 1000]
+
+    async with aiohttp.ClientSession() as raw:  # kept alive, as clients keep connections
+        for data in (big, chunked()):
+            async with raw.post(f"{small.url}/mcp", data=data, headers=headers) as refused:
+                body = await refused.json()
+                assert refused.status == 413 and body["code"] == "PAYLOAD_TOO_LARGE"
+                assert_valid("error", body)
+
+    ids: list[str] = []
+    async with mcp_session(small.url, ann.token, ids=ids):
+        # one session per agent here: a second one is refused, with the Field's error body
+        status, body, _ = await post(small.url, initialize_message(), headers)
+        assert status == 429 and body["code"] == "TOO_MANY_CONNECTIONS"
+        assert_valid("error", body)
+        # two sessions in all: the third is refused
+        async with mcp_session(small.url, cal.token):
+            dee_headers = {**headers, "Authorization": f"Bearer {dee.token}"}
+            status, body, answered = await post(small.url, initialize_message(), dee_headers)
+            assert status == 503 and body["code"] == "OVERLOADED" and answered["Retry-After"]
+    # the session ended (its DELETE answered): the agent may open another
+    async with mcp_session(small.url, ann.token, ids=ids) as session:
+        assert len(ids) == 2 and ids[0] != ids[1]
+        await ok(session, "akashik_attune")
+
+
+async def test_an_idle_session_expires(tmp_path_factory: pytest.TempPathFactory) -> None:
+    idle = 0.5
+    server = spawn_server(tmp_path_factory.mktemp("mcp-idle"), f"--mcp-idle-timeout={idle}")
+    try:
+        async with FieldClient(server.url) as client:
+            (eli,) = await register(client, "eli")
+        headers = {
+            "Authorization": f"Bearer {eli.token}",
+            "Content-Type": "application/json",
+            "Accept": ACCEPT,
+        }
+        async with aiohttp.ClientSession() as raw:
+            async with raw.post(
+                f"{server.url}/mcp", json=initialize_message(), headers=headers
+            ) as opened:
+                assert opened.status == 200
+                session = {**headers, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
+                await opened.read()
+            initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            async with raw.post(f"{server.url}/mcp", json=initialized, headers=session) as done:
+                assert done.status == 202
+            async with raw.post(
+                f"{server.url}/mcp", json=tools_call("akashik_attune"), headers=session
+            ) as used:
+                assert used.status == 200 and '\\"status\\":\\"ok\\"' in await used.text()
+            await asyncio.sleep(3 * idle)  # no request in flight past the idle timeout
+            async with raw.post(
+                f"{server.url}/mcp", json=tools_call("akashik_attune"), headers=session
+            ) as gone:
+                assert gone.status == 404 and (await gone.json())["code"] == "NOT_FOUND"
+    finally:
+        server.stop()
+    assert any("MCP session of agent eli expired" in line for line in server.lines)
+
+
+@pytest.mark.asyncio(loop_scope="function")
+async def test_the_bounds_are_checked_at_start(capsys: pytest.CaptureFixture[str]) -> None:
+    for flag in ("--mcp-max-sessions=0", "--mcp-idle-timeout=0", "--mcp-idle-timeout=nan"):
+        assert main(["serve", "--in-memory", flag]) == 2
+        assert "mcp_" in capsys.readouterr().err
