@@ -81,6 +81,24 @@ async def ok(session: ClientSession, tool: str, /, **arguments: Any) -> Any:
     return body
 
 
+async def read(session: ClientSession, uri: str) -> Any:
+    result = await asyncio.wait_for(session.read_resource(uri), HANG_GUARD)
+    (content,) = result.contents
+    assert isinstance(content, types.TextResourceContents) and content.uri == uri
+    assert content.mime_type == "application/json"
+    return json.loads(content.text)
+
+
+async def unreadable(session: ClientSession, uri: str, code: str) -> dict[str, Any]:
+    """Read ``uri`` expecting the MCP error that carries the Field's ``code``."""
+    with pytest.raises(MCPError) as failed:
+        await asyncio.wait_for(session.read_resource(uri), HANG_GUARD)
+    body: dict[str, Any] = failed.value.data
+    assert_valid("error", body)
+    assert body["code"] == code and failed.value.message.startswith(code)
+    return body
+
+
 @pytest_asyncio.fixture(loop_scope="module")
 async def http(field: ServerProcess) -> AsyncIterator[FieldClient]:
     """A client of the Field over its HTTP binding, as other agents use it."""
@@ -115,7 +133,8 @@ async def test_tools_act_as_the_agent_of_the_token(field: ServerProcess, http: F
     async with mcp_session(field.url, ada.token) as session:
         init = session.initialize_result
         assert init is not None and init.server_info.name == "akashik-field"
-        assert "akashik_attune" in (init.instructions or "")
+        assert "field://agent" in (init.instructions or "")
+        assert init.capabilities.resources is not None
         listed = await asyncio.wait_for(session.list_tools(), HANG_GUARD)
         tools = {tool.name: tool for tool in listed.tools}
         assert "akashik_register" not in tools
@@ -286,12 +305,18 @@ async def test_a_stateless_request_needs_no_initialize(
     status, body, _ = await post(field.url, tools_call("akashik_attune", poll=True), headers)
     refused = json.loads(body["result"]["content"][0]["text"])
     assert body["result"]["isError"] and refused["code"] == "UNSUPPORTED_OPERATION"
+    read_agent = {"jsonrpc": "2.0", "id": 8, "method": "resources/read"}
+    read_agent["params"] = {"uri": "field://agent"}
+    status, body, _ = await post(field.url, read_agent, headers)
+    (contents,) = body["result"]["contents"]
+    assert json.loads(contents["text"])["agent"]["id"] == "t-fay"
 
 
 async def test_the_per_request_protocol_is_served_statelessly(
     field: ServerProcess, http: FieldClient
 ) -> None:
-    """The SDK's client on MCP's 2026 protocol (no initialize, no session): tools work."""
+    """The SDK's client on MCP's 2026 protocol (no initialize, no session): tools and reads
+    work."""
     (gil,) = await register(http, "t-gil")
     headers = {"Authorization": f"Bearer {gil.token}"}
     async with (
@@ -307,6 +332,63 @@ async def test_the_per_request_protocol_is_served_statelessly(
         (content,) = result.content
         assert isinstance(content, types.TextContent) and not result.is_error
         assert_valid("record.response", json.loads(content.text))
+        agent = await asyncio.wait_for(modern.read_resource("field://agent"), HANG_GUARD)
+        (contents,) = agent.contents
+        assert isinstance(contents, types.TextResourceContents)
+        assert json.loads(contents.text)["agent"]["id"] == "t-gil"
+
+
+# -- resources -------------------------------------------------------------------------------
+
+
+async def test_entities_are_resources(field: ServerProcess, http: FieldClient) -> None:
+    gus, hal = await register(http, "t-gus", "t-hal")
+    async with mcp_session(field.url, gus.token) as session:
+        listed = await asyncio.wait_for(session.list_resources(), HANG_GUARD)
+        assert [r.uri for r in listed.resources] == ["field://agent"]
+        templates = await asyncio.wait_for(session.list_resource_templates(), HANG_GUARD)
+        assert {t.uri_template for t in templates.resource_templates} == {
+            "field://units/{id}",
+            "field://conflicts/{id}",
+            "field://tasks/{id}",
+        }
+        assert (await read(session, "field://agent"))["agent"]["id"] == "t-gus"
+        mine = await ok(
+            session,
+            "akashik_record",
+            **finding("Churn is 2% a month.", confidence={"score": 0.9, "reasoning": "billing"}),
+        )
+        unit_uri = f"field://units/{mine['memory_unit_id']}"
+        unit = (await read(session, unit_uri))["memory_unit"]
+        assert unit["content"] == "Churn is 2% a month." and unit["status"] == "active"
+        relation = {"type": "contradicts", "target_id": mine["memory_unit_id"]}
+        theirs = await record(hal, "Churn is 5% a month.", relations=[relation])
+        (conflict_id,) = theirs["conflicts_detected"]
+        assert (await read(session, unit_uri))["memory_unit"]["status"] == "contested"
+        conflict = (await read(session, f"field://conflicts/{conflict_id}"))["conflict"]
+        assert {conflict["unit_a"], conflict["unit_b"]} == {
+            mine["memory_unit_id"],
+            theirs["memory_unit_id"],
+        }
+        task = await ok(session, "akashik_coordinate", action="create", title="Reconcile")
+        task_uri = f"field://tasks/{task['task']['id']}"
+        assert (await read(session, task_uri))["task"]["status"] == "pending"
+        async with mcp_session(field.url, hal.token) as theirs_only:  # in a closed session
+            await ok(theirs_only, "akashik_session", action="create", name="Private")
+            hidden = await ok(theirs_only, "akashik_record", **finding("Members only."))
+            hidden_uri = f"field://units/{hidden['memory_unit_id']}"
+            assert (await read(theirs_only, hidden_uri))["memory_unit"]["id"] in hidden_uri
+        await unreadable(session, hidden_uri, "UNIT_NOT_FOUND")
+        for uri, code in [
+            ("field://units/mem-none", "UNIT_NOT_FOUND"),
+            ("field://conflicts/conflict-none", "CONFLICT_NOT_FOUND"),
+            ("field://tasks/task-none", "TASK_NOT_FOUND"),
+            ("field://subscriptions/sub-none", "NOT_FOUND"),
+            ("field://nothing/here", "NOT_FOUND"),
+            ("https://example.com/", "NOT_FOUND"),
+            ("field://units/", "INVALID_PAYLOAD"),
+        ]:
+            await unreadable(session, uri, code)
 
 
 # -- bounds ----------------------------------------------------------------------------------

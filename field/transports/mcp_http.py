@@ -24,7 +24,9 @@ or bad token (401 and ``WWW-Authenticate: Bearer``), a body past
 ``--max-body-bytes`` (413), an unknown session (404), no room for another
 session (503, or 429 for the agent). What is wrong with the MCP messages
 themselves is MCP's to answer, as JSON-RPC errors; a failed tool call is a
-tool result with ``isError`` and the Field's error body.
+tool result with ``isError`` and the Field's error body; a failed resource
+read is a JSON-RPC error whose message starts with the Field's code and whose
+``data`` is its error body.
 
 The sessions are driven with the SDK's own parts (its Streamable HTTP
 transport, dispatcher and connection), not its session manager: the manager
@@ -59,6 +61,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from .. import __version__
+from ..admission import Work
 from ..core.context import Outcome
 from ..core.field import Field
 from ..errors import (
@@ -71,6 +74,7 @@ from ..errors import (
     internal_error,
 )
 from ..tools import MCP_HTTP_TOOLS, SESSION_TOOLS, definitions
+from . import mcp_resources as resources
 from .http import HTTPBinding, bearer_token, error_response, read_body
 
 logger = logging.getLogger("field.mcp")
@@ -84,8 +88,10 @@ INSTRUCTIONS = (
     "Tools of an Akashik Field: shared memory and coordination for agents. This connection "
     "acts for one registered agent (its bearer token): record what you learn (akashik_record, "
     "with intent and confidence) and read what others learned (akashik_attune); poll with "
-    "akashik_attune {poll: true} to see what is new. A failed call returns the Field's error "
-    "body: code, message, recoverable and suggested_action say what to fix."
+    "akashik_attune {poll: true} to see what is new. field://agent is your agent; "
+    "field://units/{id}, field://conflicts/{id} and field://tasks/{id} are the Field's "
+    "entities. A failed call returns the Field's error body: code, message, recoverable and "
+    "suggested_action say what to fix."
 )
 
 
@@ -332,6 +338,15 @@ class McpHttpBinding:
             types.Tool(name=name, description=d["description"], input_schema=d["inputSchema"])
             for name, d in definitions("mcp_http").items()
         ]
+        templates = [
+            types.ResourceTemplate(
+                name=kind[:-1],
+                uri_template=f"field://{kind}/{{id}}",
+                description=text,
+                mime_type="application/json",
+            )
+            for kind, text in resources.TEMPLATES.items()
+        ]
 
         async def list_tools(_: Any, __: types.PaginatedRequestParams | None) -> Any:
             return types.ListToolsResult(tools=tools)
@@ -341,12 +356,29 @@ class McpHttpBinding:
             text = types.TextContent(type="text", text=orjson.dumps(body).decode())
             return types.CallToolResult(content=[text], is_error=failed)
 
+        async def list_resources(ctx: Any, _: types.PaginatedRequestParams | None) -> Any:
+            return types.ListResourcesResult(resources=await self.resource_list(_caller(ctx)))
+
+        async def list_templates(_: Any, __: types.PaginatedRequestParams | None) -> Any:
+            return types.ListResourceTemplatesResult(resource_templates=templates)
+
+        async def read_resource(ctx: Any, params: types.ReadResourceRequestParams) -> Any:
+            uri = str(params.uri)
+            body = await _mcp_errors(self.read(_caller(ctx), uri))
+            contents = types.TextResourceContents(
+                uri=uri, mime_type="application/json", text=orjson.dumps(body).decode()
+            )
+            return types.ReadResourceResult(contents=[contents])
+
         return Server(
             "akashik-field",
             version=__version__,
             instructions=INSTRUCTIONS,
             on_list_tools=list_tools,
             on_call_tool=call_tool,
+            on_list_resources=list_resources,
+            on_list_resource_templates=list_templates,
+            on_read_resource=read_resource,
         )
 
     # -- tools -------------------------------------------------------------------------
@@ -446,6 +478,35 @@ class McpHttpBinding:
             elif action in ("leave", "end") and session.field_session == current["id"]:
                 session.field_session = None
 
+    # -- resources ---------------------------------------------------------------------
+
+    async def _reading(self, caller: Caller, job: Callable[..., Outcome]) -> dict[str, Any]:
+        """A read job as the caller's agent: rate-limited and admitted like a GET list."""
+        self.http.admit(caller.token)
+        token = caller.token
+
+        def authenticated(field: Field) -> Outcome:
+            return job(field, field.authenticate(token))
+
+        outcome = await self.http._service().execute(authenticated, work=Work.READ)
+        return outcome.response
+
+    async def resource_list(self, caller: Caller) -> list[types.Resource]:
+        return [
+            types.Resource(
+                name="agent",
+                uri=resources.AGENT_URI,
+                description="Your agent, as the Field knows it.",
+                mime_type="application/json",
+            )
+        ]
+
+    async def read(self, caller: Caller, uri: str) -> dict[str, Any]:
+        kind, ident = resources.parse_uri(uri)
+        return await self._reading(
+            caller, lambda field, agent: resources.read_entity(field, agent, kind, ident)
+        )
+
 
 # -- helpers ----------------------------------------------------------------------------
 
@@ -521,3 +582,18 @@ def _not_allowed(method: str, why: str = "") -> FieldError:
         "need the Mcp-Session-Id that initialize answered.",
     )
     return error
+
+
+async def _mcp_errors(work: Awaitable[Any]) -> Any:
+    """``work``'s result; a Field error becomes an MCP error with the Field's error body (an
+    unexpected one, ``INTERNAL_ERROR``'s)."""
+    try:
+        return await work
+    except Exception as exc:
+        if isinstance(exc, FieldError):
+            error = exc
+        else:
+            logger.exception("an MCP resource request failed")
+            error = internal_error()
+        code = types.INTERNAL_ERROR if error.http_status >= 500 else types.INVALID_PARAMS
+        raise MCPError(code, f"{error.code}: {error.message}", error.to_response()) from None
