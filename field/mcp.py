@@ -20,9 +20,10 @@ Three parts, outermost last:
 - :func:`build_server` and :func:`serve_stdio`: the MCP protocol, from the
   ``mcp`` package (an optional dependency: ``pip install 'akashik-field[mcp]'``).
 
-MCP is request/response: it cannot carry SUBSCRIBE's push notifications,
-so there is no subscribe tool, and MCP agents poll with
-``akashik_attune`` (``poll: true``; spec 10.2).
+This bridge does not push: there is no subscribe tool, and its agents poll
+with ``akashik_attune`` (``poll: true``; spec 10.2). ``field serve``'s own
+MCP endpoint (``/mcp``, :mod:`field.transports.mcp_http`) acts for the
+agent of its bearer token and pushes through subscription resources.
 
 Tokens: an agent's bearer token is held here, never shown in a tool
 result (REGISTER's included: the ``token`` field is removed), and never
@@ -52,9 +53,10 @@ logger = logging.getLogger("field.mcp")
 INSTRUCTIONS = (
     "Tools of an Akashik Field: shared memory and coordination for agents. Register once with "
     "akashik_register, then record what you learn (akashik_record, with intent and "
-    "confidence) and read what others learned (akashik_attune). There are no push "
-    "notifications over MCP: poll with akashik_attune {poll: true}. A failed call returns "
-    "the Field's error body: code, message, recoverable and suggested_action say what to fix."
+    "confidence) and read what others learned (akashik_attune). This server does not push: "
+    "poll with akashik_attune {poll: true} to see what is new (the Field's own MCP endpoint, "
+    "/mcp over HTTP, pushes through subscription resources). A failed call returns the "
+    "Field's error body: code, message, recoverable and suggested_action say what to fix."
 )
 
 

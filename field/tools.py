@@ -20,7 +20,9 @@ Two bindings use it, and differ where their hosts differ:
 * ``mcp_http`` (:mod:`field.transports.mcp_http`, ``/mcp`` of ``field serve``):
   an MCP session acts for the agent of its bearer token, as RAP does, so no
   register tool and no ``agent_id``; ``poll`` and the default session are
-  kept per MCP session.
+  kept per MCP session; ``akashik_subscribe`` (:data:`MCP_SUBSCRIBE_TOOL`)
+  makes a subscription whose notifications are read from its resource
+  ``field://subscriptions/{id}``.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any, Literal
 
 __all__ = [
     "MCP_HTTP_TOOLS",
+    "MCP_SUBSCRIBE_TOOL",
     "RAP_TOOLS",
     "SESSION_TOOLS",
     "SUBSCRIBE_TOOL",
@@ -206,6 +209,20 @@ SUBSCRIBE_TOOL = Tool(
     extension=True,
 )
 
+#: MCP over HTTP only: SUBSCRIBE, its notifications read from the subscription's resource.
+MCP_SUBSCRIBE_TOOL = Tool(
+    "SUBSCRIBE",
+    "Be told when something happens in the Field: action subscribe (the default) with events "
+    "(memory.recorded, conflict.detected, task.assigned, handoff.incoming, ...), "
+    "min_relevance 0..1, debounce_ms, include_own (your own actions too). The result names "
+    "the subscription and its resource field://subscriptions/{id}: subscribe to that "
+    "resource to be sent notifications/resources/updated when notifications are ready, then "
+    "read it: each read returns the notifications since this session's previous read (read "
+    "again while more is true). action unsubscribe (subscription_id) ends a subscription; "
+    "action list shows yours.",
+    extension=True,
+)
+
 _MCP_AGENT_NOTE = (
     " agent_id: the acting agent; may be left out while this server acts for exactly one."
 )
@@ -219,9 +236,10 @@ def rap_tools() -> dict[str, Tool]:
 
 
 RAP_TOOLS: dict[str, Tool] = rap_tools()
-#: The tools of an MCP session over HTTP: RAP's but ``akashik_subscribe``.
+#: The tools of an MCP session over HTTP: RAP's, with its own ``akashik_subscribe``.
 MCP_HTTP_TOOLS: dict[str, Tool] = {
-    name: tool for name, tool in RAP_TOOLS.items() if name != "akashik_subscribe"
+    name: MCP_SUBSCRIBE_TOOL if name == "akashik_subscribe" else tool
+    for name, tool in RAP_TOOLS.items()
 }
 _BINDING_TOOLS: dict[Binding, dict[str, Tool]] = {
     "mcp": TOOLS,
@@ -320,10 +338,32 @@ def _subscribe_schema() -> dict[str, Any]:
     }
 
 
+def _mcp_subscribe_schema() -> dict[str, Any]:
+    """``akashik_subscribe`` over MCP: the SUBSCRIBE actions, a new subscription's fields
+    flat beside them."""
+    fields = _subscribe_schema()["properties"]
+    del fields["associative"]
+    properties = {
+        "action": {
+            "type": "string",
+            "enum": ["subscribe", "unsubscribe", "list"],
+            "default": "subscribe",
+            "description": "subscribe: a new subscription (events needed); unsubscribe: end "
+            "subscription_id; list: your active subscriptions.",
+        },
+        "subscription_id": {
+            "type": "string",
+            "description": "The subscription to end (action unsubscribe).",
+        },
+        **fields,
+    }
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
 def input_schema(name: str, binding: Binding) -> dict[str, Any]:
     """The ``inputSchema`` of tool ``name`` in ``binding`` (a fresh copy)."""
     if name == "akashik_subscribe":
-        return _subscribe_schema()
+        return _mcp_subscribe_schema() if binding == "mcp_http" else _subscribe_schema()
     operation = TOOLS[name].operation
     schema = request_schema(operation)
     properties: dict[str, Any] = schema.setdefault("properties", {})

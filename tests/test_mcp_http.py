@@ -7,12 +7,16 @@ where the SDK would hide what the Field answers (refusals, stateless POSTs).
 Agents are registered over the HTTP binding. One server serves the module
 (each test its own agents); the tests of bounds start their own.
 
+Notifications are awaited (``Updates``), never slept for: a test that checks
+that one did *not* come waits instead for a later one that must follow it on
+the same stream.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,7 +27,7 @@ import pytest
 import pytest_asyncio
 from mcp import Client, ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
-from mcp.shared.exceptions import MCPError
+from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from field.cli import main
 from field.client import AgentClient, FieldClient
@@ -44,9 +48,23 @@ def field(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
     server.stop()
 
 
+class Updates:
+    """The URIs of the ``notifications/resources/updated`` a session is sent, in order."""
+
+    def __init__(self) -> None:
+        self.uris: asyncio.Queue[str] = asyncio.Queue()
+
+    async def __call__(self, message: Any) -> None:
+        if isinstance(message, types.ResourceUpdatedNotification):
+            await self.uris.put(str(message.params.uri))
+
+    async def next(self) -> str:
+        return await asyncio.wait_for(self.uris.get(), HANG_GUARD)
+
+
 @asynccontextmanager
 async def mcp_session(
-    url: str, token: str, ids: list[str] | None = None
+    url: str, token: str, updates: Updates | None = None, ids: list[str] | None = None
 ) -> AsyncIterator[ClientSession]:
     """An initialized MCP session over Streamable HTTP, as the agent of ``token``; the
     ``Mcp-Session-Id`` the Field answered is appended to ``ids``."""
@@ -62,7 +80,7 @@ async def mcp_session(
             headers=headers, timeout=HANG_GUARD, event_hooks={"response": [answered]}
         ) as http,
         streamable_http_client(f"{url}/mcp", http_client=http) as (read, write),
-        ClientSession(read, write) as session,
+        ClientSession(read, write, message_handler=updates) as session,
     ):
         await asyncio.wait_for(session.initialize(), HANG_GUARD)
         yield session
@@ -99,6 +117,20 @@ async def unreadable(session: ClientSession, uri: str, code: str) -> dict[str, A
     return body
 
 
+async def subscribe(session: ClientSession, uri: str) -> None:
+    """resources/subscribe (the SDK calls it deprecated for the 2026 protocol, which
+    replaces it with subscriptions/listen; sessions that initialize still have it)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        await asyncio.wait_for(session.subscribe_resource(uri), HANG_GUARD)
+
+
+async def unsubscribe(session: ClientSession, uri: str) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", MCPDeprecationWarning)
+        await asyncio.wait_for(session.unsubscribe_resource(uri), HANG_GUARD)
+
+
 @pytest_asyncio.fixture(loop_scope="module")
 async def http(field: ServerProcess) -> AsyncIterator[FieldClient]:
     """A client of the Field over its HTTP binding, as other agents use it."""
@@ -133,11 +165,11 @@ async def test_tools_act_as_the_agent_of_the_token(field: ServerProcess, http: F
     async with mcp_session(field.url, ada.token) as session:
         init = session.initialize_result
         assert init is not None and init.server_info.name == "akashik-field"
-        assert "field://agent" in (init.instructions or "")
-        assert init.capabilities.resources is not None
+        assert "field://subscriptions/{id}" in (init.instructions or "")
+        assert init.capabilities.resources is not None and init.capabilities.resources.subscribe
         listed = await asyncio.wait_for(session.list_tools(), HANG_GUARD)
         tools = {tool.name: tool for tool in listed.tools}
-        assert "akashik_register" not in tools
+        assert "akashik_register" not in tools and "akashik_subscribe" in tools
         assert "akashik_record" in tools and "akashik_session" in tools
         for tool in tools.values():
             assert "agent_id" not in tool.input_schema["properties"]
@@ -343,7 +375,8 @@ async def test_the_per_request_protocol_is_served_statelessly(
 
 async def test_entities_are_resources(field: ServerProcess, http: FieldClient) -> None:
     gus, hal = await register(http, "t-gus", "t-hal")
-    async with mcp_session(field.url, gus.token) as session:
+    updates = Updates()
+    async with mcp_session(field.url, gus.token, updates) as session:
         listed = await asyncio.wait_for(session.list_resources(), HANG_GUARD)
         assert [r.uri for r in listed.resources] == ["field://agent"]
         templates = await asyncio.wait_for(session.list_resource_templates(), HANG_GUARD)
@@ -351,6 +384,7 @@ async def test_entities_are_resources(field: ServerProcess, http: FieldClient) -
             "field://units/{id}",
             "field://conflicts/{id}",
             "field://tasks/{id}",
+            "field://subscriptions/{id}",
         }
         assert (await read(session, "field://agent"))["agent"]["id"] == "t-gus"
         mine = await ok(
@@ -361,9 +395,11 @@ async def test_entities_are_resources(field: ServerProcess, http: FieldClient) -
         unit_uri = f"field://units/{mine['memory_unit_id']}"
         unit = (await read(session, unit_uri))["memory_unit"]
         assert unit["content"] == "Churn is 2% a month." and unit["status"] == "active"
+        await subscribe(session, unit_uri)
         relation = {"type": "contradicts", "target_id": mine["memory_unit_id"]}
         theirs = await record(hal, "Churn is 5% a month.", relations=[relation])
         (conflict_id,) = theirs["conflicts_detected"]
+        assert await updates.next() == unit_uri  # the unit is contested now
         assert (await read(session, unit_uri))["memory_unit"]["status"] == "contested"
         conflict = (await read(session, f"field://conflicts/{conflict_id}"))["conflict"]
         assert {conflict["unit_a"], conflict["unit_b"]} == {
@@ -383,12 +419,91 @@ async def test_entities_are_resources(field: ServerProcess, http: FieldClient) -
             ("field://units/mem-none", "UNIT_NOT_FOUND"),
             ("field://conflicts/conflict-none", "CONFLICT_NOT_FOUND"),
             ("field://tasks/task-none", "TASK_NOT_FOUND"),
-            ("field://subscriptions/sub-none", "NOT_FOUND"),
+            ("field://subscriptions/sub-none", "SUBSCRIPTION_NOT_FOUND"),
             ("field://nothing/here", "NOT_FOUND"),
             ("https://example.com/", "NOT_FOUND"),
             ("field://units/", "INVALID_PAYLOAD"),
         ]:
             await unreadable(session, uri, code)
+
+
+async def test_a_subscription_resource_pushes_and_reads_exactly_once(
+    field: ServerProcess, http: FieldClient
+) -> None:
+    ivy, jon = await register(http, "t-ivy", "t-jon")
+    updates = Updates()
+    async with mcp_session(field.url, ivy.token, updates) as session:
+        made = await ok(session, "akashik_subscribe", events=["memory.recorded"])
+        assert_valid("subscribe.response", {k: v for k, v in made.items() if k != "resource"})
+        uri = made["resource"]
+        assert uri == f"field://subscriptions/{made['subscription_id']}"
+        listed = await asyncio.wait_for(session.list_resources(), HANG_GUARD)
+        assert uri in [r.uri for r in listed.resources]
+        # made in this session: what it owes counts from its creation, before any read
+        early = await record(jon, "Recorded before the first read.")
+        await subscribe(session, uri)
+        assert await updates.next() == uri
+        page = await read(session, uri)
+        assert [n["memory_unit_id"] for n in page["notifications"]] == [early["memory_unit_id"]]
+        assert page["more"] is False and page["ended"] is None
+        new = await record(jon, "Churn fell to 2%.")
+        assert await updates.next() == uri
+        page = await read(session, uri)
+        (notification,) = page["notifications"]
+        assert notification["memory_unit_id"] == new["memory_unit_id"]
+        assert notification["event"] == "memory.recorded" and notification["agent_id"] == "t-jon"
+        assert page["cursor"] == notification["cursor"] and page["more"] is False
+        assert (await read(session, uri))["notifications"] == []  # each notification once
+
+        # two updates in a row are one until the session reads
+        first = await record(jon, "One.")
+        second = await record(jon, "Two.")
+        assert await updates.next() == uri
+        page = await read(session, uri)
+        got = [n["memory_unit_id"] for n in page["notifications"]]
+        if len(got) == 1:  # the second came after the read: it is told anew
+            assert await updates.next() == uri
+            got += [n["memory_unit_id"] for n in (await read(session, uri))["notifications"]]
+        assert got == [first["memory_unit_id"], second["memory_unit_id"]]
+        assert updates.uris.empty()
+
+        # resources/unsubscribe stops the updates: a second subscription, still subscribed,
+        # is told of the same RECORD; the first's update would have come before it
+        other = await ok(session, "akashik_subscribe", events=["memory.recorded"])
+        await subscribe(session, other["resource"])
+        await unsubscribe(session, uri)
+        quiet = await record(jon, "Nobody is told of this one on the first.")
+        assert await updates.next() == other["resource"]
+        assert updates.uris.empty()
+        # ... yet the notification is owed, and read
+        page = await read(session, uri)
+        assert [n["memory_unit_id"] for n in page["notifications"]] == [quiet["memory_unit_id"]]
+
+        # a subscription that ends says so, once what it owed is read
+        ended = made["subscription_id"]
+        await ok(session, "akashik_subscribe", action="unsubscribe", subscription_id=ended)
+        page = await read(session, uri)
+        assert page["ended"]["reason"] == "subscription cancelled" and page["more"] is False
+
+
+async def test_a_large_backlog_is_read_in_pages(field: ServerProcess, http: FieldClient) -> None:
+    kim, lou = await register(http, "t-kim", "t-lou")
+    async with mcp_session(field.url, kim.token) as session:
+        made = await ok(session, "akashik_subscribe", events=["memory.recorded"])
+        recorded = await asyncio.gather(*(record(lou, f"Unit {i}.") for i in range(130)))
+        # two reads at once: one after the other, each notification in one of them
+        both = await asyncio.gather(*(read(session, made["resource"]) for _ in range(2)))
+        pages = sorted(([p["notifications"] for p in both]), key=len, reverse=True)
+        assert len(pages[0]) == 100  # a page at most
+        more = any(p["more"] for p in both)
+        while more:
+            page = await read(session, made["resource"])
+            pages.append(page["notifications"])
+            more = page["more"]
+        read_ids = [n["memory_unit_id"] for p in pages for n in p]
+        assert sorted(read_ids) == sorted(r["memory_unit_id"] for r in recorded)
+        positions = [int(n["cursor"].rpartition("-")[2]) for p in pages for n in p]
+        assert positions == sorted(set(positions))  # in log order (by page), each once
 
 
 # -- bounds ----------------------------------------------------------------------------------
@@ -445,6 +560,50 @@ async def test_bodies_and_sessions_are_bounded(small: ServerProcess) -> None:
     async with mcp_session(small.url, ann.token, ids=ids) as session:
         assert len(ids) == 2 and ids[0] != ids[1]
         await ok(session, "akashik_attune")
+
+
+async def test_a_feed_is_a_bounded_push_connection(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """One push connection per agent, outboxes of 8 frames."""
+    server = spawn_server(
+        tmp_path_factory.mktemp("mcp-feeds"), "--max-push-per-agent=1", "--outbox-frames=8"
+    )
+    try:
+        async with FieldClient(server.url) as client:
+            eve, fox = await register(client, "eve", "fox")
+            await feeds_bounded(server.url, eve, fox)
+    finally:
+        server.stop()
+    # the outbox did overflow (and the reads got every notification all the same)
+    assert any("closing a slow mcp consumer of agent eve" in line for line in server.lines)
+
+
+async def feeds_bounded(url: str, eve: AgentClient, fox: AgentClient) -> None:
+    async with mcp_session(url, eve.token) as session:
+        first = await ok(session, "akashik_subscribe", events=["memory.recorded"])
+        second = await ok(session, "akashik_subscribe", events=["memory.recorded"])
+        assert (await read(session, first["resource"]))["notifications"] == []
+        # the feed is a push connection of the agent: the second does not fit
+        body = await unreadable(session, second["resource"], "TOO_MANY_CONNECTIONS")
+        assert body["recoverable"] is True
+
+        # 20 notifications overflow an outbox of 8: read again from the log, each once
+        recorded = [await record(fox, f"Unit {i}.") for i in range(20)]
+        pages = []
+        more = True
+        while more:
+            page = await read(session, first["resource"])
+            pages.extend(page["notifications"])
+            more = page["more"]
+        assert [n["memory_unit_id"] for n in pages] == [r["memory_unit_id"] for r in recorded]
+    # the session ended (its DELETE answered): its push connection is released, so the
+    # agent's next session reads where the Field has it, from the moment it first reads
+    async with mcp_session(url, eve.token) as session:
+        assert (await read(session, second["resource"]))["notifications"] == []
+        late = await record(fox, "After the first session.")
+        page = await read(session, second["resource"])
+        assert [n["memory_unit_id"] for n in page["notifications"]] == [late["memory_unit_id"]]
 
 
 async def test_an_idle_session_expires(tmp_path_factory: pytest.TempPathFactory) -> None:

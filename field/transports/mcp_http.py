@@ -9,14 +9,17 @@ registered agent, and acts as that agent (the tools take no ``agent_id``).
 Sessions. A POST of ``initialize`` without ``Mcp-Session-Id`` opens a session
 (the answer's ``Mcp-Session-Id`` names it), which belongs to the agent that
 opened it: a request naming it with another agent's token is answered as if
-it did not exist. A session holds the agent's ``poll`` cursor and its default
-Field session until it ends: DELETE, ``--mcp-idle-timeout`` seconds with no
-request in flight (an open GET stream counts as one), the server stopping.
-At most ``--mcp-max-sessions`` sessions are open, and at most
-``--max-push-per-agent`` of one agent. Any other POST without a session
+it did not exist. A session holds the agent's ``poll`` cursor, its default
+Field session, its subscription resources and resource subscriptions
+(:mod:`.mcp_resources`), all released when it ends: DELETE, ``--mcp-idle-timeout``
+seconds with no request in flight (an open GET stream counts as one), the
+server stopping. At most ``--mcp-max-sessions`` sessions are open, and at
+most ``--max-push-per-agent`` of one agent. Any other POST without a session
 id is stateless: served on its own, as the SDK's stateless mode serves it
 (no ``initialize`` needed), with no cursor to keep. Every POST is answered
-with one JSON body: the Field sends nothing in the course of a request.
+with one JSON body: the Field sends nothing in the course of a request, and
+what it sends unasked (``notifications/resources/updated``) goes on the
+session's GET stream.
 
 Everything the Field answers itself is its error body (code, message,
 recoverable, suggested_action) with the HTTP status of the code: a missing
@@ -42,7 +45,7 @@ import logging
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -68,14 +71,17 @@ from ..errors import (
     AuthError,
     Code,
     FieldError,
+    InvalidPayload,
     NotFound,
     Overloaded,
     StateError,
     internal_error,
 )
-from ..tools import MCP_HTTP_TOOLS, SESSION_TOOLS, definitions
+from ..model import StoredEntry
+from ..tools import MCP_HTTP_TOOLS, SESSION_TOOLS, SUBSCRIPTION_FIELDS, definitions
 from . import mcp_resources as resources
 from .http import HTTPBinding, bearer_token, error_response, read_body
+from .streaming import absolute_urls
 
 logger = logging.getLogger("field.mcp")
 
@@ -83,15 +89,22 @@ logger = logging.getLogger("field.mcp")
 MCP_PATH = "/mcp"
 #: The key of a request's :class:`Caller` in its ASGI scope.
 CALLER = "field.mcp"
+#: Subscriptions made in a session whose start the session keeps until it reads them.
+MAX_CREATED = 256
+#: Entity resources one session may be subscribed to.
+MAX_WATCHES = 256
 
 INSTRUCTIONS = (
     "Tools of an Akashik Field: shared memory and coordination for agents. This connection "
     "acts for one registered agent (its bearer token): record what you learn (akashik_record, "
-    "with intent and confidence) and read what others learned (akashik_attune); poll with "
-    "akashik_attune {poll: true} to see what is new. field://agent is your agent; "
-    "field://units/{id}, field://conflicts/{id} and field://tasks/{id} are the Field's "
-    "entities. A failed call returns the Field's error body: code, message, recoverable and "
-    "suggested_action say what to fix."
+    "with intent and confidence) and read what others learned (akashik_attune). To be told as "
+    "things happen: create a subscription with akashik_subscribe, subscribe to its resource "
+    "field://subscriptions/{id}, and read that resource whenever notifications/resources/"
+    "updated names it: each read returns the notifications since your previous read (read "
+    "again while more is true). Or poll with akashik_attune {poll: true}. field://agent is "
+    "your agent; field://units/{id}, field://conflicts/{id} and field://tasks/{id} are the "
+    "Field's entities (subscribe to one to be told when it changes). A failed call returns the "
+    "Field's error body: code, message, recoverable and suggested_action say what to fix."
 )
 
 
@@ -107,6 +120,21 @@ class McpSession:
     poll_epoch: int = 0
     #: the Field session RECORD and COORDINATE default to (created or joined here)
     field_session: str | None = None
+    #: the cursor a subscription made in this session starts from, until it is read
+    created: dict[str, str] = field(default_factory=dict)
+    feeds: dict[str, resources.SubscriptionFeed] = field(default_factory=dict)
+    watches: dict[str, resources.Watch] = field(default_factory=dict)
+    #: notifications/resources/updated being sent
+    sending: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def updated(self, uri: str) -> None:
+        """Tell the client that ``uri`` has something new (in a task: never waits)."""
+        connection = self.connection
+        if connection is None:
+            return
+        task = asyncio.get_running_loop().create_task(connection.send_resource_updated(uri))
+        self.sending.add(task)
+        task.add_done_callback(self.sending.discard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,6 +144,8 @@ class Caller:
     agent_id: str
     token: str
     session: McpSession | None
+    #: the Field's URL as the client reached it (SUBSCRIBE's ws_url and sse_url)
+    base_url: str = ""
 
 
 def _caller(ctx: Any) -> Caller:
@@ -140,6 +170,7 @@ class McpHttpBinding:
         self.server = self._server()
         self.sessions: dict[str, McpSession] = {}
         self._per_agent: Counter[str] = Counter()
+        self.watches = resources.Watches()
         self._group: anyio.abc.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
         self.stateless: StreamableHTTPSessionManager | None = None
@@ -157,6 +188,7 @@ class McpHttpBinding:
         ready = asyncio.get_running_loop().create_future()
         self._runner = asyncio.create_task(self._serve(ready), name="field-mcp")
         await ready
+        self.http._service().listeners.append(self.published)
 
     async def _serve(self, ready: asyncio.Future[None]) -> None:
         """Hold the task group of the sessions (and the stateless requests') until stopped:
@@ -170,6 +202,25 @@ class McpHttpBinding:
         finally:
             if not ready.done():
                 ready.set_result(None)
+
+    def published(self, entries: list[StoredEntry]) -> None:
+        """Tell the entity watches of a committed batch; an agent that deregistered lets go
+        of its sessions' feeds at once (its token opens none of them again)."""
+        self.watches.published(entries)
+        for entry in entries:
+            if entry.kind == "agent.deregistered" and entry.data["agent_id"] in self._per_agent:
+                for session in list(self.sessions.values()):
+                    if session.agent_id == entry.data["agent_id"]:
+                        self._release(session)
+
+    def _release(self, session: McpSession) -> None:
+        """Let go of a session's feeds and watches (the session itself stays)."""
+        for feed in session.feeds.values():
+            feed.release()
+        session.feeds.clear()
+        for watch in session.watches.values():
+            self.watches.remove(watch)
+        session.watches.clear()
 
     def shutdown(self) -> None:
         """End every session now (the server is stopping): their GET streams end too."""
@@ -223,6 +274,7 @@ class McpHttpBinding:
         if request.method == "POST":
             body = await read_body(request, self.limits.max_body_bytes)
         replay = _replaying(body, receive)
+        base = str(request.base_url).rstrip("/")
         if session_id is not None:
             session = self.sessions.get(session_id)
             if session is None or session.agent_id != agent.id:
@@ -234,7 +286,7 @@ class McpHttpBinding:
                 await self._discard(session)
                 await Response(status_code=200)(scope, receive, send)
                 return
-            scope[CALLER] = Caller(agent.id, token, session)
+            scope[CALLER] = Caller(agent.id, token, session, base)
             await session.transport.handle_request(scope, replay, send)
             return
         if request.method != "POST":
@@ -242,10 +294,10 @@ class McpHttpBinding:
         if _is_initialize(body):
             self.http.admit(token)  # a session costs what an operation does
             session = self._open(agent.id)
-            scope[CALLER] = Caller(agent.id, token, session)
+            scope[CALLER] = Caller(agent.id, token, session, base)
             await self._serve_opening(session, scope, replay, send)
             return
-        scope[CALLER] = Caller(agent.id, token, None)
+        scope[CALLER] = Caller(agent.id, token, None, base)
         assert self.stateless is not None
         await self.stateless.handle_request(scope, replay, send)
 
@@ -326,6 +378,9 @@ class McpHttpBinding:
             self._per_agent[session.agent_id] -= 1
             if not self._per_agent[session.agent_id]:
                 del self._per_agent[session.agent_id]
+        self._release(session)
+        for task in list(session.sending):
+            task.cancel()
         session.connection = None
         if not session.transport.is_terminated:
             with anyio.CancelScope(shield=True):
@@ -370,6 +425,14 @@ class McpHttpBinding:
             )
             return types.ReadResourceResult(contents=[contents])
 
+        async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> Any:
+            await _mcp_errors(self.subscribe(_caller(ctx), str(params.uri)))
+            return types.EmptyResult()
+
+        async def unsubscribe(ctx: Any, params: types.UnsubscribeRequestParams) -> Any:
+            self.unsubscribe(_caller(ctx), str(params.uri))
+            return types.EmptyResult()
+
         return Server(
             "akashik-field",
             version=__version__,
@@ -379,6 +442,8 @@ class McpHttpBinding:
             on_list_resources=list_resources,
             on_list_resource_templates=list_templates,
             on_read_resource=read_resource,
+            on_subscribe_resource=subscribe,
+            on_unsubscribe_resource=unsubscribe,
         )
 
     # -- tools -------------------------------------------------------------------------
@@ -431,6 +496,8 @@ class McpHttpBinding:
             given = "since_epoch" in args or (isinstance(scope, dict) and "since_epoch" in scope)
             if poll and session is not None and not given:
                 args["since_epoch"] = session.poll_epoch
+        if operation == "SUBSCRIBE":
+            args = _subscribe_payload(args)
         token = caller.token
 
         def job(field: Field) -> Outcome:
@@ -455,6 +522,9 @@ class McpHttpBinding:
         response = outcome.response
         if session is not None:
             self._follow(session, operation, args, response, poll)
+        if operation == "SUBSCRIBE" and args["action"] == "subscribe":
+            uri = resources.subscription_uri(response["subscription_id"])
+            response = {**absolute_urls(response, caller.base_url), "resource": uri}
         return response
 
     @staticmethod
@@ -466,7 +536,7 @@ class McpHttpBinding:
         poll: bool,
     ) -> None:
         """What the session keeps of a response: the poll cursor, the current Field
-        session."""
+        session, where a new subscription starts."""
         if poll:
             session.poll_epoch = response["epoch"]
         elif operation == "SESSION":
@@ -477,6 +547,11 @@ class McpHttpBinding:
                 session.field_session = current["id"]
             elif action in ("leave", "end") and session.field_session == current["id"]:
                 session.field_session = None
+        elif operation == "SUBSCRIBE" and response.get("cursor"):
+            created = session.created
+            created[response["subscription_id"]] = response["cursor"]
+            if len(created) > MAX_CREATED:  # made here and never read: forget the oldest
+                del created[next(iter(created))]
 
     # -- resources ---------------------------------------------------------------------
 
@@ -492,20 +567,104 @@ class McpHttpBinding:
         return outcome.response
 
     async def resource_list(self, caller: Caller) -> list[types.Resource]:
+        listed = await _mcp_errors(self._reading(caller, resources.subscription_resources))
+        agent = types.Resource(
+            name="agent",
+            uri=resources.AGENT_URI,
+            description="Your agent, as the Field knows it.",
+            mime_type="application/json",
+        )
         return [
-            types.Resource(
-                name="agent",
-                uri=resources.AGENT_URI,
-                description="Your agent, as the Field knows it.",
-                mime_type="application/json",
-            )
+            agent,
+            *(
+                types.Resource(
+                    name=f"subscription {s['id']}",
+                    uri=resources.subscription_uri(s["id"]),
+                    description="Notifications of events " + ", ".join(s["events"])[:200],
+                    mime_type="application/json",
+                )
+                for s in listed["subscriptions"]
+            ),
         ]
 
     async def read(self, caller: Caller, uri: str) -> dict[str, Any]:
         kind, ident = resources.parse_uri(uri)
-        return await self._reading(
+        session = caller.session
+        if kind == "subscriptions":
+            assert ident is not None
+            if session is None:
+                raise _needs_session("reading a subscription resource")
+            feed = await self._feed(caller, session, ident)
+            self.http.admit(caller.token)
+            return await feed.read(resources.READ_PAGE, self.limits.max_response_bytes // 2)
+        body = await self._reading(
             caller, lambda field, agent: resources.read_entity(field, agent, kind, ident)
         )
+        watch = session.watches.get(uri) if session is not None else None
+        if watch is not None:
+            watch.told = False
+        return body
+
+    async def _feed(
+        self, caller: Caller, session: McpSession, subscription_id: str
+    ) -> resources.SubscriptionFeed:
+        """The session's feed of a subscription, attached at its first use."""
+        feed = session.feeds.get(subscription_id)
+        if feed is not None:
+            return feed
+
+        def check(field: Field) -> Outcome:
+            agent = field.authenticate(caller.token)
+            field.active_subscription(subscription_id, agent.id)
+            return Outcome({}, agent_id=agent.id)
+
+        await self.http._service().execute(check, work=Work.READ)
+        feed = session.feeds.get(subscription_id)  # made meanwhile by another request
+        if feed is None:
+            hub = self.http.hub
+            if hub is None:
+                raise Overloaded("the Field is not running")
+            feed = resources.SubscriptionFeed(
+                hub, caller.agent_id, subscription_id, lambda f: session.updated(f.uri)
+            )
+            feed.attach(session.created.get(subscription_id))
+            session.created.pop(subscription_id, None)
+            session.feeds[subscription_id] = feed
+        return feed
+
+    async def subscribe(self, caller: Caller, uri: str) -> None:
+        kind, ident = resources.parse_uri(uri)
+        session = caller.session
+        if session is None:
+            raise _needs_session("resources/subscribe")
+        if kind == "subscriptions":
+            assert ident is not None
+            (await self._feed(caller, session, ident)).subscribe()
+            return
+        await self.read(caller, uri)  # it exists and the agent may see it
+        if uri not in session.watches:
+            if len(session.watches) >= MAX_WATCHES:
+                raise StateError(
+                    f"this session is subscribed to {MAX_WATCHES} resources, as many as it may be",
+                    code=Code.SUBSCRIPTION_LIMIT,
+                    suggested_action="Unsubscribe from resources you no longer follow.",
+                )
+            key = resources.watch_key(kind, ident, caller.agent_id)
+            watch = resources.Watch(uri, key, lambda w: session.updated(w.uri))
+            session.watches[uri] = watch
+            self.watches.add(watch)
+
+    def unsubscribe(self, caller: Caller, uri: str) -> None:
+        """Stop telling the session about ``uri`` (nothing to stop is no error)."""
+        session = caller.session
+        if session is None:
+            return
+        watch = session.watches.pop(uri, None)
+        if watch is not None:
+            self.watches.remove(watch)
+        for feed in session.feeds.values():
+            if feed.uri == uri:
+                feed.unsubscribe()
 
 
 # -- helpers ----------------------------------------------------------------------------
@@ -529,6 +688,26 @@ def _attune_defaults(args: dict[str, Any], role: str) -> None:
     if isinstance(scope, dict):
         scope.setdefault("role", role)
         scope.setdefault("max_units", 10)
+
+
+def _subscribe_payload(args: dict[str, Any]) -> dict[str, Any]:
+    """SUBSCRIBE's payload from ``akashik_subscribe``'s flat arguments."""
+    action = args.pop("action", "subscribe")
+    subscription_id = args.pop("subscription_id", None)
+    unknown = sorted(args.keys() - set(SUBSCRIPTION_FIELDS))
+    if unknown:
+        raise InvalidPayload(
+            f"akashik_subscribe takes no argument {unknown[0][:64]!r}",
+            operation="SUBSCRIBE",
+            suggested_action="Pass only action, subscription_id, "
+            + ", ".join(SUBSCRIPTION_FIELDS)
+            + ".",
+        )
+    if action == "subscribe":
+        return {"action": action, "subscription": args}
+    if action == "unsubscribe":
+        return {"action": action, "subscription": {"id": subscription_id}}
+    return {"action": action}
 
 
 def _is_initialize(body: bytes) -> bool:
