@@ -143,7 +143,11 @@ class NotificationStream(Generic[EventT]):
         if self._events is None:
             self._events = self._produce()
         while True:
-            event = await self._events.__anext__()
+            try:
+                event = await self._events.__anext__()
+            except BaseException:  # the end, a refusal, or cancelled: the producer is done
+                await self.aclose()
+                raise
             if isinstance(event, Notification):
                 self.cursors[event.subscription_id] = event.cursor
                 self._epochs[event.subscription_id] = event.epoch
