@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import signal
+import stat
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -281,6 +282,75 @@ async def test_a_connected_stream_keeps_its_agent_live(
             assert "listener" not in failed
             (record,) = (await watcher.agents(ids=["listener"]))["agents"]
             assert record["status"] != "failed"
+
+
+# -- a program that starts again ----------------------------------------------------------------
+
+
+async def test_a_named_subscription_and_a_cursor_file_give_each_event_once_per_event(
+    sqlite_server: ThreadedServer, tmp_path: Path
+) -> None:
+    """Each "start" of the program is a new client: connect (its token kept), subscribe by
+    name, stream with a cursor file. What happens while it is down arrives at the next start,
+    once; a notification it failed on comes again."""
+    token_file, cursor_file = tmp_path / "reader.token", tmp_path / "reader.cursors"
+    url = sqlite_server.url
+
+    async def start(field: FieldClient) -> tuple[AgentClient, Subscription]:
+        me = await field.connect("reader", role="researcher", token_file=token_file)
+        news = await me.subscribe(["memory.recorded"], name="news", min_relevance=0)
+        return me, news
+
+    async with FieldClient(url) as other:  # someone who keeps writing
+        writer = await other.register("writer", "analyst")
+
+        async with FieldClient(url) as field:
+            me, first = await start(field)
+            assert first.created is True and first.name == "news"
+            async with me.notifications(first, cursor_file=cursor_file) as stream:
+                seen = [await write(writer, "one"), await write(writer, "two")]
+                assert units(await take(stream, 2)) == seen
+        assert stat.S_IMODE(cursor_file.stat().st_mode) == 0o600
+
+        missed = [await write(writer, "while down 1"), await write(writer, "while down 2")]
+        async with FieldClient(url) as field:
+            me, again = await start(field)
+            assert (again.id, again.created, again.cursor) == (first.id, False, first.cursor)
+            assert me.fresh_subscriptions == {}  # not new: it does not start from its creation
+            with pytest.raises(RuntimeError):  # the program fails on the second one
+                async with me.notifications(again, cursor_file=cursor_file) as stream:
+                    assert units(await take(stream, 1)) == missed[:1]
+                    assert units(await take(stream, 1)) == missed[1:]
+                    raise RuntimeError("crashed while processing it")
+
+        async with FieldClient(url) as field:
+            me, third = await start(field)
+            assert third.id == first.id
+            async with me.notifications(third, cursor_file=cursor_file) as stream:
+                # the one it failed on comes again; nothing before it does
+                assert units(await take(stream, 1)) == missed[1:]
+                sentinel = await write(writer, "live")
+                assert units(await take(stream, 1)) == [sentinel]
+            listed = await me.subscriptions()
+            assert [s["id"] for s in listed["subscriptions"]] == [first.id]  # one, not three
+
+            with pytest.raises(FieldClientError) as taken:  # same name, another definition
+                await me.subscribe(["memory.recorded"], name="news", min_relevance=0.5)
+            assert taken.value.status == 409 and taken.value.code == "SUBSCRIPTION_NAME_TAKEN"
+            assert taken.value.body["details"]["subscription_id"] == first.id
+
+
+def test_a_cursor_file_of_another_agent_is_not_used(tmp_path: Path) -> None:
+    path = tmp_path / "c"
+    path.write_bytes(b'{"agent_id": "a", "cursors": {"sub-1": "t-1"}}')
+    field = FieldClient("http://127.0.0.1:9")
+    with pytest.raises(ValueError, match="agent 'a'"):
+        field.agent("b", "token").notifications(cursor_file=path)
+    path.write_bytes(b"[]")
+    with pytest.raises(ValueError, match="not a cursor file"):
+        field.agent("a", "token").notifications(cursor_file=path)
+    stream = field.agent("a", "token").notifications(cursor_file=tmp_path / "new")
+    assert stream.cursors == {}
 
 
 # -- across a restart of the Field --------------------------------------------------------------

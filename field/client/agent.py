@@ -10,6 +10,7 @@ response raises :class:`~field.client.errors.FieldClientError`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, Literal, overload
 from urllib.parse import urlencode
@@ -390,6 +391,7 @@ class AgentClient:
         self,
         *subscriptions: Subscription | str,
         since: str | Mapping[str, str] | None = None,
+        cursor_file: str | os.PathLike[str] | None = None,
         transport: Transport = "ws",
         reconnect: Reconnect | None = None,
         heartbeat: float = 30.0,
@@ -402,6 +404,7 @@ class AgentClient:
         self,
         *subscriptions: Subscription | str,
         since: str | Mapping[str, str] | None = None,
+        cursor_file: str | os.PathLike[str] | None = None,
         transport: Transport = "ws",
         reconnect: Reconnect | None = None,
         heartbeat: float = 30.0,
@@ -413,6 +416,7 @@ class AgentClient:
         self,
         *subscriptions: Subscription | str,
         since: str | Mapping[str, str] | None = None,
+        cursor_file: str | os.PathLike[str] | None = None,
         transport: Transport = "ws",
         reconnect: Reconnect | None = None,
         heartbeat: float = 30.0,
@@ -421,37 +425,55 @@ class AgentClient:
     ) -> NotificationStream[Notification] | NotificationStream[StreamEvent]:
         """The agent's notifications, as an async iterator that reconnects by itself::
 
-            subscription = await agent.subscribe(["memory.recorded"], name="news")
-            async for notification in agent.notifications(subscription):
-                print(notification.event, notification.summary)
+            news = await agent.subscribe(["memory.recorded"], name="news")
+            async with agent.notifications(news, cursor_file="news.cursors") as stream:
+                async for notification in stream:
+                    print(notification.event, notification.summary)
 
         Streams ``subscriptions`` (all of the agent's when none is given) over
-        one WebSocket (``transport="sse"``: one Server-Sent Events stream each).
-        Where each starts: ``since`` (a cursor for all, or subscription id →
-        cursor), else the creation of a subscription this client just made
-        (so nothing between ``subscribe`` and the first connection is missed),
-        else now. When the connection drops (the Field restarted, the network
-        failed, the consumer fell behind) the stream reconnects after a
-        jittered, capped backoff (``reconnect``) and resumes after the last
-        notification it yielded: nothing is lost or repeated.
+        one WebSocket (``transport="sse"``: one Server-Sent Events stream each,
+        for the subscriptions active when it starts).
 
-        The stream yields :class:`~field.client.types.Notification` objects.
-        A subscription the Field cannot resume (``recovered: false``) raises
-        :class:`~field.client.errors.NotificationGap` (iterate again to go on);
-        a refused token raises :class:`FieldClientError`. With
-        ``control=True`` the stream also yields ``Gap`` (instead of raising),
-        ``Overflow``, ``Ended`` and ``Disconnected`` events. It ends when every
-        subscription it was given has ended (or the agent deregistered).
-        ``stream.cursors`` are where it stands: keep them, and pass them as
-        ``since`` next time, to go on across runs of a program. While it is
-        connected the agent is live (spec: liveness); ``heartbeat`` pings
-        detect a dead connection, and no message over ``max_message_bytes`` is
-        read.
+        **Where each subscription starts**: ``since`` (one cursor for all, or
+        subscription id → cursor), else what ``cursor_file`` kept from an
+        earlier run, else the creation of a subscription this client just made
+        (so nothing between ``subscribe`` and the first connection is missed),
+        else now. A named subscription found again (``created`` false) is not
+        new: without a cursor it starts now, with ``cursor_file`` where the last
+        run stopped. So a program that subscribes by name and keeps a
+        ``cursor_file`` gets each event once, however often it starts.
+
+        **Resuming**: when the connection drops (the Field restarted or was
+        killed, the network failed, the consumer fell behind: ``overflow``) the
+        stream reconnects after a jittered, capped backoff (``reconnect``) and
+        resumes after the last notification it yielded: nothing lost, nothing
+        repeated. ``stream.cursors`` are where it stands; with ``cursor_file``
+        they are also written there (mode 0600, replaced whole) each time the
+        loop asks for the next notification, and when the stream closes
+        without an error.
+
+        **What it yields**: :class:`~field.client.types.Notification` objects.
+        A subscription the Field cannot resume (``recovered: false``: a cursor
+        of another Field, or ahead of its log) raises
+        :class:`~field.client.errors.NotificationGap`, saying where the gap
+        starts; iterate again to go on live. A refused token raises
+        :class:`FieldClientError` (not retried);
+        :class:`~field.client.errors.StreamUnavailable` is raised only if
+        ``reconnect.give_up_after`` says so. With ``control=True`` the stream
+        also yields ``Gap`` (instead of raising), ``Overflow``, ``Ended`` and
+        ``Disconnected`` events. It ends when every subscription it was given
+        has ended (cancelled, expired) or the agent deregistered.
+
+        While it is connected the agent is live (no heartbeat requests are
+        needed); ``heartbeat`` pings find a dead connection, and no message
+        over ``max_message_bytes`` is read. Close it (``async with``, or
+        ``await stream.aclose()``) when done.
         """
         return NotificationStream(
             self,
             [s.id if isinstance(s, Subscription) else s for s in subscriptions],
             since=since,
+            cursor_file=cursor_file,
             transport=transport,
             control=control,
             reconnect=reconnect or Reconnect(),

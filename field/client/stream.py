@@ -33,9 +33,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import os
 import random
 import time
 from collections.abc import AsyncGenerator, Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 from urllib.parse import quote, urlencode
@@ -45,6 +47,7 @@ import orjson
 
 from .errors import FieldClientError, NotificationGap, StreamUnavailable, retry_after_seconds
 from .sse import SSEError, SSEParser
+from .tokens import MAX_TOKEN_FILE_BYTES, write_private
 from .types import (
     Disconnected,
     Ended,
@@ -111,6 +114,7 @@ class NotificationStream(Generic[EventT]):
         reconnect: Reconnect,
         heartbeat: float,
         max_message_bytes: int,
+        cursor_file: str | os.PathLike[str] | None = None,
     ) -> None:
         if transport not in ("ws", "sse"):
             raise ValueError(f'transport must be "ws" or "sse", not {transport!r}')
@@ -129,7 +133,14 @@ class NotificationStream(Generic[EventT]):
         self.overflows: list[Overflow] = []
         self.ended: dict[str, Ended] = {}
         self._since_all: str | None = since if isinstance(since, str) else None
-        self._start: dict[str, str] = dict(since) if isinstance(since, Mapping) else {}
+        self._start: dict[str, str] = {}
+        self._saved: dict[str, str] = {}  # the cursors last written to the cursor file
+        self._cursor_file = None if cursor_file is None else Path(cursor_file)
+        if self._cursor_file is not None:
+            self._start = _load_cursors(self._cursor_file, agent.id)
+            self.cursors, self._saved = dict(self._start), dict(self._start)
+        if isinstance(since, Mapping):
+            self._start |= since
         self._epochs: dict[str, int] = {}  # subscription → epoch of its last notification
         self._events: AsyncGenerator[StreamEvent, None] | None = None
         self._http: aiohttp.ClientSession | None = None
@@ -140,13 +151,14 @@ class NotificationStream(Generic[EventT]):
         return self
 
     async def __anext__(self) -> EventT:
+        self._checkpoint()  # the consumer asks for more: it is done with what it was given
         if self._events is None:
             self._events = self._produce()
         while True:
             try:
                 event = await self._events.__anext__()
             except BaseException:  # the end, a refusal, or cancelled: the producer is done
-                await self.aclose()
+                await self._close()
                 raise
             if isinstance(event, Notification):
                 self.cursors[event.subscription_id] = event.cursor
@@ -166,11 +178,26 @@ class NotificationStream(Generic[EventT]):
                 self.overflows.append(event)
             elif isinstance(event, Ended):
                 self.ended[event.subscription_id] = event
+                self.cursors.pop(event.subscription_id, None)  # nothing more to resume
             if self.control:
                 return cast(EventT, event)
 
     async def aclose(self) -> None:
-        """Close the connection(s); the stream yields nothing more."""
+        """Close the connection(s); the stream yields nothing more. With a ``cursor_file``,
+        the cursors of everything yielded are saved (the last notification counts as
+        processed)."""
+        self._checkpoint()
+        await self._close()
+
+    def _checkpoint(self) -> None:
+        """Save the cursors to the ``cursor_file``, if there is one and they moved."""
+        if self._cursor_file is None or self.cursors == self._saved:
+            return
+        body = orjson.dumps({"agent_id": self.agent.id, "cursors": self.cursors})
+        write_private(self._cursor_file, body, durable=False)
+        self._saved = dict(self.cursors)
+
+    async def _close(self) -> None:
         if self._events is not None:
             closing = self._events
             self._events = _nothing()
@@ -188,7 +215,10 @@ class NotificationStream(Generic[EventT]):
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        await self.aclose()
+        if exc_type is None:
+            await self.aclose()
+        else:  # the last notification yielded may not have been processed: not saved
+            await self._close()
 
     # -- producing events ------------------------------------------------------------------
 
@@ -522,6 +552,28 @@ async def _merged(
         for stream in streams:
             with contextlib.suppress(Exception):
                 await stream.aclose()
+
+
+def _load_cursors(path: Path, agent_id: str) -> dict[str, str]:
+    """The cursors a ``cursor_file`` keeps (none when it does not exist yet)."""
+    try:
+        with path.open("rb") as file:
+            raw = file.read(MAX_TOKEN_FILE_BYTES + 1)
+    except FileNotFoundError:
+        return {}
+    data: Any = None
+    with contextlib.suppress(orjson.JSONDecodeError):
+        data = orjson.loads(raw) if len(raw) <= MAX_TOKEN_FILE_BYTES else None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a cursor file")
+    cursors = data.get("cursors")
+    if not isinstance(cursors, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) for k, v in cursors.items()
+    ):
+        raise ValueError(f"{path} is not a cursor file")
+    if data.get("agent_id") != agent_id:
+        raise ValueError(f"{path} keeps the cursors of agent {data.get('agent_id')!r}")
+    return dict(cursors)
 
 
 async def _nothing() -> AsyncGenerator[StreamEvent, None]:

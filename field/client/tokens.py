@@ -109,26 +109,38 @@ class TokenFile:
             },
             option=orjson.OPT_INDENT_2 | orjson.OPT_APPEND_NEWLINE,
         )
-        directory = self.path.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        temporary = directory / f".{self.path.name}.{os.getpid()}.tmp"
-        descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            os.fchmod(descriptor, 0o600)  # whatever the umask, and if the file was there
-            with os.fdopen(descriptor, "wb") as file:
-                file.write(body)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                temporary.unlink()
-            raise
-        _fsync_directory(directory)
+        write_private(self.path, body, durable=True)
 
 
 def _string_or_none(value: Any) -> str | None:
     return value if isinstance(value, str) else None
+
+
+def write_private(path: Path, body: bytes, *, durable: bool) -> None:
+    """Replace ``path`` with ``body`` whole: a new file (mode 0600, whatever the umask)
+    renamed over it, so a reader sees the old content or the new, never half. ``durable``
+    also syncs the file and its directory before and after the rename."""
+    directory = path.parent
+    directory.mkdir(parents=True, exist_ok=True)
+    temporary = directory / f".{path.name}.{os.getpid()}.tmp"
+    try:
+        with open(temporary, "wb", opener=_private_opener) as file:
+            os.fchmod(file.fileno(), 0o600)  # the file may have been left there, wider
+            file.write(body)
+            if durable:
+                file.flush()
+                os.fsync(file.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            temporary.unlink()
+        raise
+    if durable:
+        _fsync_directory(directory)
+
+
+def _private_opener(path: str, flags: int) -> int:
+    return os.open(path, flags, 0o600)
 
 
 def _fsync_directory(directory: Path) -> None:
