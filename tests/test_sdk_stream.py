@@ -340,6 +340,21 @@ async def test_a_named_subscription_and_a_cursor_file_give_each_event_once_per_e
             assert taken.value.body["details"]["subscription_id"] == first.id
 
 
+async def test_with_a_cursor_file_a_subscription_never_read_starts_from_its_creation(
+    field_server: ThreadedServer, tmp_path: Path
+) -> None:
+    async with FieldClient(field_server.url) as field:
+        writer, reader = await two_agents(field)
+        await reader.subscribe(["memory.recorded"], name="news")
+        owed = [await write(writer, "market a"), await write(writer, "market b")]
+        # the program stopped before it read anything; it starts again (a new client)
+        again = field.agent(reader.id, reader.token, role=reader.role)
+        news = await again.subscribe(["memory.recorded"], name="news")
+        assert news.created is False and again.fresh_subscriptions == {}
+        async with again.notifications(news, cursor_file=tmp_path / "c") as stream:
+            assert units(await take(stream, 2)) == owed
+
+
 def test_a_cursor_file_of_another_agent_is_not_used(tmp_path: Path) -> None:
     path = tmp_path / "c"
     path.write_bytes(b'{"agent_id": "a", "cursors": {"sub-1": "t-1"}}')

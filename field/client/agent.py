@@ -438,10 +438,12 @@ class AgentClient:
         subscription id → cursor), else what ``cursor_file`` kept from an
         earlier run, else the creation of a subscription this client just made
         (so nothing between ``subscribe`` and the first connection is missed),
-        else now. A named subscription found again (``created`` false) is not
-        new: without a cursor it starts now, with ``cursor_file`` where the last
-        run stopped. So a program that subscribes by name and keeps a
-        ``cursor_file`` gets each event once, however often it starts.
+        else now. With a ``cursor_file``, a :class:`Subscription` it holds no
+        cursor for has had nothing processed yet: it starts from its creation.
+        A named subscription found again (``created`` false) is not new:
+        without ``since`` or a ``cursor_file`` it starts now. So a program that
+        subscribes by name and keeps a ``cursor_file`` gets each event once,
+        however often it starts (and wherever it stopped).
 
         **Resuming**: when the connection drops (the Field restarted or was
         killed, the network failed, the consumer fell behind: ``overflow``) the
@@ -472,6 +474,7 @@ class AgentClient:
         return NotificationStream(
             self,
             [s.id if isinstance(s, Subscription) else s for s in subscriptions],
+            origins={s.id: s.cursor for s in subscriptions if isinstance(s, Subscription)},
             since=since,
             cursor_file=cursor_file,
             transport=transport,

@@ -108,6 +108,7 @@ class NotificationStream(Generic[EventT]):
         agent: AgentClient,
         subscription_ids: list[str],
         *,
+        origins: Mapping[str, str] | None = None,
         since: str | Mapping[str, str] | None,
         transport: Transport,
         control: bool,
@@ -139,6 +140,9 @@ class NotificationStream(Generic[EventT]):
         if self._cursor_file is not None:
             self._start = _load_cursors(self._cursor_file, agent.id)
             self.cursors, self._saved = dict(self._start), dict(self._start)
+            # a subscription the file has no cursor for has had nothing processed: all
+            # it owes since its creation is still to come
+            self._start = {**(origins or {}), **self._start}
         if isinstance(since, Mapping):
             self._start |= since
         self._epochs: dict[str, int] = {}  # subscription → epoch of its last notification
