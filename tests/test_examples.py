@@ -148,3 +148,29 @@ async def test_the_listener_prints_each_notification_once_across_its_restarts(
 
 def _token(path: Path) -> str:
     return str(orjson.loads(path.read_bytes())["token"])
+
+
+async def test_the_readme_program_runs_as_often_as_you_like(
+    field_process: ServerProcess, tmp_path: Path
+) -> None:
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    section = readme[readme.index("## Writing an agent in Python") :]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "no Python program in the section"
+    script = tmp_path / "team.py"
+    script.write_text(match.group(1))
+    agents = tmp_path / "agents"
+    for _ in range(2):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(script),
+            env={**_env(agents), "FIELD_URL": field_process.url},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+        assert process.returncode == 0, err.decode()
+        lines = out.decode().splitlines()
+        assert len(lines) == 2, lines  # one conflict resolved per run: its own
+        assert re.fullmatch(r"conflict\.detected: resolved, mem-\w+ stands", lines[0]), lines
+        assert lines[1] == "The EU market for SMB HR software grows 23% a year."
