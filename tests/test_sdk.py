@@ -119,6 +119,19 @@ async def test_connect_takes_back_an_id_its_agent_deregistered(
         assert (await back.attune())["status"] == "ok"
 
 
+async def test_a_senior_agent_comes_back_at_its_authority(
+    server_factory: Callable[..., ThreadedServer], tmp_path: Path
+) -> None:
+    server = server_factory(operator_token=OPERATOR_TOKEN)
+    token_file = tmp_path / "lead.token"
+    async with FieldClient(server.url) as field:
+        options: dict[str, Any] = {"authority": 6, "operator_token": OPERATOR_TOKEN}
+        lead = await field.connect("lead", role="lead", token_file=token_file, **options)
+        await lead.deregister()
+        back = await field.connect("lead", role="lead", token_file=token_file, **options)
+        assert back.info["authority"] == 6 and back.token != lead.token
+
+
 async def test_a_refused_kept_token_is_named_and_left_in_place(
     server_factory: Callable[..., ThreadedServer], tmp_path: Path
 ) -> None:

@@ -282,7 +282,7 @@ class FieldClient:
             await agent.subscriptions()  # the token is this agent's (403 otherwise)
         except FieldClientError as error:
             if error.code == "AGENT_NOT_REGISTERED":  # deregistered: take the id back
-                registering = {**registering, "operator_token": None}
+                # with its last token (or the operator's, which an authority above 4 needs)
                 return await self.register(
                     kept.agent_id, role, previous_token=kept.token, **registering
                 )

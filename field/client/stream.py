@@ -47,7 +47,7 @@ import orjson
 
 from .errors import FieldClientError, NotificationGap, StreamUnavailable, retry_after_seconds
 from .sse import SSEError, SSEParser
-from .tokens import MAX_TOKEN_FILE_BYTES, write_private
+from .tokens import write_private
 from .types import (
     Disconnected,
     Ended,
@@ -74,6 +74,8 @@ CONNECT_TIMEOUT = 10.0
 SSE_SILENCE_MARGIN = 15.0
 #: Bytes of an error response that are read.
 MAX_ERROR_BYTES = 64 * 1024
+#: Bound on a cursor file read (a cursor per subscription: a few dozen bytes each).
+MAX_CURSOR_FILE_BYTES = 1024 * 1024
 
 
 #: What a stream yields: notifications only, or every event (``control=True``).
@@ -562,12 +564,12 @@ def _load_cursors(path: Path, agent_id: str) -> dict[str, str]:
     """The cursors a ``cursor_file`` keeps (none when it does not exist yet)."""
     try:
         with path.open("rb") as file:
-            raw = file.read(MAX_TOKEN_FILE_BYTES + 1)
+            raw = file.read(MAX_CURSOR_FILE_BYTES + 1)
     except FileNotFoundError:
         return {}
     data: Any = None
     with contextlib.suppress(orjson.JSONDecodeError):
-        data = orjson.loads(raw) if len(raw) <= MAX_TOKEN_FILE_BYTES else None
+        data = orjson.loads(raw) if len(raw) <= MAX_CURSOR_FILE_BYTES else None
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a cursor file")
     cursors = data.get("cursors")
