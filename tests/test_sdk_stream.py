@@ -443,5 +443,6 @@ def test_a_subscription_is_typed_from_its_response() -> None:
     }
     made = Subscription.from_response(response)
     assert (made.id, made.name, made.created, made.cursor) == ("sub-1", "news", False, "abc-4")
+    assert made["cursor"] == "abc-4" and made["created"] is False  # reads like the response
     with pytest.raises(dataclasses.FrozenInstanceError):
         made.id = "x"  # type: ignore[misc]

@@ -116,7 +116,8 @@ class Subscription:
     ``cursor`` is the point of its creation (a stream resumed from it gets
     everything the subscription owes); ``created`` is ``False`` when a
     ``name`` found the same subscription already there (and ``None`` from a
-    Field that does not say). ``response`` is the whole response payload.
+    Field that does not say). ``response`` is the whole response payload (its fields
+    also read as ``subscription["cursor"]``).
     """
 
     id: str
@@ -143,6 +144,10 @@ class Subscription:
             created=response.get("created"),
             response=response,
         )
+
+    def __getitem__(self, key: str) -> Any:
+        """The response's fields by name (``subscription["cursor"]``), as before it was typed."""
+        return self.response[key]
 
     @property
     def stored(self) -> dict[str, Any]:
