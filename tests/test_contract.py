@@ -11,18 +11,30 @@ from __future__ import annotations
 
 import functools
 import re
+import time
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
+import pytest
 
+from field.client import FieldClient
 from field.core import visibility
+from field.core.field import Field
+from field.liveness import Liveness
+from field.service import FieldService
+from field.store.memory import MemoryEventLog
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, event_of
 from field.subscriptions.matcher import Matcher
 from field.subscriptions.stream import Notification, encode_event, encode_notification
 
+from .conftest import ThreadedServer
 from .core_util import Harness
 from .schema_util import assert_valid
+from .test_push import open_ws, sse_stream
+from .test_push import subscribe as subscribe_over_http
 
 README = Path(__file__).resolve().parent.parent / "protocol" / "README.md"
 OPERATOR_TOKEN = "operator-token-0123456789"
@@ -158,3 +170,171 @@ def test_requires_action_is_set_exactly_as_the_table_says() -> None:
         "session.paused": set(),
         "session.ended": set(),
     }
+
+
+# -- liveness: one rule, and why an agent failed ---------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+async def service() -> AsyncIterator[FieldService]:
+    service = FieldService(MemoryEventLog(), Field)
+    await service.start()
+    envelope = {
+        "protocol": "akashik",
+        "version": "0.1.0",
+        "id": "msg-1",
+        "operation": "REGISTER",
+        "agent_id": "alice",
+        "session_id": None,
+        "epoch": 0,
+        "payload": {"id": "alice", "role": "analyst"},
+    }
+    await service.execute(lambda field: field.handle(envelope, token=None))
+    yield service
+    await service.stop()
+
+
+async def test_an_agent_heard_from_within_the_heartbeat_timeout_is_not_failed(
+    service: FieldService,
+) -> None:
+    """Requests sent while a connection was open keep the agent live after it closes."""
+    clock = Clock()
+    liveness = Liveness(service, failure_grace=30, heartbeat_timeout=300, clock=clock)
+    liveness.connected("alice")
+    clock.now += 600
+    liveness.seen("alice")  # a request over the socket, or beside it
+    clock.now += 5
+    liveness.disconnected("alice")
+    clock.now += 31  # the grace is over, but alice was heard from 36 s ago
+    assert liveness.due() == []
+    clock.now += 300 - 36 - 1
+    assert liveness.due() == []
+    clock.now += 1
+    assert liveness.due() == [
+        ("alice", "not heard from for 300 s (heartbeat_timeout 300 s) and no push connection open")
+    ]
+
+
+async def test_a_closed_connection_gives_at_least_the_grace_period(
+    service: FieldService,
+) -> None:
+    """An agent that only listened (heard from when it connected, long ago) gets
+    ``failure_grace`` once its connection closes, and the reason says so."""
+    clock = Clock()
+    liveness = Liveness(service, failure_grace=30, heartbeat_timeout=300, clock=clock)
+    liveness.connected("alice")
+    clock.now += 1000
+    liveness.disconnected("alice")
+    clock.now += 29
+    assert liveness.due() == []
+    clock.now += 1
+    assert liveness.due() == [
+        (
+            "alice",
+            "no request in the 30 s since its last push connection closed (failure_grace 30 s)",
+        )
+    ]
+    # a request after the close: live for heartbeat_timeout from it, whatever the grace
+    liveness.seen("alice")
+    clock.now += 299
+    assert liveness.due() == []
+    clock.now += 1
+    assert [agent for agent, _ in liveness.due()] == ["alice"]
+
+
+async def test_without_a_heartbeat_timeout_only_a_closed_connection_fails_an_agent(
+    service: FieldService,
+) -> None:
+    clock = Clock()
+    liveness = Liveness(service, failure_grace=30, heartbeat_timeout=0, clock=clock)
+    clock.now += 10**6
+    assert liveness.due() == []  # silent, never connected
+    liveness.connected("alice")
+    liveness.seen("alice")
+    liveness.disconnected("alice")
+    clock.now += 30
+    assert [agent for agent, _ in liveness.due()] == ["alice"]
+
+
+async def test_a_request_just_before_the_close_outlasts_the_grace_end_to_end(
+    server_factory: Callable[..., ThreadedServer],
+) -> None:
+    """The grace (0.2 s) ends long before the heartbeat timeout (1.5 s) counted from the
+    agent's last request: it fails only then, and says why."""
+    server = server_factory(failure_grace=0.2, heartbeat_timeout=1.5)
+    async with FieldClient(server.url) as field, aiohttp.ClientSession() as http:
+        watcher = await field.register("watcher", "lead")
+        flaky = await field.register("flaky", "analyst")
+        response = await subscribe_over_http(watcher, ["agent.failed"])
+        async with sse_stream(http, response["sse_url"], watcher.token) as sse:
+            await sse.ready()
+            async with open_ws(server, flaky.token) as ws:
+                await ws.request("SUBSCRIBE", "flaky", {"action": "list"})
+                heard = time.monotonic()
+            (event,) = await sse.notifications(1)
+            failed_after = time.monotonic() - heard
+        assert event.event == "agent.failed"
+        assert failed_after >= 1.5, failed_after  # not at the end of the grace
+        reason = event.data["detail"]["reason"]
+        assert reason.startswith("not heard from for "), reason
+        assert reason.endswith("(heartbeat_timeout 1.5 s) and no push connection open")
+
+
+async def test_why_an_agent_failed_is_told_and_survives_a_restart(
+    server_factory: Callable[..., ThreadedServer], tmp_path: Path
+) -> None:
+    settings = {"data_dir": tmp_path / "data", "sync": "normal", "failure_grace": 0.2}
+    server = server_factory(**settings, heartbeat_timeout=0)
+    async with FieldClient(server.url) as field, aiohttp.ClientSession() as http:
+        watcher = await field.register("watcher", "lead")
+        flaky = await field.register("flaky", "analyst")
+        response = await subscribe_over_http(watcher, ["agent.failed"])
+        async with sse_stream(http, response["sse_url"], watcher.token) as sse:
+            await sse.ready()
+            async with open_ws(server, flaky.token) as ws:
+                created = await ws.request(
+                    "COORDINATE", "flaky", {"action": "create", "title": "t", "assignee": "flaky"}
+                )
+            (event,) = await sse.notifications(1)
+    data: dict[str, Any] = event.data
+    assert_valid("notification", data)
+    detail = data["detail"]
+    reason = detail["reason"]
+    assert re.fullmatch(
+        r"no request in the [0-9.]+ s since its last push connection closed "
+        r"\(failure_grace 0\.2 s\)",
+        reason,
+    ), reason
+    assert detail["agent"]["id"] == "flaky"
+    assert (detail["agent"]["status"], detail["agent"]["failure_reason"]) == ("failed", reason)
+    task_id = created["body"]["task"]["id"]
+    assert detail["released_tasks"] == [{"task_id": task_id, "created_by": "flaky"}]
+    assert reason in data["summary"]
+
+    def listed(page: dict[str, Any]) -> dict[str, Any]:
+        assert_valid("agents.response", page)
+        (agent,) = page["agents"]
+        return dict(agent)
+
+    async with FieldClient(server.url) as field:
+        agent = listed(await field.agent("watcher", watcher.token).get("/v1/agents", id="flaky"))
+    assert (agent["status"], agent["failure_reason"]) == ("failed", reason)
+    server.stop()
+    server = server_factory(**settings, heartbeat_timeout=0)
+    async with FieldClient(server.url) as field:
+        again = field.agent("watcher", watcher.token)
+        assert listed(await again.get("/v1/agents", id="flaky")) == agent
+        back = field.agent("flaky", flaky.token, role="analyst")
+        await back.get("/v1/agents")  # a GET reads, writes nothing: not heard from
+        assert listed(await again.get("/v1/agents", id="flaky")) == agent
+        await back.send("SUBSCRIBE", {"action": "list"})  # an operation: recovered
+        agent = listed(await again.get("/v1/agents", id="flaky"))
+    assert agent["status"] == "idle" and "failure_reason" not in agent

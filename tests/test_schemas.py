@@ -598,6 +598,18 @@ JOINED = {
     "entity": {"type": "agent", "id": "carol"},
     "agent_id": "carol",
 }
+FAILED_REASON = "not heard from for 300 s (heartbeat_timeout 300 s) and no push connection open"
+FAILED = {
+    **JOINED,
+    "event": "agent.failed",
+    "summary": "agent carol (analyst) failed: " + FAILED_REASON,
+    "requires_action": True,
+    "detail": {
+        "agent": {**AGENT, "id": "carol", "status": "failed", "failure_reason": FAILED_REASON},
+        "reason": FAILED_REASON,
+        "released_tasks": [{"task_id": "task-1", "created_by": "lead"}],
+    },
+}
 FILTER_EVENT = {
     "name": "memory.recorded",
     "epoch": 7,
@@ -971,6 +983,7 @@ VALID = [
     case("agent", drop(AGENT, "registered_epoch"), "no-registered-epoch"),
     case("agent", {**AGENT, "interests": [], "current_task_id": "task-1"}, "task"),
     case("agent", {**AGENT, "interests": ["i" * 256] * 64}, "interests-max"),
+    case("agent", {**AGENT, "status": "failed", "failure_reason": "silent"}, "failed"),
     # scope
     case("scope", {"role": "strategist", "max_units": 10}, "minimal"),
     case(
@@ -1245,10 +1258,11 @@ VALID = [
     case("notification", {**RECORDED, "event": "memory.superseded", "folded": 2}, "superseded"),
     case("notification", CONTESTED, "memory-contested"),
     case("notification", JOINED, "agent-joined"),
+    case("notification", FAILED, "agent-failed"),
     case(
         "notification",
-        {**JOINED, "event": "agent.failed", "entity": {"type": "agent", "id": "carol"}},
-        "future-event",
+        {**FAILED, "detail": {**FAILED["detail"], "released_tasks": []}},
+        "agent-failed-no-tasks",
     ),
     case("notification", {**RECORDED, "agent_id": None}, "no-actor"),
     case("notification", {**RECORDED, "cursor": "abc-def-0"}, "opaque-cursor"),
@@ -1437,6 +1451,9 @@ INVALID = [
     case("agent", {**AGENT, "role": "r" * 129}, "role-129"),
     case("agent", {**AGENT, "token": "t"}, "extra-property"),
     case("agent", {**AGENT, "registered_epoch": -1}, "registered-epoch--1"),
+    case("agent", {**AGENT, "status": "failed"}, "failed-without-reason"),
+    case("agent", {**AGENT, "failure_reason": "silent"}, "reason-while-idle"),
+    case("agent", {**AGENT, "status": "failed", "failure_reason": ""}, "failure-reason-empty"),
     # scope
     case("scope", {"role": "r"}, "missing-max-units"),
     case("scope", {"max_units": 3}, "missing-role"),
@@ -1859,6 +1876,14 @@ INVALID = [
     case("notification", {**CONTESTED, "conflict_id": None}, "contested-without-conflict"),
     case("notification", {**RECORDED, "entity": NOTIFICATION["entity"]}, "recorded-entity"),
     case("notification", {**JOINED, "entity": RECORDED["entity"]}, "joined-entity"),
+    case("notification", {**JOINED, "detail": FAILED["detail"]}, "joined-with-detail"),
+    case("notification", drop(FAILED, "detail"), "failed-without-detail"),
+    case("notification", drop(FAILED, "detail.released_tasks"), "failed-without-tasks"),
+    case(
+        "notification",
+        put(FAILED, "detail.agent", {**AGENT, "status": "failed"}),
+        "failed-agent-without-reason",
+    ),
     case("notification", {**NOTIFICATION, "unit": UNIT}, "extra-property"),
     # ws-frame
     case("ws-frame", {"type": "ping", "data": {}}, "unknown-type"),

@@ -141,7 +141,7 @@ def encode_event(event: FieldEvent, cursor: str) -> bytes:
         "entity": {"type": event.entity_type, "id": event.entity_id},
         "agent_id": event.actor,
     }
-    if event.detail is not None:  # task, handoff and session events
+    if event.detail is not None:  # task, handoff, session and agent.failed events
         body["detail"] = event.detail
     return orjson.dumps(body)
 
