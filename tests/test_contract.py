@@ -19,9 +19,12 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from field.client import FieldClient
 from field.core import visibility
+from field.core.clock import epoch_ms, iso_timestamp
 from field.core.field import Field
 from field.liveness import Liveness
 from field.service import FieldService
@@ -33,7 +36,7 @@ from field.subscriptions.stream import Notification, encode_event, encode_notifi
 from .conftest import ThreadedServer
 from .core_util import Harness
 from .schema_util import assert_valid
-from .test_push import open_ws, sse_stream
+from .test_push import millis, open_ws, record, sse_stream, timestamps
 from .test_push import subscribe as subscribe_over_http
 
 README = Path(__file__).resolve().parent.parent / "protocol" / "README.md"
@@ -338,3 +341,49 @@ async def test_why_an_agent_failed_is_told_and_survives_a_restart(
         await back.send("SUBSCRIBE", {"action": "list"})  # an operation: recovered
         agent = listed(await again.get("/v1/agents", id="flaky"))
     assert agent["status"] == "idle" and "failure_reason" not in agent
+
+
+# -- debounce: every debounced notification names its window --------------------------
+
+
+@given(st.floats(min_value=0, max_value=4e9, allow_nan=False))
+def test_a_windows_millisecond_is_the_one_the_timestamp_shows(ts: float) -> None:
+    """Windows are cut on the milliseconds a unit's ``source.timestamp`` shows."""
+    shown = iso_timestamp(ts)
+    assert epoch_ms(ts) == millis(shown)
+
+
+async def test_debounced_notifications_name_their_window_live_and_replayed(
+    field_server: ThreadedServer,
+) -> None:
+    window_ms = 300
+    async with FieldClient(field_server.url) as field:
+        writer = await field.register("writer", "analyst", interests=["churn"])
+        reader = await field.register("reader", "analyst", interests=["churn"])
+        debounced = await subscribe_over_http(reader, ["memory.recorded"], debounce_ms=window_ms)
+        direct = await subscribe_over_http(reader, ["memory.recorded"])
+        slow, fast = debounced["subscription_id"], direct["subscription_id"]
+        received: dict[str, list[dict[str, Any]]] = {slow: [], fast: []}
+        async with open_ws(field_server, reader.token) as ws:
+            await ws.ready(2)
+            for n in range(3):
+                await record(writer, f"churn finding {n}")
+            while len(received[slow]) < 3 or len(received[fast]) < 3:
+                (data,) = await ws.notifications(1)
+                received[data["subscription_id"]].append(data)
+                if data["subscription_id"] == slow:  # delivered once its window ended
+                    assert time.time() * 1000 >= millis(data["window"]["end"]), data
+        when = await timestamps(reader)
+        for data in received[slow]:
+            start, end = millis(data["window"]["start"]), millis(data["window"]["end"])
+            assert start % window_ms == 0 and end - start == window_ms, data["window"]
+            assert start <= when[data["memory_unit_id"]] < end
+        assert all("window" not in data for data in received[fast])
+        # a stream resumed from the subscription's start replays the same notifications
+        async with open_ws(
+            field_server, reader.token, since=[f"{slow}@{debounced['cursor']}"]
+        ) as ws:
+            frames = await ws.ready(2)
+            replayed = [f["data"] for f in frames if f["type"] == "notification"]
+            replayed += await ws.notifications(3 - len(replayed))  # a window still open
+        assert replayed == received[slow]

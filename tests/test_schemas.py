@@ -610,6 +610,7 @@ FAILED = {
         "released_tasks": [{"task_id": "task-1", "created_by": "lead"}],
     },
 }
+WINDOW = {"start": "2026-03-01T10:30:00.500Z", "end": "2026-03-01T10:30:01.000Z"}
 FILTER_EVENT = {
     "name": "memory.recorded",
     "epoch": 7,
@@ -1259,6 +1260,7 @@ VALID = [
     case("notification", CONTESTED, "memory-contested"),
     case("notification", JOINED, "agent-joined"),
     case("notification", FAILED, "agent-failed"),
+    case("notification", {**RECORDED, "folded": 3, "window": WINDOW}, "debounced"),
     case(
         "notification",
         {**FAILED, "detail": {**FAILED["detail"], "released_tasks": []}},
@@ -1878,6 +1880,14 @@ INVALID = [
     case("notification", {**JOINED, "entity": RECORDED["entity"]}, "joined-entity"),
     case("notification", {**JOINED, "detail": FAILED["detail"]}, "joined-with-detail"),
     case("notification", drop(FAILED, "detail"), "failed-without-detail"),
+    case("notification", {**RECORDED, "window": drop(WINDOW, "end")}, "window-without-end"),
+    case("notification", {**RECORDED, "window": {**WINDOW, "k": 1}}, "window-extra"),
+    case(
+        "notification",
+        {**RECORDED, "window": {**WINDOW, "start": "2026-03-01T10:30:00Z"}},
+        "window-start-not-milliseconds",
+    ),
+    case("notification", {**RECORDED, "window": 500}, "window-number"),
     case("notification", drop(FAILED, "detail.released_tasks"), "failed-without-tasks"),
     case(
         "notification",
