@@ -387,3 +387,45 @@ async def test_debounced_notifications_name_their_window_live_and_replayed(
             replayed = [f["data"] for f in frames if f["type"] == "notification"]
             replayed += await ws.notifications(3 - len(replayed))  # a window still open
         assert replayed == received[slow]
+
+
+# -- polling: a page is the oldest new units, listed by relevance -----------------------
+
+
+async def test_polling_pages_hold_the_oldest_units_in_relevance_order(
+    field_server: ThreadedServer,
+) -> None:
+    async with FieldClient(field_server.url) as field:
+        writer = await field.register("writer", "analyst")
+        reader = await field.register("reader", "strategist", interests=["churn"])
+        epochs: list[int] = []
+        for n in range(11):  # every third unit speaks of the reader's interest
+            content = f"churn rose {n}%" if n % 3 == 2 else f"office plants need water {n}"
+            epochs.append((await record(writer, content))["epoch"])
+        since, pages = 0, []
+        while True:
+            page = await reader.attune(max_units=3, since_epoch=since)
+            assert_valid("attune.response", page)
+            pages.append(page)
+            got = [item["memory_unit"]["epoch"] for item in page["record"]]
+            remaining = [e for e in epochs if e > since]
+            assert sorted(got) == remaining[:3]  # the oldest new units, none skipped
+            scores = [item["relevance_score"] for item in page["record"]]
+            assert scores == sorted(scores, reverse=True)  # listed by relevance
+            budget = page["context_budget"]
+            assert budget["units_available"] == len(remaining)
+            if len(remaining) <= 3:
+                assert budget["limited_by"] is None
+                break
+            assert budget["limited_by"] == "max_units"
+            assert page["epoch"] == max(got)  # the next poll continues after the newest
+            since = page["epoch"]
+        seen = [item["memory_unit"]["epoch"] for page in pages for item in page["record"]]
+        assert sorted(seen) == epochs and len(set(seen)) == len(seen)
+        # the order promised is relevance, not epoch: some page lists a newer unit first
+        assert any(
+            [item["memory_unit"]["epoch"] for item in page["record"]]
+            != sorted(item["memory_unit"]["epoch"] for item in page["record"])
+            for page in pages
+        )
+        assert pages[-1]["epoch"] > epochs[-1]  # the last page: the Field's clock
