@@ -36,7 +36,7 @@ from field.subscriptions.stream import Notification, encode_event, encode_notifi
 from .conftest import ThreadedServer
 from .core_util import Harness
 from .schema_util import assert_valid
-from .test_push import millis, open_ws, record, sse_stream, timestamps
+from .test_push import millis, open_ws, record, sse_stream, supersede, timestamps
 from .test_push import subscribe as subscribe_over_http
 
 README = Path(__file__).resolve().parent.parent / "protocol" / "README.md"
@@ -429,3 +429,34 @@ async def test_polling_pages_hold_the_oldest_units_in_relevance_order(
             for page in pages
         )
         assert pages[-1]["epoch"] > epochs[-1]  # the last page: the Field's clock
+
+
+# -- the smaller choices -----------------------------------------------------------------
+
+
+async def test_a_unit_is_superseded_once(field_server: ThreadedServer) -> None:
+    async with FieldClient(field_server.url) as field:
+        author = await field.register("author", "analyst", interests=["churn"])
+        first = await field.register("first", "analyst")
+        second = await field.register("second", "analyst")
+        await subscribe_over_http(author, ["memory.recorded", "memory.superseded"])
+        async with open_ws(field_server, author.token) as ws:
+            await ws.ready()
+            old = (await record(author, "churn is 3%"))["memory_unit_id"]
+            newer = (await supersede(first, old, "churn is 4%"))["memory_unit_id"]
+            newest = (await supersede(second, old, "churn is 5%"))["memory_unit_id"]
+            marker = (await record(first, "churn marker"))["memory_unit_id"]
+            got = [(n["event"], n["memory_unit_id"]) for n in await ws.notifications(4)]
+        assert got == [
+            ("memory.recorded", newer),
+            ("memory.superseded", old),  # once: the second supersedes changed nothing
+            ("memory.recorded", newest),
+            ("memory.recorded", marker),
+        ]
+        # the relation is kept all the same, and the history shows one supersession
+        history = await author.send(
+            "REPLAY", {"target_type": "memory_unit", "target_id": old, "depth": "detailed"}
+        )
+        kinds = [event["event_type"] for event in history["timeline"]]
+        assert kinds.count("memory.superseded") == 1
+        assert kinds.count("memory.recorded") == 3
