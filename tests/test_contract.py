@@ -460,3 +460,33 @@ async def test_a_unit_is_superseded_once(field_server: ThreadedServer) -> None:
         kinds = [event["event_type"] for event in history["timeline"]]
         assert kinds.count("memory.superseded") == 1
         assert kinds.count("memory.recorded") == 3
+
+
+@pytest.mark.parametrize("agent_id", ["operator", "source:github"])
+async def test_registering_a_reserved_id_is_agent_id_taken(
+    server_factory: Callable[..., ThreadedServer], agent_id: str
+) -> None:
+    server = server_factory(operator_token=OPERATOR_TOKEN)
+    async with aiohttp.ClientSession() as http:
+        for headers in ({}, {"Authorization": f"Bearer {OPERATOR_TOKEN}"}):
+            envelope = {
+                "protocol": "akashik",
+                "version": "0.1.0",
+                "id": "msg-1",
+                "operation": "REGISTER",
+                "agent_id": agent_id,
+                "session_id": None,
+                "epoch": 0,
+                "payload": {"id": agent_id, "role": "analyst"},
+            }
+            async with http.post(
+                f"{server.url}/v1/register", json=envelope, headers=headers
+            ) as response:
+                body = await response.json()
+            assert response.status == 409, body
+            assert_valid("error", body)
+            assert body["code"] == "AGENT_ID_TAKEN" and body["recoverable"] is True
+            assert body["details"] == {"agent_id": agent_id, "reserved": True}
+            assert "reserved" in body["message"]
+        async with http.get(f"{server.url}/v1/field/status") as response:
+            assert (await response.json())["counts"]["agents"] == 0
