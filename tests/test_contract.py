@@ -27,6 +27,7 @@ from field.core import visibility
 from field.core.clock import epoch_ms, iso_timestamp
 from field.core.field import Field
 from field.liveness import Liveness
+from field.model import Limits
 from field.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, event_of
@@ -490,3 +491,31 @@ async def test_registering_a_reserved_id_is_agent_id_taken(
             assert "reserved" in body["message"]
         async with http.get(f"{server.url}/v1/field/status") as response:
             assert (await response.json())["counts"]["agents"] == 0
+
+
+def test_units_remaining_counts_only_what_another_compact_would_change() -> None:
+    """A loop that repeats COMPACT while ``units_remaining`` is above 0 ends; what it
+    leaves alone is counted in ``units_skipped``."""
+    h = Harness(operator_token=OPERATOR_TOKEN, limits=Limits(max_compact_units=2))
+    h.register("senior", "lead", via=OPERATOR_TOKEN, authority=6)
+    h.register("boss", "director", via=OPERATOR_TOKEN, authority=8)
+    h.register("worker", "analyst")
+    plain = [h.record("worker", f"churn note {n}")["memory_unit_id"] for n in range(5)]
+    h.record("worker", "churn is flat", relations=[{"type": "contradicts", "target_id": plain[0]}])
+    h.record("boss", "churn directive")  # recorded at 8: above the senior's 6
+    request = {"strategy": "archive", "filter": {"types": ["finding"]}}
+    answers = []
+    while True:
+        answer = h.send("COMPACT", "senior", request)
+        assert_valid("compact.response", answer)
+        answers.append(answer)
+        if answer["units_remaining"] == 0:
+            break
+        assert len(answers) < 10, answers
+    # 5 plain units, one of them and the contradicting unit in the conflict: 4 to archive
+    assert [a["units_affected"] for a in answers] == [2, 2]
+    assert [a["units_remaining"] for a in answers] == [2, 0]
+    skipped = {"in_conflict": 2, "authority": 1}
+    assert [a["units_skipped"] for a in answers] == [skipped, skipped]
+    statuses = {u["id"]: u["status"] for u in h.field.state.units.values()}
+    assert [statuses[u] for u in plain] == ["contested"] + ["archived"] * 4

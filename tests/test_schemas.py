@@ -2081,6 +2081,7 @@ COMPACTED = {
     "synthesis_units_created": 0,
     "storage_reclaimed_bytes": 0,
     "units_remaining": 0,
+    "units_skipped": {"in_conflict": 0, "authority": 0},
     "epoch": 12,
 }
 VALID += [
@@ -2118,6 +2119,9 @@ INVALID += [
     case("compact.request", put(COMPACT, "filter.types", ["rumour"]), "type"),
     case("compact.request", put(COMPACT, "filter.status", ["purged"]), "status"),
     case("compact.response", drop(COMPACTED, "units_remaining"), "no-remaining"),
+    case("compact.response", drop(COMPACTED, "units_skipped"), "no-skipped"),
+    case("compact.response", drop(COMPACTED, "units_skipped.authority"), "skipped-no-authority"),
+    case("compact.response", put(COMPACTED, "units_skipped.in_conflict", -1), "skipped-negative"),
     case("compact.response", {**COMPACTED, "units_affected": -1}, "negative"),
     case("scope", {"role": "r", "max_units": 1, "include_archived": 1}, "include-archived"),
     case("memory-unit", {**UNIT, "status": "purged"}, "purged"),
