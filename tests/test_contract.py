@@ -26,6 +26,7 @@ from field.client import FieldClient
 from field.core import visibility
 from field.core.clock import epoch_ms, iso_timestamp
 from field.core.field import Field
+from field.errors import FieldError
 from field.liveness import Liveness
 from field.model import Limits
 from field.service import FieldService
@@ -519,3 +520,30 @@ def test_units_remaining_counts_only_what_another_compact_would_change() -> None
     assert [a["units_skipped"] for a in answers] == [skipped, skipped]
     statuses = {u["id"]: u["status"] for u in h.field.state.units.values()}
     assert [statuses[u] for u in plain] == ["contested"] + ["archived"] * 4
+
+
+def test_a_session_creator_regains_its_authority_when_it_rejoins() -> None:
+    h = Harness()
+    h.register("creator", "lead")
+    h.register("member", "analyst")
+
+    def session(agent: str, action: str, **payload: Any) -> dict[str, Any]:
+        response = h.send("SESSION", agent, {"action": action, **payload})
+        assert_valid("session.response", response)
+        return dict(response["session"])
+
+    def refused(agent: str, action: str, code: str, **payload: Any) -> None:
+        with pytest.raises(FieldError) as caught:
+            h.send("SESSION", agent, {"action": action, **payload})
+        assert caught.value.code == code, caught.value.message
+
+    sid = session("creator", "create", name="churn", invitees=["member"])["id"]
+    session("member", "join", session_id=sid)
+    session("creator", "leave", session_id=sid)
+    # out of the session, its creator acts at its own level (4): no moderating
+    refused("creator", "pause", "INSUFFICIENT_AUTHORITY", session_id=sid)
+    refused("creator", "invite", "INSUFFICIENT_AUTHORITY", session_id=sid, invitees=["late"])
+    # it may come back without an invitation, and acts at 8 there again
+    assert session("creator", "join", session_id=sid)["members"] == ["creator", "member"]
+    assert session("creator", "pause", session_id=sid)["status"] == "paused"
+    assert session("creator", "end", session_id=sid)["status"] == "ended"
