@@ -554,6 +554,7 @@ SUBSCRIBED = {
     "cursor": CURSOR,
     "ws_url": "ws://127.0.0.1:8765/v1/ws",
     "sse_url": f"http://127.0.0.1:8765/v1/subscriptions/{SUB_ID}/events",
+    "created": True,
 }
 UNSUBSCRIBED = {"status": "ok", "subscription_id": SUB_ID, "subscription": CANCELLED, "epoch": 40}
 LISTED = {"status": "ok", "subscriptions": [SUBSCRIPTION], "epoch": 41}
@@ -749,7 +750,8 @@ def test_spec_subscribe_request_is_valid_as_is() -> None:
 
 def test_spec_subscribe_response_lacks_only_our_extensions() -> None:
     # The spec's response has only status and subscription_id; this server adds the stored
-    # subscription, the epoch, the cursor of its creation and the push URLs.
+    # subscription, the epoch, the cursor of its creation, the push URLs and whether it was
+    # created (a named subscription may exist already).
     subscribe_branch = Draft202012Validator(
         {"$ref": URN_PREFIX + "subscribe.response#/oneOf/0"}, registry=registry()
     )
@@ -757,7 +759,7 @@ def test_spec_subscribe_response_lacks_only_our_extensions() -> None:
     for err in subscribe_branch.iter_errors(S67_SUBSCRIBE_RESPONSE):
         assert err.validator == "required", err.message
         missing |= {p for p in err.validator_value if p not in err.instance}
-    assert missing == {"subscription", "epoch", "cursor", "ws_url", "sse_url"}
+    assert missing == {"subscription", "epoch", "cursor", "ws_url", "sse_url", "created"}
     assert not is_valid("subscribe.response", S67_SUBSCRIBE_RESPONSE)
 
 
@@ -2329,6 +2331,7 @@ ERROR_TABLE = {
     "REGISTRATION_TOKEN_INVALID": (403, "No"),
     "REGISTRATION_TOKEN_LIMIT": (409, "Yes"),
     "AGENT_LIMIT": (409, "Yes"),
+    "SUBSCRIPTION_NAME_TAKEN": (409, "No"),
 }
 
 

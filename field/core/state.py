@@ -373,6 +373,7 @@ class FieldState:
         subscription = dict(data["subscription"])
         # a durable delivery's public part is shown from its record (``deliveries``)
         subscription.pop("delivery", None)
+        subscription["created_position"] = self.applied_position  # its cursor, if asked again
         self.subscriptions[subscription["id"]] = subscription
         owner = subscription["agent_id"]
         self.active_subscriptions.setdefault(owner, set()).add(subscription["id"])
