@@ -282,10 +282,10 @@ async def test_a_request_just_before_the_close_outlasts_the_grace_end_to_end(
         async with sse_stream(http, response["sse_url"], watcher.token) as sse:
             await sse.ready()
             async with open_ws(server, flaky.token) as ws:
+                sent = time.monotonic()  # the Field hears the request after this
                 await ws.request("SUBSCRIBE", "flaky", {"action": "list"})
-                heard = time.monotonic()
             (event,) = await sse.notifications(1)
-            failed_after = time.monotonic() - heard
+            failed_after = time.monotonic() - sent
         assert event.event == "agent.failed"
         assert failed_after >= 1.5, failed_after  # not at the end of the grace
         reason = event.data["detail"]["reason"]
