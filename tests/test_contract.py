@@ -436,7 +436,9 @@ async def test_polling_pages_hold_the_oldest_units_in_relevance_order(
 # -- the smaller choices -----------------------------------------------------------------
 
 
-async def test_a_unit_is_superseded_once(field_server: ThreadedServer) -> None:
+async def test_every_supersession_of_a_unit_is_announced(field_server: ThreadedServer) -> None:
+    """Superseding an already superseded unit announces it again (its author learns of the
+    second replacement), and the unit stays superseded."""
     async with FieldClient(field_server.url) as field:
         author = await field.register("author", "analyst", interests=["churn"])
         first = await field.register("first", "analyst")
@@ -447,21 +449,21 @@ async def test_a_unit_is_superseded_once(field_server: ThreadedServer) -> None:
             old = (await record(author, "churn is 3%"))["memory_unit_id"]
             newer = (await supersede(first, old, "churn is 4%"))["memory_unit_id"]
             newest = (await supersede(second, old, "churn is 5%"))["memory_unit_id"]
-            marker = (await record(first, "churn marker"))["memory_unit_id"]
-            got = [(n["event"], n["memory_unit_id"]) for n in await ws.notifications(4)]
-        assert got == [
-            ("memory.recorded", newer),
-            ("memory.superseded", old),  # once: the second supersedes changed nothing
-            ("memory.recorded", newest),
-            ("memory.recorded", marker),
+            got = await ws.notifications(4)
+        assert [(n["event"], n["memory_unit_id"], n["agent_id"]) for n in got] == [
+            ("memory.recorded", newer, "first"),
+            ("memory.superseded", old, "first"),
+            ("memory.recorded", newest, "second"),
+            ("memory.superseded", old, "second"),  # again: a second replacement
         ]
-        # the relation is kept all the same, and the history shows one supersession
+        assert newer in got[1]["summary"] and newest in got[3]["summary"]
         history = await author.send(
             "REPLAY", {"target_type": "memory_unit", "target_id": old, "depth": "detailed"}
         )
         kinds = [event["event_type"] for event in history["timeline"]]
-        assert kinds.count("memory.superseded") == 1
-        assert kinds.count("memory.recorded") == 3
+        assert kinds.count("memory.superseded") == 2
+        status = await author.get("/v1/field/status")
+        assert status["counts"]["memory_units"]["superseded"] == 1
 
 
 @pytest.mark.parametrize("agent_id", ["operator", "source:github"])

@@ -543,10 +543,7 @@ class Field:
         conflicts: list[str] = []
         for relation in unit["relations"]:
             target = relation["target_id"]
-            if relation["type"] == "supersedes":
-                # once per unit: an already superseded one stays so, with no second event
-                if target in superseded or self.state.units[target]["status"] == "superseded":
-                    continue
+            if relation["type"] == "supersedes" and target not in superseded:
                 superseded.add(target)
                 data = {"memory_unit_id": target, "by": unit["id"]}
                 entries.append(LogEntry(ctx.epoch, "memory.superseded", data, agent_id, ctx.now))
