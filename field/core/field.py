@@ -387,11 +387,15 @@ class Field:
                 },
             )
         ticket = registration.admit(self, request, ctx)  # the policy, and authority
-        if (
-            request["id"] in self.state.agents
-            or request["id"] == OPERATOR_ID
-            or request["id"].startswith(sources.AGENT_PREFIX)
-        ):
+        if request["id"] == OPERATOR_ID or request["id"].startswith(sources.AGENT_PREFIX):
+            whose = "the operator's" if request["id"] == OPERATOR_ID else "inbound sources'"
+            raise StateError(
+                f"agent id {request['id']!r} is reserved ({whose}); no agent may register it",
+                code=Code.AGENT_ID_TAKEN,
+                suggested_action="Register under a different id.",
+                details={"agent_id": request["id"], "reserved": True},
+            )
+        if request["id"] in self.state.agents:
             raise StateError(
                 f"agent id {request['id']!r} is already registered",
                 code=Code.AGENT_ID_TAKEN,
