@@ -211,12 +211,23 @@ async def test_a_stream_ends_after_what_its_cancelled_subscription_owed(
         assert units(rest) == written[1:]
         assert stream.ended[news.id].subscription_id == news.id
 
-        # one cancelled before the stream connects ends at once, saying so (neither a
-        # WebSocket nor SSE streams a cancelled subscription)
-        async with reader.notifications(news, transport=transport, control=True) as again:
-            (ended,) = [e async for e in again]
+        # one cancelled before the stream connects still owes what came after the cursor
+        # the stream resumes from (here its creation's), then ends
+        async with reader.notifications(
+            news, since={news.id: news.cursor}, transport=transport, control=True
+        ) as again:
+            *owed, ended = [e async for e in again]
+        assert units(owed) == written
         assert isinstance(ended, Ended) and ended.subscription_id == news.id
-        assert "not active" in ended.reason or "cancelled" in ended.reason
+        assert "cancelled" in ended.reason
+
+        # from the cursor of its last notification, or from no cursor, it owes nothing
+        for since in ({news.id: rest[-1].cursor}, None):
+            async with reader.notifications(
+                news, since=since, transport=transport, control=True
+            ) as after:
+                (ended,) = [e async for e in after]
+            assert isinstance(ended, Ended) and ended.subscription_id == news.id
 
 
 async def test_a_stream_ends_when_its_agent_deregisters(field_server: ThreadedServer) -> None:

@@ -350,9 +350,12 @@ class NotificationStream(Generic[EventT]):
         return url + ("?" + urlencode(query, quote_via=quote) if query else "")
 
     async def _gone(self, following: set[str], position: dict[str, str]) -> list[Ended]:
-        """Followed subscriptions that are no longer active (a WebSocket streams only
-        active ones, so one cancelled while the stream was away would never end)."""
+        """Followed subscriptions that are no longer active and that the next connection
+        cannot name with a cursor. One it names (``since=<id>@<cursor>``) gets what it still
+        owed and its ``end`` frame from the Field; one it cannot would never end."""
         active = {s["id"] for s in (await self.agent.subscriptions())["subscriptions"]}
+        fresh = self.agent.fresh_subscriptions
+        following = {s for s in following if not (s in position or s in self._start or s in fresh)}
         return [
             Ended(
                 subscription_id,
