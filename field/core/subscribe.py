@@ -90,6 +90,10 @@ def _create(field: Field, ctx: Context, request: dict[str, Any]) -> Outcome:
         sent = _rap_subscription(field, agent_id, ctx.rap.group_id, ctx.rap.tool_call_id)
         if sent is not None:  # the runtime sent the call again: one subscription, one result
             return Outcome(_answer(sent, subscription_wire(field, sent), ctx))
+    if request["name"] is not None:
+        named = _named(field, agent_id, request["name"])
+        if named is not None:  # subscribing again by name: the one it already has
+            return Outcome(_existing(field, ctx, request, named))
     cap = field.limits.max_subscriptions_per_agent
     if len(active) >= cap:
         raise StateError(
@@ -112,7 +116,7 @@ def _create(field: Field, ctx: Context, request: dict[str, Any]) -> Outcome:
     }
     if request["timeout"] is not None:
         subscription["timeout"] = request["timeout"]
-    for key in ("filter", "bindings"):  # absent when not given: older entries have neither
+    for key in ("filter", "bindings", "name"):  # absent when not given: older entries lack them
         if request[key] is not None:
             subscription[key] = request[key]
     data: dict[str, Any] = {"subscription": subscription}
@@ -139,12 +143,95 @@ def _create(field: Field, ctx: Context, request: dict[str, Any]) -> Outcome:
         "cursor": None,
         "ws_url": "/v1/ws",
         "sse_url": f"/v1/subscriptions/{subscription_id}/events",
+        "created": True,
     }
 
     def with_cursor(positions: list[int]) -> None:
         response["cursor"] = format_cursor(field.field_tag, positions[0])
 
     return Outcome(response, [entry], on_durable=with_cursor)
+
+
+def _named(field: Field, agent_id: str, name: str) -> str | None:
+    """The agent's active subscription called ``name``, if it has one."""
+    subscriptions = field.state.subscriptions
+    for subscription_id in field.state.active_subscriptions.get(agent_id, ()):
+        if subscriptions[subscription_id].get("name") == name:
+            return subscription_id
+    return None
+
+
+def _existing(
+    field: Field, ctx: Context, request: dict[str, Any], subscription_id: str
+) -> dict[str, Any]:
+    """SUBSCRIBE's answer for a named subscription the agent already has: the same one if
+    the definition is the same (``created: false``), else ``SUBSCRIPTION_NAME_TAKEN``."""
+    subscription = field.state.subscriptions[subscription_id]
+    record = field.state.deliveries.get(subscription_id)
+    differs = sorted(
+        key
+        for key, value in _definition(request).items()
+        if value != _definition_of(field, subscription, record).get(key)
+    )
+    if differs:
+        raise StateError(
+            f"this agent already has a subscription named {request['name']!r} "
+            f"({subscription_id}) with another {', '.join(differs)}",
+            code=Code.SUBSCRIPTION_NAME_TAKEN,
+            recoverable=False,
+            details={"subscription_id": subscription_id, "differs": differs},
+            suggested_action="Unsubscribe it first to change its definition, or choose "
+            "another name.",
+        )
+    return {
+        **_answer(subscription_id, subscription_wire(field, subscription_id), ctx),
+        "cursor": format_cursor(field.field_tag, subscription["created_position"]),
+        "ws_url": "/v1/ws",
+        "sse_url": f"/v1/subscriptions/{subscription_id}/events",
+        "created": False,
+    }
+
+
+def _definition(request: dict[str, Any]) -> dict[str, Any]:
+    """What makes two SUBSCRIBE requests of one name the same subscription."""
+    delivery = request["delivery"]
+    return {
+        "events": request["events"],
+        "min_relevance": request["min_relevance"],
+        "debounce_ms": request["debounce_ms"],
+        "include_own": request["include_own"],
+        "timeout": request["timeout"],
+        "filter": request["filter"],
+        "bindings": request["bindings"],
+        "delivery": {k: v for k, v in delivery.items() if k != "secret"},
+        # a secret left out is the one the Field made; a secret given must be the one kept
+        **({"secret": delivery["secret"]} if delivery.get("secret") is not None else {}),
+    }
+
+
+def _definition_of(
+    field: Field, subscription: dict[str, Any], record: dict[str, Any] | None
+) -> dict[str, Any]:
+    """:func:`_definition` of a stored subscription and its delivery record."""
+    if record is None:
+        delivery: dict[str, Any] = {"type": "stream"}
+    elif record["type"] == "webhook":
+        delivery = {"type": "webhook", "url": record["url"]}
+    else:
+        delivery = {"type": record["type"]}
+    definition = {
+        "events": subscription["events"],
+        "min_relevance": subscription["min_relevance"],
+        "debounce_ms": subscription["debounce_ms"],
+        "include_own": subscription["include_own"],
+        "timeout": subscription.get("timeout"),
+        "filter": subscription.get("filter"),
+        "bindings": subscription.get("bindings"),
+        "delivery": delivery,
+    }
+    if record is not None and record["type"] == "webhook":
+        definition["secret"] = field.secret_box.open(record["secret"], context=subscription["id"])
+    return definition
 
 
 def _webhook_record(field: Field, url: str, secret: str, subscription_id: str) -> dict[str, Any]:
@@ -245,15 +332,32 @@ def active_subscription(state: FieldState, subscription_id: str, agent_id: str) 
             f"subscription {subscription_id} is cancelled",
             code=Code.INVALID_TRANSITION,
             recoverable=False,
-            suggested_action="It no longer notifies; subscribe again if needed.",
+            suggested_action="It no longer notifies; subscribe again if needed. A stream "
+            "resumed from a cursor before its cancellation still gets what it owed.",
         )
     return subscription
+
+
+#: What the Field keeps of a subscription but does not show.
+_UNSHOWN = frozenset({"cancel_reason", "ended_position", "created_position"})
+
+
+def streamable_subscription(
+    field: Field, subscription_id: str, agent_id: str, cursor: str | None
+) -> dict[str, Any]:
+    """The caller's subscription a stream may read from ``cursor``: an active one, or a
+    cancelled one resumed from a cursor (the stream gets what the subscription owed after
+    that cursor up to its end, if anything, then ends)."""
+    subscription = owned_subscription(field.state, subscription_id, agent_id)
+    if cursor is not None and subscription.get("ended_position") is not None:
+        return subscription
+    return active_subscription(field.state, subscription_id, agent_id)
 
 
 def subscription_wire(field: Field, subscription_id: str) -> dict[str, Any]:
     """A subscription as ``list`` shows it; a durable delivery with its progress."""
     subscription = field.state.subscriptions[subscription_id]
-    wire = {k: v for k, v in subscription.items() if k not in ("cancel_reason", "ended_position")}
+    wire = {k: v for k, v in subscription.items() if k not in _UNSHOWN}
     wire = _with_filter(wire, field.filters.status(subscription_id))
     record = field.state.deliveries.get(subscription_id)
     if record is not None:

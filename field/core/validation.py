@@ -677,8 +677,11 @@ _SUBSCRIPTION_KEYS = frozenset(
         "timeout",
         "filter",
         "bindings",
+        "name",
     }
 )
+#: A subscription's ``name``: what an agent calls it, unique among its active ones.
+SUBSCRIPTION_NAME = re.compile(r"[A-Za-z0-9._:-]{1,100}")
 #: Most values ``subscription.bindings`` may seal one allow list to.
 MAX_BINDING_VALUES = 100
 _DELIVERY_KEYS = frozenset({"type", "url", "secret"})
@@ -758,7 +761,19 @@ def subscribe_payload(
         # the text; compiled and checked by the SUBSCRIBE handler (INVALID_FILTER)
         "filter": _filter_text(sub.get("filter")),
         "bindings": _bindings(sub.get("bindings"), limits),
+        "name": _subscription_name(sub.get("name")),
     }
+
+
+def _subscription_name(value: Any) -> str | None:
+    """``subscription.name``: null, or 1 to 100 of ``A-Z a-z 0-9 . _ : -``."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or SUBSCRIPTION_NAME.fullmatch(value) is None:
+        raise _fail(
+            "subscription.name must be 1 to 100 characters of letters, digits and . _ : -, or null"
+        )
+    return value
 
 
 def _filter_text(value: Any) -> str | None:
