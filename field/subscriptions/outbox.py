@@ -11,7 +11,7 @@ sender task) awaits :meth:`Outbox.get`.
 from __future__ import annotations
 
 import asyncio
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -169,3 +169,11 @@ class Outbox:
         if frames is not None and not frames:
             self._frames = None  # idle: hold no queue
         return out
+
+    def tally(self, most: int) -> Counter[str] | None:
+        """The queued notifications (frames with a cursor) by subscription, or None when
+        more than ``most`` frames are queued: counting is bounded, like everything else."""
+        if len(self) > most:
+            return None
+        frames = self._frames or ()
+        return Counter(f.subscription_id for f in frames if f.cursor and f.subscription_id)

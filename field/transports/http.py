@@ -213,9 +213,13 @@ class HTTPBinding:
         """The status page, read straight from the Field: it never waits for the writer,
         so it answers while the writer is busy or the log is stalled."""
         try:
-            service = self._service()
+            return json_response(self.status())
         except FieldError as error:
             return error_response(error)
+
+    def status(self) -> dict[str, Any]:
+        """The status page's body (the console shows it too); OVERLOADED while starting."""
+        service = self._service()
         field = service.field
         body = field.status()
         body["server_version"] = __version__
@@ -235,7 +239,7 @@ class HTTPBinding:
         }
         body["sources"] = {} if self.sources is None else self.sources.status(field)
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
-        return json_response(body)
+        return body
 
     async def subscription_events(self, request: Request) -> ASGIApp:
         if self.hub is None:
@@ -459,6 +463,7 @@ def create_app(
     key that seals webhook secrets ``webhook_key`` if given, else
     :func:`webhook_key_of` ``config``.
     """
+    from .console import ConsoleBinding
     from .rap import RapBinding  # they build on this module
     from .registration import RegisterLimit, RegistrationBinding
     from .sources import SourcesBinding
@@ -572,6 +577,7 @@ def create_app(
         *rap.routes(),
         *binding.sources.routes(),
         *registration.routes(),
+        *ConsoleBinding(binding).routes(),
     ]
     app = _FieldApp(
         binding,

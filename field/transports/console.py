@@ -1,0 +1,600 @@
+"""The console: a live page of the Field in a browser, and the stream it draws from.
+
+``GET /console`` serves the page (``field/console/``: one HTML file, one
+script and one style sheet written by hand, served from the package; no
+build step, nothing fetched from anywhere else). It signs in with a token,
+an agent's or the operator's, and reads two streams, both with the token
+in the ``Authorization`` header:
+
+* **events**, as any agent reads them: its subscription named ``console``
+  (all 13 events, its own included) over that subscription's SSE stream.
+  The operator holds subscriptions like an agent (it sees every event), so
+  the page reads events the same way whoever signs in.
+* **snapshots** (``GET /v1/console/stream``, this module): what is not an
+  event, in one SSE event ``snapshot`` once a second and soon after every
+  committed batch: the status page, the agents with their push
+  connections, the open conflicts the viewer may see, the subscriptions it
+  may see with their lag, and operations a second and delivery latency.
+
+Cheap and bounded:
+
+* one :class:`ConsoleFeed` builds each snapshot once per tick for all
+  streams: the shared part once, the part that depends on the viewer (its
+  conflicts and subscriptions) once per viewer; lists are cut at fixed
+  lengths and their totals given;
+* a stream holds at most the latest snapshot it has not sent: a reader
+  that falls behind skips snapshots, it never queues them;
+* streams are capped: :data:`MAX_STREAMS_PER_VIEWER` for each viewer and
+  :data:`MAX_AGENT_STREAMS` for all agents together (the operator's are
+  not counted among them, so agents cannot lock the operator out);
+* a tick runs only while a stream is open.
+
+Each stream is a push-hub connection of kind ``console`` (no agent cap, not
+proof of life), so a server that stops ends it as it ends every push
+stream. A viewer whose token stops being valid (its agent deregistered)
+gets an ``end`` event, and the stream ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import heapq
+import logging
+import time
+from collections import Counter, deque
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from importlib import resources
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from ..admission import Work
+from ..core import authority, subscribe, visibility
+from ..core.context import Outcome
+from ..core.field import Field
+from ..core.state import AgentRecord, FieldState
+from ..errors import Code, FieldError, NotFound, Overloaded
+from ..model import StoredEntry
+from ..subscriptions.outbox import Frame, Outbox
+from .http import error_response
+from .push import SINK_KINDS, Connection, PushHub
+from .streaming import SEND_TIMEOUT_SECONDS, token_of
+
+if TYPE_CHECKING:
+    from .http import HTTPBinding
+
+logger = logging.getLogger("field.console")
+
+#: Seconds between two snapshots when nothing changes (and between two rate samples).
+SNAPSHOT_SECONDS = 1.0
+#: Least seconds between two snapshots: a busy Field is shown at most this often.
+MIN_GAP_SECONDS = 0.2
+#: Console streams one viewer (an agent, or the operator) may hold at once.
+MAX_STREAMS_PER_VIEWER = 4
+#: Console streams of all agents together (the operator's are not counted).
+MAX_AGENT_STREAMS = 32
+#: Agents, open conflicts and subscriptions a snapshot lists at most (with their totals).
+LISTED_AGENTS = 200
+LISTED_CONFLICTS = 100
+LISTED_SUBSCRIPTIONS = 200
+#: Characters of a unit's content a listed conflict shows.
+EXCERPT = 240
+#: Rate samples a snapshot carries (one a second: the last two minutes).
+HISTORY = 120
+#: Most queued frames looked at to count a subscription's lag, per tick in all.
+TALLY_BUDGET = 200_000
+#: Bytes one snapshot may take (a stream's outbox holds one).
+MAX_SNAPSHOT_BYTES = 4 << 20
+
+#: The files of the page: name in the URL → (file in ``field/console``, media type).
+FILES = {
+    "": ("index.html", "text/html; charset=utf-8"),
+    "console.js": ("console.js", "text/javascript; charset=utf-8"),
+    "console.css": ("console.css", "text/css; charset=utf-8"),
+}
+#: Everything the page loads comes from the Field itself; nothing may frame it.
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; "
+    "frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+_STREAM_HEADERS = [
+    (b"content-type", b"text/event-stream; charset=utf-8"),
+    (b"cache-control", b"no-store"),
+    (b"x-accel-buffering", b"no"),
+]
+
+
+def _load_files() -> dict[str, tuple[bytes, str]]:
+    """The page's files, read once from the package."""
+    folder = resources.files("field").joinpath("console")
+    return {
+        name: (folder.joinpath(file).read_bytes(), media) for name, (file, media) in FILES.items()
+    }
+
+
+@dataclass(frozen=True, slots=True)
+class Viewer:
+    """Who a console stream shows the Field to: the operator, or an agent as it signed in."""
+
+    record: AgentRecord
+    operator: bool
+
+    @property
+    def id(self) -> str:
+        return self.record.id
+
+    def now(self, state: FieldState) -> AgentRecord | None:
+        """The viewer's record as it is now; None once its token is no longer valid."""
+        if self.operator:
+            return self.record
+        agent = state.agents.get(self.record.id)
+        if agent is None or agent.token_hash != self.record.token_hash:
+            return None
+        return agent
+
+
+def viewer_of(field: Field, token: str | None) -> Viewer:
+    """The viewer a bearer token signs in (401 as for any request otherwise)."""
+    record = field.authenticate(token)
+    return Viewer(record, record.id == authority.OPERATOR_ID)
+
+
+class ConsoleBinding:
+    """The page's routes and the snapshot stream of one server."""
+
+    def __init__(self, binding: HTTPBinding) -> None:
+        self.binding = binding
+        self.files = _load_files()
+        self.feed = ConsoleFeed(binding)
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/console", self.page, methods=["GET"]),
+            Route("/console/{name}", self.page, methods=["GET"]),
+            Route("/v1/console/stream", self.stream, methods=["GET"]),
+        ]
+
+    async def page(self, request: Request) -> Response:
+        found = self.files.get(request.path_params.get("name", ""))
+        if found is None:
+            error = NotFound(
+                f"the console has no file {request.path_params['name'][:64]!r}",
+                suggested_action="Open /console.",
+            )
+            return error_response(error)
+        body, media = found
+        return Response(body, media_type=media, headers=PAGE_HEADERS)
+
+    async def stream(self, request: Request) -> Any:
+        token = token_of(request.headers, request.query_params)
+        try:
+            self.binding.admit(token)
+            hub = self.binding.hub
+            if hub is None:
+                raise Overloaded("the Field is starting")
+            outcome = await hub.service.execute(
+                lambda field: Outcome({"viewer": viewer_of(field, token)}), work=Work.READ
+            )
+            viewer: Viewer = outcome.response["viewer"]
+            self.feed.admit(viewer)
+        except FieldError as error:
+            return error_response(error)
+        if request.method == "HEAD":
+            return Response(headers={"Cache-Control": "no-store"}, media_type="text/event-stream")
+        return self.feed.open(hub, viewer)
+
+
+class ConsoleFeed:
+    """The snapshots of one server, built per tick for every open console stream."""
+
+    def __init__(self, binding: HTTPBinding) -> None:
+        self.binding = binding
+        self.streams: set[ConsoleStream] = set()
+        self.meter = Meter()
+        self._task: asyncio.Task[None] | None = None
+        self._changed: asyncio.Event | None = None
+        #: the last tick's shared part, and the monotonic time it was built
+        self._shared: tuple[bytes, float] | None = None
+        #: how each bound subscription is read, as of the last shared part
+        self._streams_now: dict[str, _StreamState] = {}
+
+    # -- streams ---------------------------------------------------------------------
+
+    def admit(self, viewer: Viewer) -> None:
+        """Refuse (``TOO_MANY_CONNECTIONS``) a stream past the caps."""
+        mine = sum(s.viewer.id == viewer.id for s in self.streams)
+        if mine >= MAX_STREAMS_PER_VIEWER:
+            raise _too_many(f"{viewer.id} already holds {mine} console streams")
+        agents = sum(not s.viewer.operator for s in self.streams)
+        if not viewer.operator and agents >= MAX_AGENT_STREAMS:
+            raise _too_many(f"agents hold {agents} console streams, as many as the Field allows")
+
+    def open(self, hub: PushHub, viewer: Viewer) -> ConsoleStream:
+        """A new stream for ``viewer``, its first snapshot queued at once."""
+        outbox = Outbox(max_frames=2, max_bytes=2 * MAX_SNAPSHOT_BYTES)
+        stream = ConsoleStream(self, hub, viewer, hub.connect_sink(viewer.id, "console", outbox))
+        self.streams.add(stream)
+        self._run_ticks()
+        shared = self._shared
+        if shared is None or time.monotonic() - shared[1] > SNAPSHOT_SECONDS:
+            self._shared = shared = (self._shared_part(hub), time.monotonic())
+        self._offer(hub, stream, shared[0], {})
+        return stream
+
+    def close(self, stream: ConsoleStream) -> None:
+        self.streams.discard(stream)
+        stream.hub.disconnect(stream.connection)
+        if not self.streams and self._changed is not None:
+            self._changed.set()  # the ticks stop at once
+
+    # -- ticks -----------------------------------------------------------------------
+
+    def _run_ticks(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._ticks(), name="console")
+
+    async def _ticks(self) -> None:
+        """Build and offer a snapshot every :data:`SNAPSHOT_SECONDS`, and soon after each
+        committed batch, while any stream is open."""
+        hub, service = self.binding.hub, self.binding.service
+        if hub is None or service is None:
+            return
+        changed = self._changed = asyncio.Event()
+        self.meter.start(service.field.epoch)
+        service.listeners.append(self._published)
+        loop = asyncio.get_running_loop()
+        sample_at = loop.time() + SNAPSHOT_SECONDS
+        try:
+            while self.streams and self.binding.service is service:
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(max(0.0, sample_at - loop.time())):
+                        await changed.wait()
+                changed.clear()
+                if loop.time() >= sample_at:
+                    self.meter.sample(service.field.epoch)
+                    sample_at = loop.time() + SNAPSHOT_SECONDS
+                try:
+                    self._tick(hub)
+                except Exception:  # a snapshot that fails must not end the console
+                    logger.exception("building a console snapshot failed")
+                await asyncio.sleep(MIN_GAP_SECONDS)
+        finally:
+            if self._published in service.listeners:
+                service.listeners.remove(self._published)
+            if self.binding.service is not service:  # the server stopped
+                for stream in list(self.streams):
+                    stream.end(None)
+
+    def _published(self, entries: list[StoredEntry]) -> None:
+        """A batch is durable (the writer calls this): count it, and show it soon."""
+        self.meter.observe(entries)
+        if self._changed is not None:
+            self._changed.set()
+
+    def _tick(self, hub: PushHub) -> None:
+        shared = self._shared_part(hub)
+        self._shared = (shared, time.monotonic())
+        parts: dict[str, bytes] = {}
+        for stream in list(self.streams):
+            self._offer(hub, stream, shared, parts)
+
+    def _offer(
+        self, hub: PushHub, stream: ConsoleStream, shared: bytes, parts: dict[str, bytes]
+    ) -> None:
+        """Offer ``stream`` its snapshot: the shared part and its viewer's (``parts``
+        caches the viewers' parts of this tick)."""
+        viewer = stream.viewer.now(hub.field.state)
+        if viewer is None:
+            stream.end({"reason": "the viewer's token is no longer valid (agent deregistered)"})
+            return
+        part = parts.get(viewer.id)
+        if part is None:
+            part = parts[viewer.id] = _inner(self._viewer_part(hub, stream.viewer, viewer))
+        stream.offer(b"{" + shared + b"," + part + b"}")
+
+    # -- what a snapshot holds ---------------------------------------------------------
+
+    def _shared_part(self, hub: PushHub) -> bytes:
+        state = hub.field.state
+        by_agent, by_kind = _connections(hub.connections)
+        self._streams_now = _stream_states(hub)
+        return _inner(
+            {
+                "at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+                "field": self.binding.status(),
+                "agents": _agents(state, by_agent),
+                "connections": dict(by_kind),
+                "rates": self.meter.latest(),
+                "history": self.meter.recent(),
+            }
+        )
+
+    def _viewer_part(self, hub: PushHub, viewer: Viewer, record: AgentRecord) -> dict[str, Any]:
+        field = hub.field
+        return {
+            "viewer": {
+                "id": record.id,
+                "role": record.role,
+                "authority": record.authority,
+                "operator": viewer.operator,
+                # MERGE needs 6; resolving an escalated conflict needs the operator's 10
+                "may_merge": record.authority >= authority.SENIOR,
+            },
+            "conflicts": _conflicts(field.state, record, viewer.operator),
+            "subscriptions": _subscriptions(field, viewer, self._streams_now),
+        }
+
+
+class ConsoleStream:
+    """One console stream: an ASGI app sending the snapshots offered to it as SSE
+    events, until the client leaves, the viewer is ended or the server stops."""
+
+    def __init__(self, feed: ConsoleFeed, hub: PushHub, viewer: Viewer, connection: Connection):
+        self.feed, self.hub, self.viewer, self.connection = feed, hub, viewer, connection
+
+    def offer(self, body: bytes) -> None:
+        """Queue ``body`` in place of any snapshot not yet sent."""
+        outbox = self.connection.outbox
+        outbox.drain_now(len(outbox))
+        if not outbox.put(Frame(body, "snapshot")):
+            logger.error("a console snapshot of %d bytes was too large to send", len(body))
+
+    def end(self, data: dict[str, Any] | None) -> None:
+        """End the stream after an ``end`` event holding ``data`` (None: no event)."""
+        if self.connection.ended is None:
+            self.connection.ended = (1000, "console ended")
+            frame = None if data is None else Frame(orjson.dumps(data), "end")
+            self.connection.outbox.close_with(frame)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        outbox = self.connection.outbox
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                await send(
+                    {"type": "http.response.start", "status": 200, "headers": _STREAM_HEADERS}
+                )
+            while (frame := await outbox.get()) is not None:
+                event = b"event: " + frame.kind.encode() + b"\r\ndata: " + frame.body + b"\r\n\r\n"
+                async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                    await send({"type": "http.response.body", "body": event, "more_body": True})
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except TimeoutError:
+            logger.warning("a console stream of %s stopped reading", self.viewer.id)
+        finally:
+            watcher.cancel()
+            self.feed.close(self)
+
+    async def _watch(self, receive: Receive) -> None:
+        """End the stream once the client has gone away."""
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        self.end(None)
+
+
+class Meter:
+    """Operations a second and delivery latency, sampled once a second.
+
+    *Operations a second* is how far the epoch moved: every operation that
+    succeeds (reads included) advances it by one. *Delivery latency* is the
+    time from an operation's log entry being made to its notifications being
+    queued for their subscribers: the group commit and the matching, measured
+    on every committed batch.
+    """
+
+    def __init__(self) -> None:
+        self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        self._epoch = 0
+        self._at = 0.0
+        self._entries = 0
+        self._batches = 0
+        self._delay_sum = 0.0
+        self._delay_max = 0.0
+
+    def start(self, epoch: int) -> None:
+        self._epoch, self._at = epoch, time.monotonic()
+        self._entries = self._batches = 0
+        self._delay_sum = self._delay_max = 0.0
+
+    def observe(self, entries: list[StoredEntry]) -> None:
+        """A committed batch, just published."""
+        delay = max(0.0, time.time() - entries[0].ts)
+        self._entries += len(entries)
+        self._batches += 1
+        self._delay_sum += delay
+        self._delay_max = max(self._delay_max, delay)
+
+    def sample(self, epoch: int) -> None:
+        """Close the second that ended now: one sample in :attr:`history`."""
+        now = time.monotonic()
+        seconds = max(now - self._at, 1e-6)
+        batches = self._batches
+        self.history.append(
+            {
+                "t": round(time.time(), 3),
+                "operations_per_s": round(max(0, epoch - self._epoch) / seconds, 2),
+                "entries_per_s": round(self._entries / seconds, 2),
+                "delivery_latency_ms": {
+                    "mean": round(1000 * self._delay_sum / batches, 3),
+                    "max": round(1000 * self._delay_max, 3),
+                }
+                if batches
+                else None,
+            }
+        )
+        self.start(epoch)
+        self._at = now
+
+    def recent(self) -> list[dict[str, Any]]:
+        """The samples of the last :data:`HISTORY` seconds (none while no console was open)."""
+        since = time.time() - HISTORY
+        return [sample for sample in self.history if sample["t"] >= since]
+
+    def latest(self) -> dict[str, Any] | None:
+        """The sample of the second that just ended, if a console was open then."""
+        recent = self.history[-1] if self.history else None
+        return recent if recent is not None and recent["t"] >= time.time() - 2 else None
+
+
+# -- the parts of a snapshot ------------------------------------------------------------
+
+
+def _inner(body: dict[str, Any]) -> bytes:
+    """An object's JSON without its braces, to be joined with another's."""
+    return orjson.dumps(body)[1:-1]
+
+
+def _too_many(message: str) -> FieldError:
+    return FieldError(
+        message,
+        code=Code.TOO_MANY_CONNECTIONS,
+        recoverable=True,
+        suggested_action="Close a console tab first.",
+    )
+
+
+def _connections(connections: Iterable[Connection]) -> tuple[dict[str, Counter[str]], Counter[str]]:
+    """Push connections by agent (its own sockets only: WebSocket, SSE, MCP) and by kind."""
+    by_agent: dict[str, Counter[str]] = {}
+    by_kind: Counter[str] = Counter()
+    for connection in connections:
+        by_kind[connection.kind] += 1
+        if connection.kind not in SINK_KINDS:
+            by_agent.setdefault(connection.agent_id, Counter())[connection.kind] += 1
+    return by_agent, by_kind
+
+
+def _agents(state: FieldState, connections: dict[str, Counter[str]]) -> dict[str, Any]:
+    """Failed agents first, then connected ones, then the rest; by id in each."""
+    agents = state.agents.values()
+    listed = heapq.nsmallest(
+        LISTED_AGENTS,
+        agents,
+        key=lambda a: (a.status != "failed", a.id not in connections, a.id),
+    )
+    return {
+        "total": len(state.agents),
+        "by_status": dict(Counter(a.status for a in agents)),
+        "listed": [{**a.to_wire(), "connections": dict(connections.get(a.id, {}))} for a in listed],
+    }
+
+
+def _conflicts(state: FieldState, viewer: AgentRecord, operator: bool) -> dict[str, Any]:
+    """The unresolved conflicts ``viewer`` may see, oldest first, each with its units."""
+    listed = []
+    visible = 0
+    units = state.known_units
+    for conflict_id in state.unresolved:
+        conflict = state.conflicts[conflict_id]
+        if not operator and not visibility.conflict_visible(state, viewer, conflict):
+            continue
+        visible += 1
+        if len(listed) < LISTED_CONFLICTS:
+            shown = {key: conflict[key] for key in ("unit_a", "unit_b") if conflict[key] in units}
+            excerpts = {key: _excerpt(units[unit_id]) for key, unit_id in shown.items()}
+            listed.append({**conflict, "units": excerpts})
+    return {"open": visible, "listed": listed}
+
+
+def _excerpt(unit: dict[str, Any]) -> dict[str, Any]:
+    content = unit.get("content")
+    text = content if isinstance(content, str) else ""
+    return {
+        "id": unit.get("id"),
+        "type": unit.get("type"),
+        "status": unit.get("status"),
+        "agent_id": (unit.get("source") or {}).get("agent_id"),
+        "confidence": (unit.get("confidence") or {}).get("score"),
+        "content": text if len(text) <= EXCERPT else text[: EXCERPT - 1] + "…",
+    }
+
+
+@dataclass(slots=True)
+class _StreamState:
+    """How a subscription is being read now."""
+
+    #: push connections reading it, by kind
+    readers: Counter[str]
+    #: frames waiting in those connections' outboxes
+    outbox: int = 0
+    #: its notifications among them; None when an outbox was too deep to count
+    lag: int | None = 0
+    replaying: bool = False
+
+
+def _stream_states(hub: PushHub) -> dict[str, _StreamState]:
+    """Every bound subscription's readers, outbox depth and lag (one pass over the hub's
+    streams; outboxes counted once each, within :data:`TALLY_BUDGET` frames)."""
+    states: dict[str, _StreamState] = {}
+    tallies: dict[int, Counter[str] | None] = {}
+    budget = TALLY_BUDGET
+    for subscription_id, connection, replaying in hub.stream_states():
+        outbox = connection.outbox
+        key = id(connection)
+        if key not in tallies:
+            tallies[key] = outbox.tally(budget)
+            budget -= len(outbox)
+        tally = tallies[key]
+        state = states.get(subscription_id)
+        if state is None:
+            state = states[subscription_id] = _StreamState(Counter())
+        state.readers[connection.kind] += 1
+        state.outbox += len(outbox)
+        state.replaying = state.replaying or replaying
+        if tally is None or state.lag is None:
+            state.lag = None
+        else:
+            state.lag += tally[subscription_id]
+    return states
+
+
+def _subscriptions(
+    field: Field, viewer: Viewer, streams: dict[str, _StreamState]
+) -> dict[str, Any]:
+    """The active subscriptions the viewer may see (its own; the operator: all), those read
+    now or delivered by the Field first, most lag first."""
+    state = field.state
+    if viewer.operator:
+        total = sum(len(ids) for ids in state.active_subscriptions.values())
+        wanted = {s for s in (*streams, *state.deliveries) if s in state.subscriptions}
+        for agent_id in state.active_subscriptions:
+            if len(wanted) >= LISTED_SUBSCRIPTIONS:
+                break
+            wanted.update(sorted(state.active_subscriptions[agent_id]))
+    else:
+        wanted = set(state.active_subscriptions.get(viewer.id, ()))
+        total = len(wanted)
+    active = [s for s in wanted if state.subscriptions[s].get("status") == "active"]
+    shown = [_subscription(field, s, streams.get(s)) for s in active]
+    shown.sort(key=lambda s: (-(s["lag"] or 0), s["agent_id"], s["id"]))
+    return {"total": total, "listed": shown[:LISTED_SUBSCRIPTIONS]}
+
+
+def _subscription(
+    field: Field, subscription_id: str, stream: _StreamState | None
+) -> dict[str, Any]:
+    wire = subscribe.subscription_wire(field, subscription_id)
+    delivery = wire.get("delivery")
+    if delivery is not None:  # the Field delivers it: what its delivery owes
+        lag: int | None = delivery.get("owed", 0)
+    else:
+        lag = None if stream is None else stream.lag
+    wire.update(
+        readers={} if stream is None else dict(stream.readers),
+        outbox=0 if stream is None else stream.outbox,
+        lag=lag,
+        replaying=stream is not None and stream.replaying,
+    )
+    return wire
