@@ -450,6 +450,7 @@ def create_app(
     key that seals webhook secrets ``webhook_key`` if given, else
     :func:`webhook_key_of` ``config``.
     """
+    from .openapi import openapi_endpoint
     from .rap import RapBinding  # they build on this module
     from .registration import RegisterLimit, RegistrationBinding
     from .sources import SourcesBinding
@@ -554,6 +555,7 @@ def create_app(
         *rap.routes(),
         *binding.sources.routes(),
         *registration.routes(),
+        Route("/openapi.json", openapi_endpoint, methods=["GET"]),
     ]
     app = _FieldApp(
         binding,
