@@ -223,6 +223,13 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--notify-burst", type=int, help="notifications written to one agent at once (2000)"
     )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="an origin whose browser pages may call the Field, open SSE streams and "
+        "WebSockets, e.g. https://app.example.com (* for any); repeat for more (none)",
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -336,6 +343,7 @@ def _config(args: argparse.Namespace) -> Config:
         agent_burst=args.agent_burst,
         notify_rate=args.notify_rate,
         notify_burst=args.notify_burst,
+        cors_origin=tuple(args.cors_origin) if args.cors_origin else None,
         **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None
