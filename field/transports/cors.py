@@ -97,10 +97,11 @@ class FieldCORSMiddleware(CORSMiddleware):
         response = super().preflight_response(request_headers)
         if response.status_code < 400:
             return response
-        refused = bytes(response.body).decode().removeprefix("Disallowed CORS ")
+        refused = bytes(response.body).decode().removeprefix("Disallowed CORS ").split(", ")
         error = FieldError(
             f"a browser may not send this request from {request_headers['origin'][:100]!r}: "
-            f"its {refused} not allowed",
+            f"the {' and the '.join(refused)} {'is' if len(refused) == 1 else 'are'} "
+            "not allowed",
             code=Code.FORBIDDEN,
             recoverable=False,
             suggested_action="Send it from an origin the operator allows (--cors-origin), "
