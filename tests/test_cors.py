@@ -32,6 +32,8 @@ PREFLIGHT = {
     "Access-Control-Request-Headers": "authorization,content-type",
 }
 EXPOSED = "access-control-expose-headers"
+#: SUBSCRIBE's list: an operation any agent may send on its WebSocket.
+LIST = {"action": "list"}
 
 Start = Callable[..., ThreadedServer]
 
@@ -260,9 +262,6 @@ async def test_websockets_are_refused_to_origins_not_allowed(server_factory: Sta
                     assert frame["type"] == "response" and frame["status"] == 200, origin
     finally:
         await close(agent)
-
-
-LIST = {"action": "list"}
 
 
 # -- in a real browser -----------------------------------------------------------------------
