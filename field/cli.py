@@ -230,6 +230,16 @@ def _parser() -> argparse.ArgumentParser:
         help="an origin whose browser pages may call the Field, open SSE streams and "
         "WebSockets, e.g. https://app.example.com (* for any); repeat for more (none)",
     )
+    serve.add_argument(
+        "--mcp-max-sessions",
+        type=int,
+        help="most MCP sessions open at once over HTTP (/mcp); past it 503 (1000)",
+    )
+    serve.add_argument(
+        "--mcp-idle-timeout",
+        type=float,
+        help="seconds an MCP session may go with no request in flight before it ends (600)",
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -344,6 +354,8 @@ def _config(args: argparse.Namespace) -> Config:
         notify_rate=args.notify_rate,
         notify_burst=args.notify_burst,
         cors_origin=tuple(args.cors_origin) if args.cors_origin else None,
+        mcp_max_sessions=args.mcp_max_sessions,
+        mcp_idle_timeout=args.mcp_idle_timeout,
         **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None
@@ -375,6 +387,9 @@ class _Server(uvicorn.Server):
         hub = getattr(self.app.state, "push_hub", None)
         if hub is not None:
             asyncio.get_event_loop().call_soon_threadsafe(hub.shutdown)
+        mcp = getattr(self.app.state, "mcp", None)
+        if mcp is not None:  # MCP sessions' streams end likewise
+            asyncio.get_event_loop().call_soon_threadsafe(mcp.shutdown)
 
 
 #: Garbage-collector thresholds of ``field serve``. Fanning out makes many short-lived

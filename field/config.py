@@ -148,6 +148,11 @@ class Config:
     #: Origins whose browser pages may call the Field, open SSE streams and WebSockets
     #: (``--cors-origin``, repeatable; ``*``: any); none by default (``field.transports.cors``).
     cors_origin: tuple[str, ...] = ()
+    #: Most MCP sessions open at once over HTTP (``/mcp``); past it a new one is 503.
+    mcp_max_sessions: int = 1000
+    #: Seconds an MCP session may go with no request in flight (an open GET stream is one)
+    #: before it ends.
+    mcp_idle_timeout: float = 600.0
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
 
@@ -207,9 +212,11 @@ class Config:
             rate = getattr(self, name)
             if not (math.isfinite(rate) and rate >= 0):
                 raise ValueError(f"{name} must be a number, 0 (no limit) or more, not {rate}")
-        for name in ("agent_burst", "notify_burst"):
+        for name in ("agent_burst", "notify_burst", "mcp_max_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if not (math.isfinite(self.mcp_idle_timeout) and 0 < self.mcp_idle_timeout <= MAX_TIMEOUT):
+            raise ValueError(f"mcp_idle_timeout must be a positive number, at most {MAX_TIMEOUT:g}")
         self._check_registration()
         object.__setattr__(self, "cors_origin", parse_origins(self.cors_origin))
 
@@ -334,6 +341,7 @@ _INTEGERS = (
     "register_burst",
     "agent_burst",
     "notify_burst",
+    "mcp_max_sessions",
 )
 _FLOATS = (
     "failure_grace",
@@ -348,6 +356,7 @@ _FLOATS = (
     "register_rate",
     "agent_rate",
     "notify_rate",
+    "mcp_idle_timeout",
 )
 
 

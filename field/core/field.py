@@ -586,6 +586,13 @@ class Field:
         """The caller's subscription, which must still be active (INVALID_TRANSITION if not)."""
         return subscribe.active_subscription(self.state, subscription_id, agent_id)
 
+    def streamable_subscription(
+        self, subscription_id: str, agent_id: str, cursor: str | None
+    ) -> dict[str, Any]:
+        """The caller's subscription a stream may read from ``cursor``: active, or
+        cancelled after the cursor (it owes what came before its end)."""
+        return subscribe.streamable_subscription(self, subscription_id, agent_id, cursor)
+
     def ack_deliveries(self, cursors: dict[str, int]) -> Outcome:
         """Deliveries acknowledged up to ``cursors`` (by subscription): one entry for all."""
         return self.system(lambda epoch, now: subscribe.ack_entries(self, cursors, epoch, now))

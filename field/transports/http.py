@@ -10,6 +10,7 @@ ever gets a stack trace: unexpected failures become ``INTERNAL_ERROR``.
 from __future__ import annotations
 
 import functools
+import importlib.util
 import logging
 import math
 import secrets
@@ -65,6 +66,7 @@ from .sse import sse_endpoint, subscription_of
 from .streaming import absolute_urls, deny_websocket, ws_endpoint
 
 if TYPE_CHECKING:
+    from .mcp_http import McpHttpBinding
     from .registration import RegisterLimit
     from .sources import SourcesBinding
 
@@ -152,6 +154,8 @@ class HTTPBinding:
         self.register_limit: RegisterLimit | None = None
         #: the per-agent limit on operations (one for the server, whatever its bindings)
         self.rate_limits = AgentRateLimits(config.agent_rate_limit())
+        #: MCP over HTTP at /mcp (None: the mcp package is not installed)
+        self.mcp: McpHttpBinding | None = None
 
     def _service(self) -> FieldService:
         if self.service is None:
@@ -420,6 +424,11 @@ class _FieldApp(Starlette):
                 del request
                 await stream(scope, receive, send)
                 return
+        if kind == "http" and scope["path"] == "/mcp" and self._binding.mcp is not None:
+            # MCP over HTTP: its GET streams live as long as SSE streams
+            scope["app"] = self
+            await self._binding.mcp(scope, receive, send)
+            return
         if kind == "http" and scope["path"] == "/v1/ws":
             response = error_response(_not_a_handshake())
             response.headers["Sec-WebSocket-Version"] = "13"  # the version the Field speaks
@@ -483,6 +492,10 @@ def create_app(
     binding.sources = SourcesBinding(binding, tolerance=config.source_tolerance)
     registration = RegistrationBinding(binding)
     binding.register_limit = RegisterLimit(Rate(config.register_rate, config.register_burst))
+    if importlib.util.find_spec("mcp") is not None:  # the mcp extra
+        from .mcp_http import McpHttpBinding
+
+        binding.mcp = McpHttpBinding(binding)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -539,6 +552,9 @@ def create_app(
         app.state.push_hub = binding.hub
         app.state.register_limit = binding.register_limit
         app.state.rate_limits = binding.rate_limits
+        if binding.mcp is not None:
+            await binding.mcp.start()
+            app.state.mcp = binding.mcp
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(
@@ -554,6 +570,8 @@ def create_app(
         try:
             yield
         finally:
+            if binding.mcp is not None:
+                await binding.mcp.stop()
             await liveness.stop()
             await rap.stop()
             await deliveries.stop()
