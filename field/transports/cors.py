@@ -138,9 +138,12 @@ def cors_middleware(app: ASGIApp, origins: Iterable[str]) -> ASGIApp:
     )
 
 
-def websocket_refusal(scope: Scope, origins: frozenset[str]) -> FieldError | None:
-    """Why a WebSocket handshake may not be accepted for its ``Origin``; None if it may: it
-    has none (not a browser), or an allowed one, or the Field's own."""
+def websocket_refusal(
+    scope: Scope, origins: frozenset[str], what: str = "open a WebSocket"
+) -> FieldError | None:
+    """Why a WebSocket handshake (or a request ``what`` names) may not be accepted for its
+    ``Origin``; None if it may: it has none (not a browser), or an allowed one, or the
+    Field's own."""
     origin = _header(scope, b"origin")
     if origin is None or ANY_ORIGIN in origins:
         return None
@@ -152,10 +155,11 @@ def websocket_refusal(scope: Scope, origins: frozenset[str]) -> FieldError | Non
         if origin in origins or _same_origin(origin, _header(scope, b"host")):
             return None
     return FieldError(
-        f"a browser page of origin {origin[:100]!r} may not open a WebSocket here",
+        f"a browser page of origin {origin[:100]!r} may not {what} here",
         code=Code.FORBIDDEN,
         recoverable=False,
-        suggested_action="Open it from an origin the operator allows (--cors-origin).",
+        suggested_action="Send it from a page of an origin the operator allows "
+        "(--cors-origin).",
     )
 
 

@@ -425,7 +425,12 @@ class _FieldApp(Starlette):
                 await stream(scope, receive, send)
                 return
         if kind == "http" and scope["path"] == "/mcp" and self._binding.mcp is not None:
-            # MCP over HTTP: its GET streams live as long as SSE streams
+            # MCP over HTTP: its GET streams live as long as SSE streams. A browser page may
+            # call it only from an allowed origin (MCP's rule against DNS rebinding)
+            refusal = websocket_refusal(scope, self._origins, "call the MCP endpoint")
+            if refusal is not None:
+                await error_response(refusal)(scope, receive, send)
+                return
             scope["app"] = self
             await self._binding.mcp(scope, receive, send)
             return
