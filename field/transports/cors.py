@@ -158,8 +158,7 @@ def websocket_refusal(
         f"a browser page of origin {origin[:100]!r} may not {what} here",
         code=Code.FORBIDDEN,
         recoverable=False,
-        suggested_action="Send it from a page of an origin the operator allows "
-        "(--cors-origin).",
+        suggested_action="Send it from a page of an origin the operator allows (--cors-origin).",
     )
 
 
