@@ -224,6 +224,13 @@ def _parser() -> argparse.ArgumentParser:
         "--notify-burst", type=int, help="notifications written to one agent at once (2000)"
     )
     serve.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="an origin whose browser pages may call the Field, open SSE streams and "
+        "WebSockets, e.g. https://app.example.com (* for any); repeat for more (none)",
+    )
+    serve.add_argument(
         "--mcp-max-sessions",
         type=int,
         help="most MCP sessions open at once over HTTP (/mcp); past it 503 (1000)",
@@ -346,6 +353,7 @@ def _config(args: argparse.Namespace) -> Config:
         agent_burst=args.agent_burst,
         notify_rate=args.notify_rate,
         notify_burst=args.notify_burst,
+        cors_origin=tuple(args.cors_origin) if args.cors_origin else None,
         mcp_max_sessions=args.mcp_max_sessions,
         mcp_idle_timeout=args.mcp_idle_timeout,
         **delivery,

@@ -23,6 +23,7 @@ from .core.validation import duration_seconds
 from .model import Limits
 from .subscriptions.delivery import RetryPolicy
 from .subscriptions.outbox import PushLimits
+from .transports.cors import parse_origins
 from .transports.delivery import DeliverySettings
 from .transports.push import DEFAULT_MAX_PER_AGENT
 from .transports.ratelimits import (
@@ -144,6 +145,9 @@ class Config:
     #: and at once; past them they wait in the outbox. 0: no limit.
     notify_rate: float = DEFAULT_NOTIFY_RATE
     notify_burst: int = DEFAULT_NOTIFY_BURST
+    #: Origins whose browser pages may call the Field, open SSE streams and WebSockets
+    #: (``--cors-origin``, repeatable; ``*``: any); none by default (``field.transports.cors``).
+    cors_origin: tuple[str, ...] = ()
     #: Most MCP sessions open at once over HTTP (``/mcp``); past it a new one is 503.
     mcp_max_sessions: int = 1000
     #: Seconds an MCP session may go with no request in flight (an open GET stream is one)
@@ -214,6 +218,7 @@ class Config:
         if not (math.isfinite(self.mcp_idle_timeout) and 0 < self.mcp_idle_timeout <= MAX_TIMEOUT):
             raise ValueError(f"mcp_idle_timeout must be a positive number, at most {MAX_TIMEOUT:g}")
         self._check_registration()
+        object.__setattr__(self, "cors_origin", parse_origins(self.cors_origin))
 
     def admission_policy(self) -> AdmissionPolicy:
         """The targets of admission control."""
@@ -369,6 +374,8 @@ def _parse(name: str, raw: str) -> Any:
         except ValueError:
             what = "an integer" if kind is int else "a number"
             raise ValueError(f"FIELD_{name.upper()} must be {what}, not {raw[:40]!r}") from None
+    if name == "cors_origin":  # comma- or space-separated origins
+        return tuple(part for part in raw.replace(",", " ").split() if part)
     if name == "ws_deflate":
         flag = raw.strip().lower()
         if flag not in _BOOLEANS:

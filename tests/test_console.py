@@ -1,10 +1,10 @@
 """The console in a real browser: Debian's Chromium, headless, driven by Playwright.
 
-Nothing downloads a browser: Playwright is given ``/usr/bin/chromium``, and
-these tests are skipped, saying why, where it is absent. The server is real
-(``field serve``'s app on uvicorn, on a loopback port); the API calls that
-make things happen go through the SDK, and the page must show them by
-itself, over its push streams.
+Nothing downloads a browser: Playwright is given ``/usr/bin/chromium``
+(``tests/browser.py``), and these tests are skipped, saying why, where it is
+absent. The server is real (``field serve``'s app on uvicorn, on a loopback
+port); the API calls that make things happen go through the SDK, and the page
+must show them by itself, over its push streams.
 
 Screenshots are written to ``$FIELD_ARTIFACTS`` (default: the test's
 temporary directory) for CI to keep. With ``FIELD_UPDATE_SCREENSHOTS=1`` the
@@ -23,22 +23,15 @@ from playwright.async_api import Browser, Page, async_playwright, expect
 
 from field.client import AgentClient, FieldClient, Relation
 
+from .browser import CHROMIUM, TIMEOUT_MS, needs_chromium
 from .conftest import ThreadedServer
 
-CHROMIUM = Path("/usr/bin/chromium")
 OPERATOR_TOKEN = "console-operator-token-0123456789"
 README_SCREENSHOT = Path(__file__).resolve().parent.parent / "docs" / "console.png"
 #: Milliseconds a page state may take to appear (snapshots come once a second).
-WAIT_MS = 15_000
+WAIT_MS = TIMEOUT_MS
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        not CHROMIUM.exists(),
-        reason=f"no Chromium at {CHROMIUM} (Debian's chromium package): the console's "
-        "browser tests cannot run",
-    ),
-]
+pytestmark = [pytest.mark.slow, needs_chromium]
 
 
 @pytest.fixture

@@ -283,6 +283,28 @@ async def test_a_missing_or_bad_token_is_refused(field: ServerProcess, http: Fie
         assert refused.group_contains(MCPError, depth=None)
 
 
+async def test_a_browser_page_of_another_origin_is_refused(
+    field: ServerProcess, http: FieldClient
+) -> None:
+    (eve,) = await register(http, "eve")
+    headers = {
+        "Content-Type": "application/json",
+        "Accept": ACCEPT,
+        "Authorization": f"Bearer {eve.token}",
+    }
+    status, body, _ = await post(
+        field.url, initialize_message(), {**headers, "Origin": "http://evil.example"}
+    )
+    assert status == 403
+    assert_valid("error", body)
+    assert body["code"] == "FORBIDDEN" and "MCP endpoint" in body["message"]
+    # the Field's own origin, and clients that send none, are served
+    own = field.url.rstrip("/")
+    for allowed in ({**headers, "Origin": own}, headers):
+        status, body, _ = await post(field.url, initialize_message(), allowed)
+        assert status == 200, body
+
+
 async def test_bodies_methods_and_sessions_are_answered_with_the_error_body(
     field: ServerProcess, http: FieldClient
 ) -> None:

@@ -43,7 +43,7 @@ import heapq
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from importlib import resources
@@ -60,7 +60,7 @@ from ..core import authority, subscribe, visibility
 from ..core.context import Outcome
 from ..core.field import Field
 from ..core.state import AgentRecord, FieldState
-from ..errors import Code, FieldError, NotFound, Overloaded
+from ..errors import Code, FieldError, Overloaded
 from ..model import StoredEntry
 from ..subscriptions.outbox import Frame, Outbox
 from .http import error_response
@@ -93,7 +93,8 @@ TALLY_BUDGET = 200_000
 #: Bytes one snapshot may take (a stream's outbox holds one).
 MAX_SNAPSHOT_BYTES = 4 << 20
 
-#: The files of the page: name in the URL → (file in ``field/console``, media type).
+#: The files of the page: name in the URL after ``/console/`` → (file in ``field/console``,
+#: media type).
 FILES = {
     "": ("index.html", "text/html; charset=utf-8"),
     "console.js": ("console.js", "text/javascript; charset=utf-8"),
@@ -159,22 +160,23 @@ class ConsoleBinding:
         self.feed = ConsoleFeed(binding)
 
     def routes(self) -> list[Route]:
+        """``/console``, each of its files (any other path is the router's 404), and the
+        snapshot stream."""
         return [
-            Route("/console", self.page, methods=["GET"]),
-            Route("/console/{name}", self.page, methods=["GET"]),
+            *(
+                Route(f"/console/{name}".rstrip("/"), self._file(name), methods=["GET"])
+                for name in FILES
+            ),
             Route("/v1/console/stream", self.stream, methods=["GET"]),
         ]
 
-    async def page(self, request: Request) -> Response:
-        found = self.files.get(request.path_params.get("name", ""))
-        if found is None:
-            error = NotFound(
-                f"the console has no file {request.path_params['name'][:64]!r}",
-                suggested_action="Open /console.",
-            )
-            return error_response(error)
-        body, media = found
-        return Response(body, media_type=media, headers=PAGE_HEADERS)
+    def _file(self, name: str) -> Callable[[Request], Awaitable[Response]]:
+        body, media = self.files[name]
+
+        async def endpoint(request: Request) -> Response:
+            return Response(body, media_type=media, headers=PAGE_HEADERS)
+
+        return endpoint
 
     async def stream(self, request: Request) -> Any:
         token = token_of(request.headers, request.query_params)

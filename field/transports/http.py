@@ -9,6 +9,7 @@ ever gets a stack trace: unexpected failures become ``INTERNAL_ERROR``.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import logging
 import math
@@ -56,6 +57,7 @@ from ..model import (
 from ..service import FieldService
 from ..store import WEBHOOK_KEY_FILENAME, EventLog, open_log
 from ..store.keys import load_or_create_key
+from .cors import cors_middleware, websocket_refusal
 from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .push import PushHub
@@ -387,6 +389,8 @@ class _FieldApp(Starlette):
         super().__init__(**kwargs)
         self._binding = binding
         self._operations = {f"/v1/{name}": op for name, op in OPERATION_ROUTES.items()}
+        #: the browser origins a WebSocket may come from besides the Field's own
+        self._origins = frozenset(binding.config.cors_origin)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -425,7 +429,12 @@ class _FieldApp(Starlette):
                 await stream(scope, receive, send)
                 return
         if kind == "http" and scope["path"] == "/mcp" and self._binding.mcp is not None:
-            # MCP over HTTP: its GET streams live as long as SSE streams
+            # MCP over HTTP: its GET streams live as long as SSE streams. A browser page may
+            # call it only from an allowed origin (MCP's rule against DNS rebinding)
+            refusal = websocket_refusal(scope, self._origins, "call the MCP endpoint")
+            if refusal is not None:
+                await error_response(refusal)(scope, receive, send)
+                return
             scope["app"] = self
             await self._binding.mcp(scope, receive, send)
             return
@@ -437,7 +446,10 @@ class _FieldApp(Starlette):
         if kind == "websocket":
             scope["app"] = self
             hub = self._binding.hub
-            if scope["path"] != "/v1/ws":
+            refusal = websocket_refusal(scope, self._origins)
+            if refusal is not None:  # a browser page of another origin
+                await deny_websocket(scope, send, refusal)
+            elif scope["path"] != "/v1/ws":
                 await deny_websocket(scope, send, _no_endpoint())
             elif hub is None:  # starting or stopping: try again
                 await deny_websocket(scope, send, Overloaded("the Field is not running"))
@@ -445,6 +457,22 @@ class _FieldApp(Starlette):
                 await ws_endpoint(scope, receive, send, hub)
             return
         await super().__call__(scope, receive, send)
+
+
+class _CORSFieldApp(_FieldApp):
+    """:class:`_FieldApp` behind CORS (``--cors-origin``): every HTTP answer, those of the
+    paths it serves itself and every error included (``field.transports.cors``)."""
+
+    def __init__(self, binding: HTTPBinding, **kwargs: Any) -> None:
+        super().__init__(binding, **kwargs)
+        serve = functools.partial(_FieldApp.__call__, self)
+        self._cors = cors_middleware(serve, binding.config.cors_origin)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._cors(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -464,6 +492,7 @@ def create_app(
     :func:`webhook_key_of` ``config``.
     """
     from .console import ConsoleBinding
+    from .openapi import openapi_endpoint
     from .rap import RapBinding  # they build on this module
     from .registration import RegisterLimit, RegistrationBinding
     from .sources import SourcesBinding
@@ -577,9 +606,10 @@ def create_app(
         *rap.routes(),
         *binding.sources.routes(),
         *registration.routes(),
+        Route("/openapi.json", openapi_endpoint, methods=["GET"]),
         *ConsoleBinding(binding).routes(),
     ]
-    app = _FieldApp(
+    app = (_CORSFieldApp if config.cors_origin else _FieldApp)(
         binding,
         routes=routes,
         lifespan=lifespan,
