@@ -354,14 +354,14 @@
   function renderAgents(agents) {
     $("agents-count").textContent = agents.total > agents.listed.length
       ? `${agents.listed.length} of ${number(agents.total)} shown` : `${number(agents.total)}`;
-    const rows = agents.listed.map((a) => h("tr", { "data-agent": a.id },
+    const rows = agents.listed.map(({ agent: a, connections }) => h("tr", { "data-agent": a.id },
       h("td", { "data-label": "Agent" }, h("code", {}, a.id)),
       h("td", { "data-label": "Role" }, a.role),
       h("td", { "data-label": "Status" },
         h("span", { class: `badge ${a.status}` }, a.status),
         a.failure_reason ? h("div", { class: "reason" }, a.failure_reason) : null),
       h("td", { "data-label": "Authority" }, `${a.authority} · ${AUTHORITY[a.authority] || "custom"}`),
-      h("td", { "data-label": "Connections" }, kinds(a.connections) || "none")));
+      h("td", { "data-label": "Connections" }, kinds(connections) || "none")));
     $("agents").replaceChildren(...(rows.length ? rows : [emptyRow(5, "No agent is registered yet.")]));
   }
 
@@ -372,18 +372,19 @@
         "or escalate it to the operator."
       : "Resolving conflicts needs authority 6 or more; you can watch them here.";
     $("rationale-label").hidden = !viewer.may_merge;
-    const key = JSON.stringify([viewer.id, viewer.may_merge, conflicts.listed.map((c) => [c.id, c.status])]);
+    const key = JSON.stringify([viewer.id, viewer.may_merge,
+      conflicts.listed.map(({ conflict: c }) => [c.id, c.status])]);
     if (key === conflictsKey) return;  // unchanged: keep the buttons under the pointer
     conflictsKey = key;
     const items = conflicts.listed.map((c) => conflictItem(s, c, viewer));
     $("conflicts").replaceChildren(...(items.length ? items : [h("li", { class: "empty" }, "No open conflict.")]));
   }
 
-  function conflictItem(s, c, viewer) {
+  function conflictItem(s, { conflict: c, units }, viewer) {
     // escalated conflicts are resolved by the operator alone
     const mayResolve = viewer.may_merge && (c.status !== "escalated" || viewer.operator);
     const unit = (key, label) => {
-      const u = c.units[key];
+      const u = units[key];
       if (!u) return h("div", { class: "unit" }, h("p", { class: "meta" }, `${label}: ${c[key]} (gone)`));
       const confidence = typeof u.confidence === "number" ? `, confidence ${u.confidence}` : "";
       return h("div", { class: "unit" },
@@ -433,21 +434,24 @@
     $("subscriptions-count").textContent = subscriptions.total > shown
       ? `${shown} of ${number(subscriptions.total)} shown`
       : `${number(subscriptions.total)}${viewer.operator ? "" : " of yours"}`;
-    const rows = subscriptions.listed.map((sub) => h("tr", { "data-subscription": sub.id },
-      h("td", { "data-label": "Subscription", title: sub.id }, sub.name || h("code", {}, sub.id)),
-      h("td", { "data-label": "Agent" }, sub.agent_id),
-      h("td", { "data-label": "Events", title: sub.events.join(", ") },
-        sub.events.length === EVENTS.length ? "all" : sub.events.join(", ")),
-      h("td", { "data-label": "Readers" }, kinds(sub.readers) || "none"),
-      h("td", { "data-label": "Lag", class: "lag" }, sub.lag === null ? "–" : number(sub.lag)),
-      h("td", { "data-label": "Outbox" }, number(sub.outbox)),
-      h("td", { "data-label": "Delivery" }, delivery(sub))));
+    const rows = subscriptions.listed.map((item) => {
+      const sub = item.subscription;
+      return h("tr", { "data-subscription": sub.id },
+        h("td", { "data-label": "Subscription", title: sub.id }, sub.name || h("code", {}, sub.id)),
+        h("td", { "data-label": "Agent" }, sub.agent_id),
+        h("td", { "data-label": "Events", title: sub.events.join(", ") },
+          sub.events.length === EVENTS.length ? "all" : sub.events.join(", ")),
+        h("td", { "data-label": "Readers" }, kinds(item.readers) || "none"),
+        h("td", { "data-label": "Lag", class: "lag" }, item.lag === null ? "–" : number(item.lag)),
+        h("td", { "data-label": "Outbox" }, number(item.outbox)),
+        h("td", { "data-label": "Delivery" }, delivery(sub, item.replaying)));
+    });
     $("subscriptions").replaceChildren(...(rows.length ? rows : [emptyRow(7, "No active subscription.")]));
   }
 
-  function delivery(sub) {
+  function delivery(sub, replaying) {
     const d = sub.delivery;
-    if (!d) return sub.replaying ? "stream (replaying)" : "stream";
+    if (!d) return replaying ? "stream (replaying)" : "stream";
     return [
       `${d.type} `, h("span", { class: `badge ${d.state}` }, d.state),
       d.last_error ? h("div", { class: "reason" }, d.last_error) : null,

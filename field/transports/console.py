@@ -489,7 +489,9 @@ def _agents(state: FieldState, connections: dict[str, Counter[str]]) -> dict[str
     return {
         "total": len(state.agents),
         "by_status": dict(Counter(a.status for a in agents)),
-        "listed": [{**a.to_wire(), "connections": dict(connections.get(a.id, {}))} for a in listed],
+        "listed": [
+            {"agent": a.to_wire(), "connections": dict(connections.get(a.id, {}))} for a in listed
+        ],
     }
 
 
@@ -506,7 +508,7 @@ def _conflicts(state: FieldState, viewer: AgentRecord, operator: bool) -> dict[s
         if len(listed) < LISTED_CONFLICTS:
             shown = {key: conflict[key] for key in ("unit_a", "unit_b") if conflict[key] in units}
             excerpts = {key: _excerpt(units[unit_id]) for key, unit_id in shown.items()}
-            listed.append({**conflict, "units": excerpts})
+            listed.append({"conflict": conflict, "units": excerpts})
     return {"open": visible, "listed": listed}
 
 
@@ -580,8 +582,13 @@ def _subscriptions(
         total = len(wanted)
     active = [s for s in wanted if state.subscriptions[s].get("status") == "active"]
     shown = [_subscription(field, s, streams.get(s)) for s in active]
-    shown.sort(key=lambda s: (-(s["lag"] or 0), s["agent_id"], s["id"]))
+    shown.sort(key=_most_lag_first)
     return {"total": total, "listed": shown[:LISTED_SUBSCRIPTIONS]}
+
+
+def _most_lag_first(shown: dict[str, Any]) -> tuple[int, str, str]:
+    subscription = shown["subscription"]
+    return -(shown["lag"] or 0), subscription["agent_id"], subscription["id"]
 
 
 def _subscription(
@@ -593,10 +600,10 @@ def _subscription(
         lag: int | None = delivery.get("owed", 0)
     else:
         lag = None if stream is None else stream.lag
-    wire.update(
-        readers={} if stream is None else dict(stream.readers),
-        outbox=0 if stream is None else stream.outbox,
-        lag=lag,
-        replaying=stream is not None and stream.replaying,
-    )
-    return wire
+    return {
+        "subscription": wire,
+        "readers": {} if stream is None else dict(stream.readers),
+        "outbox": 0 if stream is None else stream.outbox,
+        "lag": lag,
+        "replaying": stream is not None and stream.replaying,
+    }

@@ -731,6 +731,12 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         headers={"Cache-Control": {"schema": {"const": "no-store"}}},
         errors=(*AUTHENTICATED, *RATED),
         params=(_TOKEN,),
+        extra={
+            "x-events": {
+                "snapshot": ref("console-snapshot"),
+                "end": ref("console-snapshot", "/$defs/end"),
+            }
+        },
     ),
 )
 
