@@ -21,8 +21,15 @@ import pytest
 
 from field.client import AgentClient, FieldClient, Relation
 from field.client.sse import SSEParser
+from field.config import Config
+from field.core.field import Field
+from field.service import FieldService
+from field.store.memory import MemoryEventLog
 from field.subscriptions.outbox import Frame, Outbox
 from field.transports import console
+from field.transports.console import ConsoleFeed, viewer_of
+from field.transports.http import HTTPBinding
+from field.transports.push import PushHub
 
 from .conftest import ServerProcess, ThreadedServer
 from .schema_util import assert_valid
@@ -280,6 +287,57 @@ async def test_sigterm_ends_console_streams(
             assert event[0] == "snapshot"
     assert proc.stop(signal.SIGTERM, timeout=5) == 0
     assert [line for line in proc.lines if "ERROR" in line] == []
+
+
+async def test_lag_is_what_waits_for_a_reader() -> None:
+    """In process (the writer, its push hub, no sockets): a reader that has not read yet."""
+    service = FieldService(MemoryEventLog(), lambda: Field(operator_token=OPERATOR_TOKEN))
+    hub = PushHub(service)
+    binding = HTTPBinding(Config(data_dir=None, operator_token=OPERATOR_TOKEN))
+    binding.service, binding.hub = service, hub
+    feed = ConsoleFeed(binding)
+    tokens: dict[str, str] = {}
+
+    async def send(operation: str, agent: str, payload: dict[str, Any]) -> dict[str, Any]:
+        body = {
+            "protocol": "akashik", "version": "0.1.0", "id": "m", "operation": operation,
+            "agent_id": agent, "session_id": None, "epoch": 0, "payload": payload,
+        }  # fmt: skip
+        token = tokens.get(agent)
+        outcome = await service.execute(lambda f: f.handle(body, token=token))
+        return outcome.response
+
+    await service.start()
+    try:
+        for agent in ("alice", "bob"):
+            payload = {"id": agent, "role": "analyst"}
+            tokens[agent] = (await send("REGISTER", agent, payload))["token"]
+        subscription = {"events": ["memory.recorded"]}
+        answer = await send(
+            "SUBSCRIBE", "alice", {"action": "subscribe", "subscription": subscription}
+        )
+        connection = hub.connect("alice", "sse")
+        hub.attach(connection, answer["subscription_id"], None)  # queues resume and live
+        for n in range(3):
+            unit = {
+                "type": "finding", "content": f"Reading {n}.", "intent": {"purpose": "lag"},
+                "confidence": {"score": 0.5, "reasoning": "a test"},
+            }  # fmt: skip
+            await send("RECORD", "bob", unit)
+        stream = feed.open(hub, viewer_of(service.field, OPERATOR_TOKEN))
+        (frame,) = stream.connection.outbox.drain_now(10)
+        snapshot = orjson.loads(frame.body)
+        assert_valid("console-snapshot", snapshot)
+        (listed,) = snapshot["subscriptions"]["listed"]
+        assert listed["subscription"]["id"] == answer["subscription_id"]
+        assert (listed["readers"], listed["outbox"], listed["lag"]) == ({"sse": 1}, 5, 3)
+        assert snapshot["agents"]["listed"][0]["connections"] == {"sse": 1}
+        assert snapshot["connections"] == {"sse": 1, "console": 1}
+    finally:
+        await feed.stop()
+        hub.shutdown()
+        await service.stop()
+    assert not feed.streams and hub.connections == {connection}
 
 
 def test_lag_counts_a_subscriptions_queued_notifications() -> None:

@@ -11,7 +11,7 @@ sender task) awaits :meth:`Outbox.get`.
 from __future__ import annotations
 
 import asyncio
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -170,10 +170,13 @@ class Outbox:
             self._frames = None  # idle: hold no queue
         return out
 
-    def tally(self, most: int) -> Counter[str] | None:
+    def tally(self, most: int) -> dict[str, int] | None:
         """The queued notifications (frames with a cursor) by subscription, or None when
         more than ``most`` frames are queued: counting is bounded, like everything else."""
         if len(self) > most:
             return None
-        frames = self._frames or ()
-        return Counter(f.subscription_id for f in frames if f.cursor and f.subscription_id)
+        counts: dict[str, int] = {}
+        for frame in self._frames or ():
+            if frame.cursor is not None and frame.subscription_id is not None:
+                counts[frame.subscription_id] = counts.get(frame.subscription_id, 0) + 1
+        return counts

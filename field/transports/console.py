@@ -208,8 +208,8 @@ class ConsoleFeed:
         self._changed: asyncio.Event | None = None
         #: the last tick's shared part, and the monotonic time it was built
         self._shared: tuple[bytes, float] | None = None
-        #: how each bound subscription is read, as of the last shared part
-        self._streams_now: dict[str, _StreamState] = {}
+        #: how the bound subscriptions are read, as of the last shared part
+        self._reading = _Reading()
 
     # -- streams ---------------------------------------------------------------------
 
@@ -240,6 +240,15 @@ class ConsoleFeed:
         if not self.streams and self._changed is not None:
             self._changed.set()  # the ticks stop at once
 
+    async def stop(self) -> None:
+        """End every stream, then the ticks (a server that stops ends the streams through
+        the hub: :meth:`PushHub.shutdown`)."""
+        for stream in list(self.streams):
+            stream.end(None)
+            self.close(stream)
+        if self._task is not None:
+            await self._task
+
     # -- ticks -----------------------------------------------------------------------
 
     def _run_ticks(self) -> None:
@@ -263,6 +272,8 @@ class ConsoleFeed:
                     async with asyncio.timeout(max(0.0, sample_at - loop.time())):
                         await changed.wait()
                 changed.clear()
+                if not self.streams:
+                    break
                 if loop.time() >= sample_at:
                     self.meter.sample(service.field.epoch)
                     sample_at = loop.time() + SNAPSHOT_SECONDS
@@ -310,7 +321,7 @@ class ConsoleFeed:
     def _shared_part(self, hub: PushHub) -> bytes:
         state = hub.field.state
         by_agent, by_kind = _connections(hub.connections)
-        self._streams_now = _stream_states(hub)
+        self._reading = _Reading(hub)
         return _inner(
             {
                 "at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
@@ -334,7 +345,7 @@ class ConsoleFeed:
                 "may_merge": record.authority >= authority.SENIOR,
             },
             "conflicts": _conflicts(field.state, record, viewer.operator),
-            "subscriptions": _subscriptions(field, viewer, self._streams_now),
+            "subscriptions": _subscriptions(field, viewer, self._reading),
         }
 
 
@@ -467,18 +478,24 @@ def _too_many(message: str) -> FieldError:
     )
 
 
-def _connections(connections: Iterable[Connection]) -> tuple[dict[str, Counter[str]], Counter[str]]:
+def _connections(
+    connections: Iterable[Connection],
+) -> tuple[dict[str, dict[str, int]], dict[str, int]]:
     """Push connections by agent (its own sockets only: WebSocket, SSE, MCP) and by kind."""
-    by_agent: dict[str, Counter[str]] = {}
-    by_kind: Counter[str] = Counter()
+    by_agent: dict[str, dict[str, int]] = {}
+    by_kind: dict[str, int] = {}
     for connection in connections:
-        by_kind[connection.kind] += 1
-        if connection.kind not in SINK_KINDS:
-            by_agent.setdefault(connection.agent_id, Counter())[connection.kind] += 1
+        kind = connection.kind
+        by_kind[kind] = by_kind.get(kind, 0) + 1
+        if kind not in SINK_KINDS:
+            mine = by_agent.get(connection.agent_id)
+            if mine is None:
+                mine = by_agent[connection.agent_id] = {}
+            mine[kind] = mine.get(kind, 0) + 1
     return by_agent, by_kind
 
 
-def _agents(state: FieldState, connections: dict[str, Counter[str]]) -> dict[str, Any]:
+def _agents(state: FieldState, connections: dict[str, dict[str, int]]) -> dict[str, Any]:
     """Failed agents first, then connected ones, then the rest; by id in each."""
     agents = state.agents.values()
     listed = heapq.nsmallest(
@@ -525,85 +542,88 @@ def _excerpt(unit: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-@dataclass(slots=True)
-class _StreamState:
-    """How a subscription is being read now."""
+class _Reading:
+    """How the bound subscriptions are read now: the hub's streams gathered once a tick
+    (one pass), each listed subscription's figures counted when asked for, each outbox
+    counted at most once and all of them within :data:`TALLY_BUDGET` frames."""
 
-    #: push connections reading it, by kind
-    readers: Counter[str]
-    #: frames waiting in those connections' outboxes
-    outbox: int = 0
-    #: its notifications among them; None when an outbox was too deep to count
-    lag: int | None = 0
-    replaying: bool = False
+    def __init__(self, hub: PushHub | None = None) -> None:
+        self.streams: dict[str, list[tuple[Connection, bool]]] = {}
+        #: frames waiting for each bound subscription's readers, where there are any
+        self.waiting: dict[str, int] = {}
+        for subscription_id, connection, replaying in () if hub is None else hub.stream_states():
+            bound = self.streams.get(subscription_id)
+            if bound is None:
+                self.streams[subscription_id] = [(connection, replaying)]
+            else:
+                bound.append((connection, replaying))
+            if depth := len(connection.outbox):
+                self.waiting[subscription_id] = self.waiting.get(subscription_id, 0) + depth
+        self._tallies: dict[int, dict[str, int] | None] = {}
+        self._budget = TALLY_BUDGET
 
+    def progress(self, subscription_id: str) -> dict[str, Any]:
+        """``readers``, ``outbox``, ``lag`` (its notifications among those frames; None when
+        nothing reads it, or an outbox is too deep to count) and ``replaying``."""
+        bound = self.streams.get(subscription_id, ())
+        readers: dict[str, int] = {}
+        lag: int | None = 0 if bound else None
+        for connection, _ in bound:
+            readers[connection.kind] = readers.get(connection.kind, 0) + 1
+            tally = self._tally(connection)
+            lag = None if tally is None or lag is None else lag + tally.get(subscription_id, 0)
+        return {
+            "readers": readers,
+            "outbox": self.waiting.get(subscription_id, 0),
+            "lag": lag,
+            "replaying": any(replaying for _, replaying in bound),
+        }
 
-def _stream_states(hub: PushHub) -> dict[str, _StreamState]:
-    """Every bound subscription's readers, outbox depth and lag (one pass over the hub's
-    streams; outboxes counted once each, within :data:`TALLY_BUDGET` frames)."""
-    states: dict[str, _StreamState] = {}
-    tallies: dict[int, Counter[str] | None] = {}
-    budget = TALLY_BUDGET
-    for subscription_id, connection, replaying in hub.stream_states():
-        outbox = connection.outbox
+    def _tally(self, connection: Connection) -> dict[str, int] | None:
         key = id(connection)
-        if key not in tallies:
-            tallies[key] = outbox.tally(budget)
-            budget -= len(outbox)
-        tally = tallies[key]
-        state = states.get(subscription_id)
-        if state is None:
-            state = states[subscription_id] = _StreamState(Counter())
-        state.readers[connection.kind] += 1
-        state.outbox += len(outbox)
-        state.replaying = state.replaying or replaying
-        if tally is None or state.lag is None:
-            state.lag = None
-        else:
-            state.lag += tally[subscription_id]
-    return states
+        if key not in self._tallies:
+            outbox = connection.outbox
+            self._tallies[key] = outbox.tally(self._budget)
+            self._budget -= len(outbox)
+        return self._tallies[key]
 
 
-def _subscriptions(
-    field: Field, viewer: Viewer, streams: dict[str, _StreamState]
-) -> dict[str, Any]:
-    """The active subscriptions the viewer may see (its own; the operator: all), those read
-    now or delivered by the Field first, most lag first."""
+def _subscriptions(field: Field, viewer: Viewer, reading: _Reading) -> dict[str, Any]:
+    """The active subscriptions the viewer may see (its own; the operator: every agent's),
+    those read now or delivered by the Field first, those with the most waiting first."""
     state = field.state
     if viewer.operator:
         total = sum(len(ids) for ids in state.active_subscriptions.values())
-        wanted = {s for s in (*streams, *state.deliveries) if s in state.subscriptions}
+        wanted = {s for s in (*reading.streams, *state.deliveries) if s in state.subscriptions}
         for agent_id in state.active_subscriptions:
             if len(wanted) >= LISTED_SUBSCRIPTIONS:
                 break
-            wanted.update(sorted(state.active_subscriptions[agent_id]))
+            wanted.update(state.active_subscriptions[agent_id])
     else:
         wanted = set(state.active_subscriptions.get(viewer.id, ()))
         total = len(wanted)
-    active = [s for s in wanted if state.subscriptions[s].get("status") == "active"]
-    shown = [_subscription(field, s, streams.get(s)) for s in active]
-    shown.sort(key=_most_lag_first)
-    return {"total": total, "listed": shown[:LISTED_SUBSCRIPTIONS]}
+    subscriptions, waiting, owed = state.subscriptions, reading.waiting, field.delivery_status
+    order = [
+        (-waiting.get(s, 0) - _owed(owed, s, state.deliveries), subscriptions[s]["agent_id"], s)
+        for s in wanted
+        if subscriptions[s].get("status") == "active"
+    ]
+    listed = heapq.nsmallest(LISTED_SUBSCRIPTIONS, order)
+    return {"total": total, "listed": [_subscription(field, s, reading) for *_, s in listed]}
 
 
-def _most_lag_first(shown: dict[str, Any]) -> tuple[int, str, str]:
-    subscription = shown["subscription"]
-    return -(shown["lag"] or 0), subscription["agent_id"], subscription["id"]
+def _owed(status: Any, subscription_id: str, deliveries: dict[str, Any]) -> int:
+    """What the Field's own delivery of a subscription owes (0: it delivers none)."""
+    if status is None or subscription_id not in deliveries:
+        return 0
+    progress = status(subscription_id)
+    return int((progress or {}).get("owed", 0))
 
 
-def _subscription(
-    field: Field, subscription_id: str, stream: _StreamState | None
-) -> dict[str, Any]:
+def _subscription(field: Field, subscription_id: str, reading: _Reading) -> dict[str, Any]:
     wire = subscribe.subscription_wire(field, subscription_id)
+    progress = reading.progress(subscription_id)
     delivery = wire.get("delivery")
     if delivery is not None:  # the Field delivers it: what its delivery owes
-        lag: int | None = delivery.get("owed", 0)
-    else:
-        lag = None if stream is None else stream.lag
-    return {
-        "subscription": wire,
-        "readers": {} if stream is None else dict(stream.readers),
-        "outbox": 0 if stream is None else stream.outbox,
-        "lag": lag,
-        "replaying": stream is not None and stream.replaying,
-    }
+        progress["lag"] = delivery.get("owed", 0)
+    return {"subscription": wire, **progress}
