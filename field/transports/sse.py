@@ -37,7 +37,7 @@ from ..core.context import Outcome
 from ..core.field import Field
 from ..errors import FieldError, internal_error
 from ..subscriptions.outbox import Frame, Outbox
-from .push import Connection, PushHub
+from .push import Connection, PushHub, count_notifications
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
 logger = logging.getLogger("field.sse")
@@ -160,6 +160,7 @@ async def _stream(hub: PushHub, connection: Connection, send: Send, subscription
     ends the stream with an ``overflow`` event if the consumer takes it at once."""
     outbox = connection.outbox
     most = hub.batch_size(SSE_BATCH)
+    sent = None if hub.counts is None else hub.counts.sender(connection.kind)
     #: the cursor the client can resume from: what it has been sent
     resume_from: str | None = None
     try:
@@ -175,7 +176,7 @@ async def _stream(hub: PushHub, connection: Connection, send: Send, subscription
                 continue
             if frame is None or connection.ended is _GONE:
                 break
-            chunk, last, cursor, notifications = _events(frame, outbox, most)
+            chunk, last, cursor, notifications = _events(frame, outbox, most, sent)
             await hub.pace(connection, notifications)
             async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
                 await send(_body(chunk))
@@ -184,7 +185,7 @@ async def _stream(hub: PushHub, connection: Connection, send: Send, subscription
                 break
             del frame, chunk  # an idle stream must not pin the frames it last sent
     except TimeoutError:
-        await _farewell(connection, send, subscription_id, resume_from)
+        await _farewell(hub, connection, send, subscription_id, resume_from)
         return
     try:
         async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
@@ -194,7 +195,7 @@ async def _stream(hub: PushHub, connection: Connection, send: Send, subscription
 
 
 async def _farewell(
-    connection: Connection, send: Send, subscription_id: str, resume_from: str | None
+    hub: PushHub, connection: Connection, send: Send, subscription_id: str, resume_from: str | None
 ) -> None:
     """The consumer stopped reading: end its stream with an ``overflow`` event holding the
     cursor of the last notification it was sent, if it takes it within
@@ -203,6 +204,8 @@ async def _farewell(
     if connection.ended is None:
         connection.ended = (4008, "send timed out")
         connection.outbox.close_with(None)
+        if hub.counts is not None:
+            hub.counts.overflows[(connection.kind, "send timed out")] += 1
     cursors = {subscription_id: resume_from} if resume_from is not None else {}
     data = {"reason": "send timed out: the consumer stopped reading", "cursors": cursors}
     last = _sse_event(Frame(orjson.dumps(data), "overflow"))
@@ -223,11 +226,13 @@ def _ping() -> bytes:
     return ServerSentEvent(comment=comment).encode()
 
 
-def _events(frame: Frame, outbox: Outbox, most: int) -> tuple[bytes, bool, str | None, int]:
+def _events(
+    frame: Frame, outbox: Outbox, most: int, tally: dict[str, int] | None = None
+) -> tuple[bytes, bool, str | None, int]:
     """``frame`` and what is queued behind it (``most`` frames at most) as one body chunk;
     whether the stream ends with it (an ``end`` or ``overflow`` event); the cursor a
     client that read it all resumes from (None: the chunk does not move it); how many
-    notifications it holds."""
+    notifications it holds (counted in ``tally`` by event, if given)."""
     frames = [frame]
     if frame.kind not in _LAST:
         for queued in outbox.drain_now(most - 1):
@@ -239,7 +244,7 @@ def _events(frame: Frame, outbox: Outbox, most: int) -> tuple[bytes, bool, str |
         cursor = _resume_point(sent)
         if cursor is not None:
             break
-    notifications = sum(f.cursor is not None for f in frames)
+    notifications = count_notifications(frames, tally)
     return b"".join(_sse_event(f) for f in frames), frames[-1].kind in _LAST, cursor, notifications
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -30,7 +31,7 @@ from ..model import OPERATIONS
 from ..subscriptions.outbox import Frame
 from .delivery import check_webhook
 from .documents import decode_document
-from .push import Connection, PushHub
+from .push import Connection, PushHub, count_notifications
 from .wsprotocol import BATCH_EXTENSION, STALL_EXTENSION
 
 logger = logging.getLogger("field.streaming")
@@ -160,10 +161,12 @@ async def _ws_reader(
 async def _run_envelope(
     hub: PushHub, message: str | bytes, token: str | None, base_http: str, host: str | None = None
 ) -> tuple[Any, int, dict[str, Any]]:
+    started = time.perf_counter()
     msg_id = None
+    body: Any = None
+    operation = None
     try:
         body = decode_document(message, hub.field.limits, what="the message")
-        operation = None
         if isinstance(body, dict):
             msg_id = _echoed_id(body.get("id"))
             operation = _known_operation(body.get("operation"))
@@ -176,10 +179,17 @@ async def _run_envelope(
             lambda field: field.handle(body, token=token, operation=None), operation=operation
         )
     except FieldError as error:
+        if hub.observer is not None:
+            hub.observer.operation("websocket", operation, started, error, body)
         return msg_id, error.http_status, error.to_response()
     except Exception:
         logger.exception("a WebSocket request failed")
-        return msg_id, 500, internal_error().to_response()
+        error = internal_error()
+        if hub.observer is not None:
+            hub.observer.operation("websocket", operation, started, error, body)
+        return msg_id, error.http_status, error.to_response()
+    if hub.observer is not None:
+        hub.observer.operation("websocket", operation, started, outcome, body)
     return msg_id, 200, absolute_urls(outcome.response, base_http)
 
 
@@ -216,6 +226,7 @@ async def _ws_sender(
     """
     outbox = connection.outbox
     most = hub.batch_size(SEND_BATCH + 1)
+    sent = None if hub.counts is None else hub.counts.sender(connection.kind)
     try:
         while True:
             frame = await outbox.get()
@@ -223,7 +234,7 @@ async def _ws_sender(
                 break
             # send what is queued in one go; the timeout bounds a consumer that stalls
             batch = [frame, *outbox.drain_now(most - 1)]
-            await hub.pace(connection, sum(queued.cursor is not None for queued in batch))
+            await hub.pace(connection, count_notifications(batch, sent))
             if send is not None:
                 texts = [_ws_frame(queued) for queued in batch]
                 await send({"type": BATCH_EXTENSION, "texts": texts})
