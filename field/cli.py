@@ -388,6 +388,12 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
         super().__init__(config)
         self.app = app
+        #: the loop the server runs on (a signal handler may run elsewhere)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
@@ -395,10 +401,18 @@ class _Server(uvicorn.Server):
             return
         self.should_exit = True
         # End push streams ourselves, before uvicorn drops the connections:
-        # WebSockets close with 1001 and SSE responses end cleanly.
+        # WebSockets close with 1001 and SSE streams end with a shutdown event.
+        hub = getattr(self.app.state, "push_hub", None)
+        if hub is not None and self._loop is not None:
+            self._loop.call_soon_threadsafe(hub.shutdown)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's, after the push streams are told to end (the call above may not have
+        run yet): every stream ends the Field's way, whatever uvicorn then does."""
         hub = getattr(self.app.state, "push_hub", None)
         if hub is not None:
-            asyncio.get_event_loop().call_soon_threadsafe(hub.shutdown)
+            hub.shutdown()
+        await super().shutdown(sockets)
 
 
 #: Garbage-collector thresholds of ``field serve``. Fanning out makes many short-lived

@@ -80,6 +80,8 @@ def _middle(name: str, flags: int, requires_action: bool) -> bytes:
 
 
 REPLAY_PAGE = 2000
+#: ``Connection.ended`` of every connection when the server stops (close code, reason).
+SHUTDOWN = (1001, "server shutting down")
 #: Default of ``--max-push-per-agent``.
 DEFAULT_MAX_PER_AGENT = 16
 
@@ -338,7 +340,7 @@ class PushHub:
     def shutdown(self) -> None:
         """End every connection (the server is stopping) and cancel replays."""
         for connection in list(self.connections):
-            self.end(connection, 1001, "server shutting down", None)
+            self.end(connection, *SHUTDOWN, None)
         for task in list(self._tasks):
             task.cancel()
         if self._timer is not None:

@@ -16,7 +16,8 @@ going away is noticed by stepping the server's ``receive()`` by hand
 what is not plain (:class:`ServerSentEvent`): pings, and bodies with line
 breaks. A server that stops ends every stream through the hub
 (:meth:`PushHub.shutdown` closes every outbox), which is what
-sse-starlette's shutdown listener was for.
+sse-starlette's shutdown listener was for; the stream's last event is then
+``shutdown``, with the cursor to resume from.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ..core.context import Outcome
 from ..core.field import Field
 from ..errors import FieldError, internal_error
 from ..subscriptions.outbox import Frame, Outbox
-from .push import Connection, PushHub, count_notifications
+from .push import SHUTDOWN, Connection, PushHub, count_notifications
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
 logger = logging.getLogger("field.sse")
@@ -156,13 +157,16 @@ async def _stream(hub: PushHub, connection: Connection, send: Send, subscription
     """Send the response: the head, then the outbox's frames as events (each chunk once
     its notifications' tokens are there, :meth:`PushHub.pace`), a ping comment
     whenever the outbox has been empty for :data:`SSE_PING_SECONDS`, and the end of the
-    body once the outbox closes. A send that blocks for :data:`SEND_TIMEOUT_SECONDS`
+    body once the outbox closes (with a ``shutdown`` event if the server is stopping:
+    :func:`_shutdown_event`). A send that blocks for :data:`SEND_TIMEOUT_SECONDS`
     ends the stream with an ``overflow`` event if the consumer takes it at once."""
     outbox = connection.outbox
     most = hub.batch_size(SSE_BATCH)
     sent = None if hub.counts is None else hub.counts.sender(connection.kind)
     #: the cursor the client can resume from: what it has been sent
     resume_from: str | None = None
+    #: the response's last message (the server stopping says so first)
+    closing = _END
     try:
         async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
             await send(_START)
@@ -175,6 +179,8 @@ async def _stream(hub: PushHub, connection: Connection, send: Send, subscription
                     await send(_body(_ping()))
                 continue
             if frame is None or connection.ended is _GONE:
+                if frame is None and connection.ended == SHUTDOWN:
+                    closing = _closing(_shutdown_event(subscription_id, resume_from))
                 break
             chunk, last, cursor, notifications = _events(frame, outbox, most, sent)
             await hub.pace(connection, notifications)
@@ -189,7 +195,7 @@ async def _stream(hub: PushHub, connection: Connection, send: Send, subscription
         return
     try:
         async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-            await send(_END)
+            await send(closing)
     except TimeoutError:  # everything was sent but the end: nothing more to say
         logger.warning("an SSE consumer of agent %s stopped reading", connection.agent_id)
 
@@ -214,6 +220,17 @@ async def _farewell(
             await send({"type": "http.response.body", "body": last, "more_body": False})
     except TimeoutError:
         pass
+
+
+def _shutdown_event(subscription_id: str, resume_from: str | None) -> bytes:
+    """The last event of a stream whose server is stopping: reconnect, and resume from
+    ``cursor`` (where the stream stands: as good as the last event id received)."""
+    data = {"subscription_id": subscription_id, "reason": SHUTDOWN[1], "cursor": resume_from}
+    return _sse_event(Frame(orjson.dumps(data), "shutdown"))
+
+
+def _closing(chunk: bytes) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": chunk, "more_body": False}
 
 
 def _body(chunk: bytes) -> dict[str, Any]:

@@ -9,7 +9,9 @@ WebSocket close codes: 4401 authentication failed, 4429 the agent holds as
 many push connections as it may, 4008 the consumer was too slow, whichever
 bound it reached (its outbox, a send waiting for the socket, an unanswered
 ping; resume from the cursors of the ``overflow`` frame), 4409 the agent
-deregistered, 1001 the server is stopping. (A message over the size limit is
+deregistered, 1001 the server is stopping (reason ``server shutting down``, after
+what is queued, however the stop reaches the connection: :data:`SHUTDOWN_EXTENSION`).
+(A message over the size limit is
 answered and closed with 1009 by ``field serve``'s protocol.)
 """
 
@@ -32,7 +34,7 @@ from ..subscriptions.outbox import Frame
 from .delivery import check_webhook
 from .documents import decode_document
 from .push import Connection, PushHub, count_notifications
-from .wsprotocol import BATCH_EXTENSION, STALL_EXTENSION
+from .wsprotocol import BATCH_EXTENSION, SHUTDOWN_CLOSE, SHUTDOWN_EXTENSION, STALL_EXTENSION
 
 logger = logging.getLogger("field.streaming")
 
@@ -144,6 +146,9 @@ async def _ws_reader(
         message = await receive()
         if message["type"] == STALL_EXTENSION:
             hub.overflow(connection, message["reason"], message["detail"])
+            return
+        if message["type"] == SHUTDOWN_EXTENSION:  # what is queued, then close 1001
+            hub.end(connection, *SHUTDOWN_CLOSE, None)
             return
         if message["type"] != "websocket.receive":  # websocket.disconnect
             return
