@@ -26,6 +26,7 @@ from field.transports.metrics import OTHER, Metrics
 
 from .conftest import ThreadedServer
 from .test_push import open_ws, record, sse_stream, subscribe
+from .test_rap import Runtime
 from .test_webhooks import Receiver, webhook
 
 StartServer = Callable[..., ThreadedServer]
@@ -341,3 +342,18 @@ async def test_metrics_of_an_agent_do_not_need_its_token(field_server: ThreadedS
 async def _metrics_text(url: str) -> str:
     async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as r:
         return await r.text()
+
+
+async def test_rap_invocations_are_counted(server_factory: StartServer) -> None:
+    server = server_factory(webhook_allow_net=("127.0.0.0/8",))
+    runtime = await Runtime().start()
+    try:
+        async with FieldClient(server.url) as field:
+            agent = await field.register("analyst-1", "analyst")
+            scope = {"scope": {"include_own": True}}
+            await runtime.call(server.url, agent.token, "akashik_attune", scope, "call-1")
+            samples = await scrape(server.url)  # counted before the tool result was sent
+    finally:
+        await runtime.stop()
+    ok = {"transport": "rap", "operation": "ATTUNE", "outcome": "ok"}
+    assert value(samples, "field_operations_total", **ok) == 1

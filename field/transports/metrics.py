@@ -16,10 +16,17 @@ deliveries. The few counted as they happen are kept cheap:
   the senders keep (:class:`~field.transports.push.PushCounts`), turned into
   counters at scrape time.
 
+Measured: 1.2 us per operation, 24 ns per notification, 0.6 us per committed
+batch (``benchmarks/README.md``, "Metrics on the hot path").
+
 **Cardinality is bounded**: no label names an agent, a subscription or a
 client. Every label value is from a closed set (the operations, the error
 codes, the transports, the event names, the close reasons); anything else is
 counted as ``other``.
+
+A scrape runs on the event loop and walks every agent (their statuses) and
+every push connection (their outbox depths) once: its cost grows with both,
+and nothing else's does.
 
 ``--no-metrics`` turns all of it off: no ``/metrics`` route, nothing counted.
 ``--metrics-token-file`` makes ``/metrics`` ask for that bearer token;
@@ -79,6 +86,8 @@ _OPERATIONS = frozenset(OPERATIONS)
 _CODES = frozenset(HTTP_STATUS)
 _EVENTS = frozenset(SUBSCRIPTION_EVENTS)
 _AGENT_STATUSES = frozenset(AGENT_STATUSES)
+#: The transports operations come in by.
+OPERATION_TRANSPORTS = frozenset({"http", "websocket", "rap"})
 #: The hub's connection kinds, as the ``transport`` label names them.
 TRANSPORTS = {"ws": "websocket", "sse": "sse", "webhook": "webhook", "rap": "rap"}
 #: The bounds a push connection is ended at (its close reason).
@@ -162,7 +171,7 @@ class Metrics:
         (a key of unknown values shares the ``other`` children, and is not kept)."""
         name = _bounded(operation, _OPERATIONS)
         result = outcome if outcome == OK else _bounded(outcome, _CODES)
-        via = transport if transport in ("http", "websocket") else OTHER
+        via = transport if transport in OPERATION_TRANSPORTS else OTHER
         children = (self._operations.labels(via, name, result), self._latency.labels(name))
         if (via, name, result) == (transport, operation, outcome):
             self._children[(transport, operation, outcome)] = children
@@ -203,7 +212,7 @@ class Metrics:
         return [Route("/metrics", self.endpoint, methods=["GET"])]
 
     async def endpoint(self, request: Request) -> Response:
-        if self.token is not None and not self._authorized(request):
+        if self.token is not None and not _authorized(request, self.token):
             error = FieldError(
                 "/metrics needs the metrics token as a bearer token",
                 code=Code.UNAUTHENTICATED,
@@ -216,12 +225,13 @@ class Metrics:
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
         return Response(encoder(self.registry), media_type=None, headers=_type(content_type))
 
-    def _authorized(self, request: Request) -> bool:
-        scheme, _, token = request.headers.get("authorization", "").partition(" ")
-        assert self.token is not None
-        return scheme.lower() == "bearer" and hmac.compare_digest(
-            token.strip().encode(), self.token.encode()
-        )
+
+def _authorized(request: Request, token: str) -> bool:
+    """Whether ``request`` carries ``token`` as its bearer token (compared in constant time)."""
+    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    return scheme.lower() == "bearer" and hmac.compare_digest(
+        given.strip().encode(), token.encode()
+    )
 
 
 def _type(content_type: str) -> dict[str, str]:
