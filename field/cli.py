@@ -249,6 +249,23 @@ def _parser() -> argparse.ArgumentParser:
         help="log every HTTP request and every operation, with its agent, status and "
         "duration (default off)",
     )
+    serve.add_argument(
+        "--cors-origin",
+        action="append",
+        metavar="ORIGIN",
+        help="an origin whose browser pages may call the Field, open SSE streams and "
+        "WebSockets, e.g. https://app.example.com (* for any); repeat for more (none)",
+    )
+    serve.add_argument(
+        "--mcp-max-sessions",
+        type=int,
+        help="most MCP sessions open at once over HTTP (/mcp); past it 503 (1000)",
+    )
+    serve.add_argument(
+        "--mcp-idle-timeout",
+        type=float,
+        help="seconds an MCP session may go with no request in flight before it ends (600)",
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -362,6 +379,9 @@ def _config(args: argparse.Namespace) -> Config:
         agent_burst=args.agent_burst,
         notify_rate=args.notify_rate,
         notify_burst=args.notify_burst,
+        cors_origin=tuple(args.cors_origin) if args.cors_origin else None,
+        mcp_max_sessions=args.mcp_max_sessions,
+        mcp_idle_timeout=args.mcp_idle_timeout,
         **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None
@@ -403,15 +423,19 @@ class _Server(uvicorn.Server):
         # End push streams ourselves, before uvicorn drops the connections:
         # WebSockets close with 1001 and SSE streams end with a shutdown event.
         hub = getattr(self.app.state, "push_hub", None)
-        if hub is not None and self._loop is not None:
-            self._loop.call_soon_threadsafe(hub.shutdown)
+        mcp = getattr(self.app.state, "mcp", None)  # MCP sessions' streams end likewise
+        if self._loop is not None:
+            for stop in (hub, mcp):
+                if stop is not None:
+                    self._loop.call_soon_threadsafe(stop.shutdown)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """uvicorn's, after the push streams are told to end (the call above may not have
         run yet): every stream ends the Field's way, whatever uvicorn then does."""
-        hub = getattr(self.app.state, "push_hub", None)
-        if hub is not None:
-            hub.shutdown()
+        for name in ("push_hub", "mcp"):
+            stop = getattr(self.app.state, name, None)
+            if stop is not None:
+                stop.shutdown()
         await super().shutdown(sockets)
 
 

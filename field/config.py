@@ -23,6 +23,7 @@ from .core.validation import duration_seconds
 from .model import Limits
 from .subscriptions.delivery import RetryPolicy
 from .subscriptions.outbox import PushLimits
+from .transports.cors import parse_origins
 from .transports.delivery import DeliverySettings
 from .transports.push import DEFAULT_MAX_PER_AGENT
 from .transports.ratelimits import (
@@ -144,6 +145,14 @@ class Config:
     #: and at once; past them they wait in the outbox. 0: no limit.
     notify_rate: float = DEFAULT_NOTIFY_RATE
     notify_burst: int = DEFAULT_NOTIFY_BURST
+    #: Origins whose browser pages may call the Field, open SSE streams and WebSockets
+    #: (``--cors-origin``, repeatable; ``*``: any); none by default (``field.transports.cors``).
+    cors_origin: tuple[str, ...] = ()
+    #: Most MCP sessions open at once over HTTP (``/mcp``); past it a new one is 503.
+    mcp_max_sessions: int = 1000
+    #: Seconds an MCP session may go with no request in flight (an open GET stream is one)
+    #: before it ends.
+    mcp_idle_timeout: float = 600.0
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
     #: Serve ``GET /metrics`` and count what it shows; off (``--no-metrics``): neither.
@@ -211,14 +220,17 @@ class Config:
             rate = getattr(self, name)
             if not (math.isfinite(rate) and rate >= 0):
                 raise ValueError(f"{name} must be a number, 0 (no limit) or more, not {rate}")
-        for name in ("agent_burst", "notify_burst"):
+        for name in ("agent_burst", "notify_burst", "mcp_max_sessions"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if not (math.isfinite(self.mcp_idle_timeout) and 0 < self.mcp_idle_timeout <= MAX_TIMEOUT):
+            raise ValueError(f"mcp_idle_timeout must be a positive number, at most {MAX_TIMEOUT:g}")
         self._check_registration()
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be text or json, not {self.log_format[:20]!r}")
         if self.metrics_token is not None and len(self.metrics_token) < 16:
             raise ValueError("metrics_token must be at least 16 characters")
+        object.__setattr__(self, "cors_origin", parse_origins(self.cors_origin))
 
     def admission_policy(self) -> AdmissionPolicy:
         """The targets of admission control."""
@@ -341,6 +353,7 @@ _INTEGERS = (
     "register_burst",
     "agent_burst",
     "notify_burst",
+    "mcp_max_sessions",
 )
 _FLOATS = (
     "failure_grace",
@@ -355,6 +368,7 @@ _FLOATS = (
     "register_rate",
     "agent_rate",
     "notify_rate",
+    "mcp_idle_timeout",
 )
 
 
@@ -372,6 +386,8 @@ def _parse(name: str, raw: str) -> Any:
         except ValueError:
             what = "an integer" if kind is int else "a number"
             raise ValueError(f"FIELD_{name.upper()} must be {what}, not {raw[:40]!r}") from None
+    if name == "cors_origin":  # comma- or space-separated origins
+        return tuple(part for part in raw.replace(",", " ").split() if part)
     if name in _SWITCHES:
         flag = raw.strip().lower()
         if flag not in _BOOLEANS:

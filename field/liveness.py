@@ -1,14 +1,23 @@
 """Liveness: agents that go silent are declared failed.
 
-An agent is live while it holds a push connection (WebSocket or SSE) or
-has been heard from (any authenticated request) within
-``heartbeat_timeout`` seconds. When its last connection drops, it has
-``failure_grace`` seconds to come back (reconnect or send anything);
-otherwise, and when it stays silent past ``heartbeat_timeout`` with no
-connection, the :class:`Liveness` monitor runs :meth:`Field.fail_agent`
-through the service like any operation: an ``agent.failed`` entry, made
-durable, pushed to subscribers. A failed agent that is heard from again
-recovers (``agent.recovered``).
+One rule (documented in ``protocol/README.md``, "Liveness"). An agent is
+**live** while any of these holds:
+
+* it holds a push connection (WebSocket or SSE);
+* it was *heard from* (a request that succeeded, or opening a push
+  connection) less than ``heartbeat_timeout`` seconds ago;
+* its last push connection closed less than ``failure_grace`` seconds ago.
+
+Otherwise the :class:`Liveness` monitor runs :meth:`Field.fail_agent`
+through the service like any operation: an ``agent.failed`` entry whose
+``reason`` says which of these ran out, made durable, pushed to
+subscribers. So an agent heard from within ``heartbeat_timeout`` is never
+failed because a connection closed, and one whose connection closed gets
+at least ``failure_grace`` to come back. ``heartbeat_timeout`` 0 turns the
+second rule off for silence alone: an agent is then failed only when its
+last push connection closed and nothing was heard from it since, for
+``failure_grace``. A failed agent that is heard from again recovers
+(``agent.recovered``).
 
 The same monitor expires subscriptions: one whose agent has had no activity
 for its effective timeout (its own ``timeout``, at most
@@ -70,7 +79,6 @@ class Liveness:
 
     def seen(self, agent_id: str) -> None:
         self._heard[agent_id] = self._clock()
-        self._dropped.pop(agent_id, None)
 
     def connected(self, agent_id: str) -> None:
         self._connections[agent_id] += 1
@@ -106,15 +114,41 @@ class Liveness:
         for agent_id, agent in self.service.field.state.agents.items():
             if agent.status == "failed" or agent_id in self._connections:
                 continue
-            heard = self._heard.get(agent_id, self._started)
-            dropped = self._dropped.get(agent_id)
-            if dropped is not None and now - max(dropped, heard) >= self.failure_grace:
-                found.append(
-                    (agent_id, f"connection lost and not back within {self.failure_grace:g} s")
-                )
-            elif self.heartbeat_timeout and now - heard >= self.heartbeat_timeout:
-                found.append((agent_id, f"not heard from for {self.heartbeat_timeout:g} s"))
+            reason = self.failure(agent_id, now)
+            if reason is not None:
+                found.append((agent_id, reason))
         return found
+
+    def failure(self, agent_id: str, now: float) -> str | None:
+        """Why ``agent_id``, holding no push connection, is failed at ``now``; None while it
+        is live (heard from within ``heartbeat_timeout``, or its last connection closed
+        within ``failure_grace``)."""
+        heard = self._heard.get(agent_id, self._started)
+        dropped = self._dropped.get(agent_id)
+        grace, timeout = self.failure_grace, self.heartbeat_timeout
+        if dropped is not None and now - dropped < grace:
+            return None
+        if timeout:
+            if now - heard < timeout:
+                return None
+        elif dropped is None or heard > dropped:
+            return None  # silence alone never fails an agent
+        silent = _seconds(now - heard)
+        if dropped is None or (timeout and heard + timeout >= dropped + grace):
+            return (
+                f"not heard from for {silent} s (heartbeat_timeout {timeout:g} s) "
+                "and no push connection open"
+            )
+        closed = _seconds(now - dropped)
+        if heard <= dropped:
+            return (
+                f"no request in the {closed} s since its last push connection closed "
+                f"(failure_grace {grace:g} s)"
+            )
+        return (
+            f"no push connection for {closed} s (failure_grace {grace:g} s) and no request "
+            f"for {silent} s (heartbeat_timeout {timeout:g} s)"
+        )
 
     async def _run(self) -> None:
         tick = max(0.01, min(self.failure_grace, self.heartbeat_timeout or 60.0) / 4)
@@ -130,7 +164,6 @@ class Liveness:
                     continue
                 if outcome.entries:
                     logger.info("agent %s failed: %s", agent_id, reason)
-                self._dropped.pop(agent_id, None)
             for agent_id, idle in self.expiring():
                 try:
                     outcome = await self.service.execute(
@@ -187,3 +220,8 @@ class Liveness:
         task = asyncio.create_task(recover())
         self._recoveries.add(task)
         task.add_done_callback(self._recoveries.discard)
+
+
+def _seconds(duration: float) -> str:
+    """A duration for a reason: whole seconds, tenths below 10 s."""
+    return f"{duration:.0f}" if duration >= 10 else f"{duration:.1f}"

@@ -20,9 +20,10 @@ Three parts, outermost last:
 - :func:`build_server` and :func:`serve_stdio`: the MCP protocol, from the
   ``mcp`` package (an optional dependency: ``pip install 'akashik-field[mcp]'``).
 
-MCP is request/response: it cannot carry SUBSCRIBE's push notifications,
-so there is no subscribe tool, and MCP agents poll with
-``akashik_attune`` (``poll: true``; spec 10.2).
+This bridge does not push: there is no subscribe tool, and its agents poll
+with ``akashik_attune`` (``poll: true``; spec 10.2). ``field serve``'s own
+MCP endpoint (``/mcp``, :mod:`field.transports.mcp_http`) acts for the
+agent of its bearer token and pushes through subscription resources.
 
 Tokens: an agent's bearer token is held here, never shown in a tool
 result (REGISTER's included: the ``token`` field is removed), and never
@@ -34,7 +35,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,9 +53,10 @@ logger = logging.getLogger("field.mcp")
 INSTRUCTIONS = (
     "Tools of an Akashik Field: shared memory and coordination for agents. Register once with "
     "akashik_register, then record what you learn (akashik_record, with intent and "
-    "confidence) and read what others learned (akashik_attune). There are no push "
-    "notifications over MCP: poll with akashik_attune {poll: true}. A failed call returns "
-    "the Field's error body: code, message, recoverable and suggested_action say what to fix."
+    "confidence) and read what others learned (akashik_attune). This server does not push: "
+    "poll with akashik_attune {poll: true} to see what is new (the Field's own MCP endpoint, "
+    "/mcp over HTTP, pushes through subscription resources). A failed call returns the "
+    "Field's error body: code, message, recoverable and suggested_action say what to fix."
 )
 
 
@@ -137,19 +139,25 @@ class Bridge:
                 recoverable=False,
                 suggested_action="Call one of: " + ", ".join(TOOLS),
             )
-        args = dict(arguments or {})
+        outcome = await self._call(name, tool.operation, dict(arguments or {}))
+        logger.debug(
+            "%s: %s", name, outcome.body.get("code", "error") if outcome.is_error else "ok"
+        )
+        return outcome
+
+    async def _call(self, name: str, operation: str, args: dict[str, Any]) -> ToolOutcome:
         try:
-            if tool.operation == "REGISTER":
+            if operation == "REGISTER":
                 return await self._register(args)
-            agent = self._agent(args.pop("agent_id", None), tool.operation)
-            return await self._send(name, tool.operation, agent, args)
+            agent = self._agent(args.pop("agent_id", None), operation)
+            return await self._send(name, operation, agent, args)
         except _ToolError as refused:
             return refused.outcome
         except FieldClientError as exc:
             return ToolOutcome(exc.body, is_error=True)
         except (aiohttp.ClientError, OSError, TimeoutError, orjson.JSONDecodeError) as exc:
             # A body that is not JSON: something else than a Field answers at that URL.
-            return self._unreachable(tool.operation, exc)
+            return self._unreachable(operation, exc)
 
     def _agent(self, agent_id: Any, operation: str) -> AgentClient:
         if agent_id is None and len(self.agents) == 1:
@@ -259,31 +267,33 @@ def _follow_session(agent: AgentClient, args: dict[str, Any], response: dict[str
 def build_server(bridge: Bridge) -> Any:
     """An ``mcp`` low-level server whose tools call ``bridge``.
 
-    The handlers are installed directly (not with the ``call_tool``
-    decorator) so that the Field, not the MCP library, validates the
-    arguments: its errors carry the spec's codes and suggested actions.
+    The low-level server does not check tool arguments against their input
+    schemas: the Field does, so a bad call gets the Field's error code and
+    suggested action.
     """
     from mcp import types
     from mcp.server.lowlevel import Server
 
-    server: Server[Any] = Server("akashik-field", version=__version__, instructions=INSTRUCTIONS)
     tools = [
-        types.Tool(name=name, description=d["description"], inputSchema=d["inputSchema"])
+        types.Tool(name=name, description=d["description"], input_schema=d["inputSchema"])
         for name, d in tool_definitions().items()
     ]
 
-    async def list_tools(_: types.ListToolsRequest) -> types.ServerResult:
-        return types.ServerResult(types.ListToolsResult(tools=tools))
+    async def list_tools(_: Any, __: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=tools)
 
-    async def call_tool(request: types.CallToolRequest) -> types.ServerResult:
-        outcome = await bridge.call(request.params.name, request.params.arguments)
+    async def call_tool(_: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+        outcome = await bridge.call(params.name, params.arguments)
         text = types.TextContent(type="text", text=outcome.text)
-        return types.ServerResult(types.CallToolResult(content=[text], isError=outcome.is_error))
+        return types.CallToolResult(content=[text], is_error=outcome.is_error)
 
-    handlers: dict[type, Callable[[Any], Any]] = server.request_handlers
-    handlers[types.ListToolsRequest] = list_tools
-    handlers[types.CallToolRequest] = call_tool
-    return server
+    return Server(
+        "akashik-field",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
 
 
 async def serve_stdio(

@@ -17,6 +17,12 @@ Two bindings use it, and differ where their hosts differ:
   tool (its result is a secret the model must not see) and there is
   ``akashik_subscribe`` (:data:`SUBSCRIBE_TOOL`), whose notifications come
   back as RAP subscription events.
+* ``mcp_http`` (:mod:`field.transports.mcp_http`, ``/mcp`` of ``field serve``):
+  an MCP session acts for the agent of its bearer token, as RAP does, so no
+  register tool and no ``agent_id``; ``poll`` and the default session are
+  kept per MCP session; ``akashik_subscribe`` (:data:`MCP_SUBSCRIBE_TOOL`)
+  makes a subscription whose notifications are read from its resource
+  ``field://subscriptions/{id}``.
 """
 
 from __future__ import annotations
@@ -30,6 +36,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 __all__ = [
+    "MCP_HTTP_TOOLS",
+    "MCP_SUBSCRIBE_TOOL",
     "RAP_TOOLS",
     "SESSION_TOOLS",
     "SUBSCRIBE_TOOL",
@@ -40,7 +48,7 @@ __all__ = [
     "rap_tools",
 ]
 
-Binding = Literal["mcp", "rap"]
+Binding = Literal["mcp", "mcp_http", "rap"]
 
 URN_PREFIX = "urn:akashik-field:0.1.0:"
 
@@ -84,6 +92,17 @@ _MCP_SESSION = (
     "joined here; null for none)."
 )
 _RAP_SESSION = " session_id: the session the work belongs to (default null: none)."
+_HTTP_SESSION = (
+    " session_id: the envelope's session (default: the session this agent last created or "
+    "joined in this MCP session; null for none)."
+)
+_HTTP_POLL = (
+    "To see only what is new, set poll: true: each poll returns the units recorded since "
+    "this MCP session's previous poll (the first poll starts from epoch 0), oldest first, "
+    "max_units at a time. Or pass since_epoch yourself: the epoch of the previous "
+    "response. A page also ends where the response would pass the Field's size bound "
+    "(context_budget.limited_by says which bound ended it); a poll then continues there."
+)
 
 TOOLS: dict[str, Tool] = {
     "akashik_register": Tool(
@@ -96,7 +115,11 @@ TOOLS: dict[str, Tool] = {
     "akashik_record": Tool(
         "RECORD",
         _RECORD,
-        variants={"mcp": _RECORD + _MCP_SESSION, "rap": _RECORD + _RAP_SESSION},
+        variants={
+            "mcp": _RECORD + _MCP_SESSION,
+            "mcp_http": _RECORD + _HTTP_SESSION,
+            "rap": _RECORD + _RAP_SESSION,
+        },
     ),
     "akashik_attune": Tool(
         "ATTUNE",
@@ -104,6 +127,8 @@ TOOLS: dict[str, Tool] = {
         variants={
             "mcp": "Read what is relevant to you, ranked. scope defaults to your role and "
             "max_units 10. " + _POLL,
+            "mcp_http": "Read what is relevant to you, ranked. scope defaults to your role and "
+            "max_units 10. " + _HTTP_POLL,
             "rap": "Read what is relevant to you, ranked. scope defaults to your role and "
             "max_units 10. " + _SINCE,
         },
@@ -137,7 +162,9 @@ TOOLS: dict[str, Tool] = {
         extension=True,
         variants={
             "rap": "Leave the Field: the agent's token is revoked (every later call of these "
-            "tools fails) and its subscriptions end; its units stay."
+            "tools fails) and its subscriptions end; its units stay.",
+            "mcp_http": "Leave the Field: the agent's token is revoked (every later request of "
+            "this MCP connection fails) and its subscriptions end; its units stay.",
         },
     ),
     "akashik_session": Tool(
@@ -154,7 +181,11 @@ TOOLS: dict[str, Tool] = {
         "COORDINATE",
         _COORDINATE,
         extension=True,
-        variants={"mcp": _COORDINATE + _MCP_SESSION, "rap": _COORDINATE + _RAP_SESSION},
+        variants={
+            "mcp": _COORDINATE + _MCP_SESSION,
+            "mcp_http": _COORDINATE + _HTTP_SESSION,
+            "rap": _COORDINATE + _RAP_SESSION,
+        },
     ),
     "akashik_handoff": Tool(
         "HANDOFF",
@@ -178,6 +209,20 @@ SUBSCRIBE_TOOL = Tool(
     extension=True,
 )
 
+#: MCP over HTTP only: SUBSCRIBE, its notifications read from the subscription's resource.
+MCP_SUBSCRIBE_TOOL = Tool(
+    "SUBSCRIBE",
+    "Be told when something happens in the Field: action subscribe (the default) with events "
+    "(memory.recorded, conflict.detected, task.assigned, handoff.incoming, ...), "
+    "min_relevance 0..1, debounce_ms, include_own (your own actions too). The result names "
+    "the subscription and its resource field://subscriptions/{id}: subscribe to that "
+    "resource to be sent notifications/resources/updated when notifications are ready, then "
+    "read it: each read returns the notifications since this session's previous read (read "
+    "again while more is true). action unsubscribe (subscription_id) ends a subscription; "
+    "action list shows yours.",
+    extension=True,
+)
+
 _MCP_AGENT_NOTE = (
     " agent_id: the acting agent; may be left out while this server acts for exactly one."
 )
@@ -191,11 +236,21 @@ def rap_tools() -> dict[str, Tool]:
 
 
 RAP_TOOLS: dict[str, Tool] = rap_tools()
+#: The tools of an MCP session over HTTP: RAP's, with its own ``akashik_subscribe``.
+MCP_HTTP_TOOLS: dict[str, Tool] = {
+    name: MCP_SUBSCRIBE_TOOL if name == "akashik_subscribe" else tool
+    for name, tool in RAP_TOOLS.items()
+}
+_BINDING_TOOLS: dict[Binding, dict[str, Tool]] = {
+    "mcp": TOOLS,
+    "mcp_http": MCP_HTTP_TOOLS,
+    "rap": RAP_TOOLS,
+}
 
 
 def describe(name: str, binding: Binding) -> str:
     """What the model is told about tool ``name`` in ``binding``."""
-    tool = TOOLS.get(name) or RAP_TOOLS[name]
+    tool = _BINDING_TOOLS[binding].get(name) or TOOLS.get(name) or RAP_TOOLS[name]
     text = tool.variants.get(binding, tool.description)
     if binding == "mcp" and tool.operation != "REGISTER":
         text += _MCP_AGENT_NOTE
@@ -283,10 +338,32 @@ def _subscribe_schema() -> dict[str, Any]:
     }
 
 
+def _mcp_subscribe_schema() -> dict[str, Any]:
+    """``akashik_subscribe`` over MCP: the SUBSCRIBE actions, a new subscription's fields
+    flat beside them."""
+    fields = _subscribe_schema()["properties"]
+    del fields["associative"]
+    properties = {
+        "action": {
+            "type": "string",
+            "enum": ["subscribe", "unsubscribe", "list"],
+            "default": "subscribe",
+            "description": "subscribe: a new subscription (events needed); unsubscribe: end "
+            "subscription_id; list: your active subscriptions.",
+        },
+        "subscription_id": {
+            "type": "string",
+            "description": "The subscription to end (action unsubscribe).",
+        },
+        **fields,
+    }
+    return {"type": "object", "properties": properties, "additionalProperties": False}
+
+
 def input_schema(name: str, binding: Binding) -> dict[str, Any]:
     """The ``inputSchema`` of tool ``name`` in ``binding`` (a fresh copy)."""
     if name == "akashik_subscribe":
-        return _subscribe_schema()
+        return _mcp_subscribe_schema() if binding == "mcp_http" else _subscribe_schema()
     operation = TOOLS[name].operation
     schema = request_schema(operation)
     properties: dict[str, Any] = schema.setdefault("properties", {})
@@ -297,38 +374,52 @@ def input_schema(name: str, binding: Binding) -> dict[str, Any]:
             "May be left out while this server acts for exactly one agent.",
         }
         schema["required"] = [f for f in schema.get("required", []) if f != "agent_id"]
-    if binding == "rap" and operation == "DEREGISTER":  # the token's agent, always
+    if binding != "mcp" and operation == "DEREGISTER":  # the token's agent, always
         del properties["agent_id"]
         schema["required"] = []
-        schema["description"] = "No arguments: the agent the runtime acts for leaves."
+        schema["description"] = (
+            "No arguments: the agent "
+            + ("the runtime acts for" if binding == "rap" else "this MCP session acts for")
+            + " leaves."
+        )
     if name in SESSION_TOOLS:
         properties["session_id"] = {
             "type": ["string", "null"],
-            "description": "The envelope's session_id. Default: the session this agent last "
-            "created or joined through this server; null for none."
-            if binding == "mcp"
-            else "The envelope's session_id: the session the work belongs to. Default: null "
-            "(none).",
+            "description": _SESSION_ARGUMENT[binding],
         }
     if operation == "ATTUNE":
         schema["required"] = []
         scope = properties["scope"]
         scope["required"] = []
         scope["description"] = "Defaults: role = the agent's role, max_units = 10."
-        if binding == "mcp":
+        if binding != "rap":
             properties["poll"] = {
                 "type": "boolean",
                 "default": False,
-                "description": "Return only units newer than this agent's previous poll "
-                "(since_epoch kept by this server, starting at 0).",
+                "description": _POLL_ARGUMENT[binding],
             }
     return schema
+
+
+_SESSION_ARGUMENT: dict[Binding, str] = {
+    "mcp": "The envelope's session_id. Default: the session this agent last created or joined "
+    "through this server; null for none.",
+    "mcp_http": "The envelope's session_id. Default: the session this agent last created or "
+    "joined in this MCP session; null for none.",
+    "rap": "The envelope's session_id: the session the work belongs to. Default: null (none).",
+}
+_POLL_ARGUMENT: dict[Binding, str] = {
+    "mcp": "Return only units newer than this agent's previous poll (since_epoch kept by this "
+    "server, starting at 0).",
+    "mcp_http": "Return only units newer than this MCP session's previous poll (since_epoch "
+    "kept by the Field for the session, starting at 0).",
+}
 
 
 @functools.cache
 def definitions(binding: Binding) -> dict[str, dict[str, Any]]:
     """Every tool of ``binding``: ``{name: {"description", "inputSchema"}}``."""
-    names = TOOLS if binding == "mcp" else RAP_TOOLS
+    names = _BINDING_TOOLS[binding]
     return {
         name: {"description": describe(name, binding), "inputSchema": input_schema(name, binding)}
         for name in names

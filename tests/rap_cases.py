@@ -20,7 +20,7 @@ SCHEMAS = {
         "rap-subscription-event",
     ],
     "requests": ["rap-cancel-tool-call.request", "rap-close-thread.request"],
-    "responses": ["rap-cancel.response"],
+    "responses": ["rap-cancel.response", "rap-invoke.response"],
 }
 
 #: Objects the runtime sends whose unknown fields the Field ignores (later RAP versions).
@@ -111,6 +111,7 @@ VALID = [
         {"status": "ignored", "cancelled": [], "reason": "thread_id must be a string"},
         "ignored",
     ),
+    case("rap-invoke.response", {"status": "accepted"}, "accepted"),
 ]
 
 INVALID = [
@@ -137,4 +138,6 @@ INVALID = [
     case("rap-close-thread.request", {"thread_id": ""}, "empty-thread"),
     case("rap-cancel.response", {"status": "done", "cancelled": []}, "status"),
     case("rap-cancel.response", {"status": "ok"}, "no-list"),
+    case("rap-invoke.response", {"status": "ok"}, "status"),
+    case("rap-invoke.response", {"status": "accepted", "id": "call_abc123"}, "extra"),
 ]

@@ -221,13 +221,13 @@ def test_who_may_invite_and_who_may_join_uninvited(h: Harness) -> None:
     assert h.send("SESSION", "boss", invite)["session"]["invited"] == ["senior"]
     h.send("SESSION", "boss", join)
     h.send("SESSION", "operator", join)
-    # the creator comes back after leaving without an invitation
+    # the creator comes back after leaving without an invitation (and is listed first)
     h.send("SESSION", "alice", {"action": "leave", "session_id": sid})
     assert h.send("SESSION", "alice", join)["session"]["members"] == [
+        "alice",
         "bob",
         "boss",
         "operator",
-        "alice",
     ]
     assert_replays(h)
 

@@ -116,8 +116,8 @@ async def test_merge_replay_and_compact(agents: Agents) -> None:
 async def test_subscribe_list_and_unsubscribe(agents: Agents) -> None:
     alice = agents.alice
     created = await alice.subscribe(["memory.recorded"], min_relevance=0.2, include_own=True)
-    assert_valid("subscribe.response", created)
-    subscription_id = created["subscription_id"]
+    assert_valid("subscribe.response", created.response)
+    subscription_id = created.id
     listed = await alice.subscriptions()
     assert_valid("subscribe.response", listed)
     assert [s["id"] for s in listed["subscriptions"]] == [subscription_id]

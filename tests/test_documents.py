@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 from hypothesis import given, settings
@@ -120,3 +121,37 @@ def test_the_bounded_walk_agrees_with_the_definition(
         assert error.code in (Code.INVALID_JSON, Code.PAYLOAD_TOO_LARGE)
     else:
         assert depth <= max_depth and count <= max_items
+
+
+def test_numbers_without_a_fraction_are_integers() -> None:
+    """JSON has one kind of number: ``2.0`` is the integer 2, as JSON Schema's ``integer``
+    says, so a field the schemas make an integer accepts it."""
+    raw = b'{"a": 2.0, "b": [1e3, 2.5, -0.0, {"c": 1e300}], "d": 3, "e": true}'
+    document = decode_document(raw, LIMITS)
+    assert document == {"a": 2, "b": [1000, 2.5, 0, {"c": 1e300}], "d": 3, "e": True}
+    assert [type(v) for v in (document["a"], *document["b"][:3])] == [int, int, float, int]
+    assert type(document["b"][3]["c"]) is float  # past 2**53: not an integer a float holds
+    assert type(document["e"]) is bool
+
+
+def test_a_senders_document_keeps_its_numbers_as_sent() -> None:
+    document = decode_document(b'{"price": 2.0, "n": [1.0]}', LIMITS, as_sent=True)
+    assert type(document["price"]) is float and type(document["n"][0]) is float
+
+
+async def test_an_integer_written_with_a_fraction_is_accepted(field_server: Any) -> None:
+    envelope = {
+        "protocol": "akashik",
+        "version": "0.1.0",
+        "id": "m-1",
+        "operation": "REGISTER",
+        "agent_id": "fractional",
+        "session_id": None,
+        "epoch": 0.0,
+        "payload": {"id": "fractional", "role": "tester", "authority": 2.0},
+    }
+    async with aiohttp.ClientSession() as http:
+        answer = await http.post(f"{field_server.url}/v1/register", json=envelope)
+        body = await answer.json()
+    assert answer.status == 200, body
+    assert body["agent"]["authority"] == 2 and type(body["agent"]["authority"]) is int

@@ -68,7 +68,7 @@ class McpClient:
         assert isinstance(content, types.TextContent)
         assert "lead_token" not in content.text and self.lead_token not in content.text
         body: dict[str, Any] = json.loads(content.text)
-        return bool(result.isError), body
+        return bool(result.is_error), body
 
     async def ok(self, tool: str, /, **arguments: Any) -> dict[str, Any]:
         is_error, body = await self.call(tool, **arguments)
@@ -147,14 +147,14 @@ async def mcp(
 
 
 async def test_it_lists_every_tool_with_the_wire_payload_as_input_schema(mcp: McpClient) -> None:
-    assert mcp.init.serverInfo.name == "akashik-field"
+    assert mcp.init.server_info.name == "akashik-field"
     assert "akashik_attune" in (mcp.init.instructions or "")
     listed = await asyncio.wait_for(mcp.session.list_tools(), HANG_GUARD)
     tools = {tool.name: tool for tool in listed.tools}
     assert set(tools) == SPEC_TOOLS | EXTENSION_TOOLS == set(TOOLS)
     assert {name for name, tool in TOOLS.items() if tool.extension} == EXTENSION_TOOLS
     for name, tool in tools.items():
-        schema = tool.inputSchema
+        schema = tool.input_schema
         assert schema == tool_definitions()[name]["inputSchema"]
         assert schema["type"] == "object" and schema["additionalProperties"] is False
         text = json.dumps(schema)
@@ -162,13 +162,13 @@ async def test_it_lists_every_tool_with_the_wire_payload_as_input_schema(mcp: Mc
         assert tool.description and len(tool.description) < 600
         assert ("agent_id" in schema["properties"]) == (name != "akashik_register")
         assert "agent_id" not in schema.get("required", [])
-    record = tools["akashik_record"].inputSchema
+    record = tools["akashik_record"].input_schema
     assert record["required"] == ["type", "content", "intent"]
     assert "finding" in record["properties"]["type"]["enum"]
     assert set(record["properties"]["intent"]["properties"]) >= {"purpose", "task_id"}
-    attune = tools["akashik_attune"].inputSchema["properties"]
+    attune = tools["akashik_attune"].input_schema["properties"]
     assert attune["poll"]["type"] == "boolean" and "since_epoch" in attune
-    assert tools["akashik_register"].inputSchema["required"] == ["id", "role"]
+    assert tools["akashik_register"].input_schema["required"] == ["id", "role"]
 
 
 async def test_register_record_and_attune(mcp: McpClient) -> None:
@@ -331,7 +331,7 @@ async def test_no_token_reaches_the_log(mcp: McpClient) -> None:
     await mcp.register("jo", "analyst")
     await mcp.ok("akashik_attune", agent_id="lead", poll=True)
     log = mcp.log.read_text()
-    assert "CallToolRequest" in log  # debug logging is on: the log is not empty
+    assert "akashik_attune: ok" in log  # debug logging is on: the log is not empty
     assert mcp.lead_token not in log and '"token"' not in log
 
 

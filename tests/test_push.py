@@ -417,8 +417,10 @@ def check_notification(
     actor: str,
     tag: str,
 ) -> None:
-    """The fields every notification carries, with their types and ranges."""
-    assert set(data) == NOTIFICATION_KEYS, sorted(set(data) ^ NOTIFICATION_KEYS)
+    """The fields every notification carries, with their types and ranges (and the
+    debounce ``window`` of a debounced one)."""
+    keys = set(data) - {"window"}
+    assert keys == NOTIFICATION_KEYS, sorted(keys ^ NOTIFICATION_KEYS)
     assert data["subscription_id"] == subscription_id
     assert data["event"] == event
     assert data["agent_id"] == actor

@@ -599,6 +599,19 @@ JOINED = {
     "entity": {"type": "agent", "id": "carol"},
     "agent_id": "carol",
 }
+FAILED_REASON = "not heard from for 300 s (heartbeat_timeout 300 s) and no push connection open"
+FAILED = {
+    **JOINED,
+    "event": "agent.failed",
+    "summary": "agent carol (analyst) failed: " + FAILED_REASON,
+    "requires_action": True,
+    "detail": {
+        "agent": {**AGENT, "id": "carol", "status": "failed", "failure_reason": FAILED_REASON},
+        "reason": FAILED_REASON,
+        "released_tasks": [{"task_id": "task-1", "created_by": "lead"}],
+    },
+}
+WINDOW = {"start": "2026-03-01T10:30:00.500Z", "end": "2026-03-01T10:30:01.000Z"}
 FILTER_EVENT = {
     "name": "memory.recorded",
     "epoch": 7,
@@ -973,6 +986,7 @@ VALID = [
     case("agent", drop(AGENT, "registered_epoch"), "no-registered-epoch"),
     case("agent", {**AGENT, "interests": [], "current_task_id": "task-1"}, "task"),
     case("agent", {**AGENT, "interests": ["i" * 256] * 64}, "interests-max"),
+    case("agent", {**AGENT, "status": "failed", "failure_reason": "silent"}, "failed"),
     # scope
     case("scope", {"role": "strategist", "max_units": 10}, "minimal"),
     case(
@@ -1247,10 +1261,12 @@ VALID = [
     case("notification", {**RECORDED, "event": "memory.superseded", "folded": 2}, "superseded"),
     case("notification", CONTESTED, "memory-contested"),
     case("notification", JOINED, "agent-joined"),
+    case("notification", FAILED, "agent-failed"),
+    case("notification", {**RECORDED, "folded": 3, "window": WINDOW}, "debounced"),
     case(
         "notification",
-        {**JOINED, "event": "agent.failed", "entity": {"type": "agent", "id": "carol"}},
-        "future-event",
+        {**FAILED, "detail": {**FAILED["detail"], "released_tasks": []}},
+        "agent-failed-no-tasks",
     ),
     case("notification", {**RECORDED, "agent_id": None}, "no-actor"),
     case("notification", {**RECORDED, "cursor": "abc-def-0"}, "opaque-cursor"),
@@ -1439,6 +1455,9 @@ INVALID = [
     case("agent", {**AGENT, "role": "r" * 129}, "role-129"),
     case("agent", {**AGENT, "token": "t"}, "extra-property"),
     case("agent", {**AGENT, "registered_epoch": -1}, "registered-epoch--1"),
+    case("agent", {**AGENT, "status": "failed"}, "failed-without-reason"),
+    case("agent", {**AGENT, "failure_reason": "silent"}, "reason-while-idle"),
+    case("agent", {**AGENT, "status": "failed", "failure_reason": ""}, "failure-reason-empty"),
     # scope
     case("scope", {"role": "r"}, "missing-max-units"),
     case("scope", {"max_units": 3}, "missing-role"),
@@ -1861,6 +1880,22 @@ INVALID = [
     case("notification", {**CONTESTED, "conflict_id": None}, "contested-without-conflict"),
     case("notification", {**RECORDED, "entity": NOTIFICATION["entity"]}, "recorded-entity"),
     case("notification", {**JOINED, "entity": RECORDED["entity"]}, "joined-entity"),
+    case("notification", {**JOINED, "detail": FAILED["detail"]}, "joined-with-detail"),
+    case("notification", drop(FAILED, "detail"), "failed-without-detail"),
+    case("notification", {**RECORDED, "window": drop(WINDOW, "end")}, "window-without-end"),
+    case("notification", {**RECORDED, "window": {**WINDOW, "k": 1}}, "window-extra"),
+    case(
+        "notification",
+        {**RECORDED, "window": {**WINDOW, "start": "2026-03-01T10:30:00Z"}},
+        "window-start-not-milliseconds",
+    ),
+    case("notification", {**RECORDED, "window": 500}, "window-number"),
+    case("notification", drop(FAILED, "detail.released_tasks"), "failed-without-tasks"),
+    case(
+        "notification",
+        put(FAILED, "detail.agent", {**AGENT, "status": "failed"}),
+        "failed-agent-without-reason",
+    ),
     case("notification", {**NOTIFICATION, "unit": UNIT}, "extra-property"),
     # ws-frame
     case("ws-frame", {"type": "ping", "data": {}}, "unknown-type"),
@@ -2048,6 +2083,7 @@ COMPACTED = {
     "synthesis_units_created": 0,
     "storage_reclaimed_bytes": 0,
     "units_remaining": 0,
+    "units_skipped": {"in_conflict": 0, "authority": 0},
     "epoch": 12,
 }
 VALID += [
@@ -2085,6 +2121,9 @@ INVALID += [
     case("compact.request", put(COMPACT, "filter.types", ["rumour"]), "type"),
     case("compact.request", put(COMPACT, "filter.status", ["purged"]), "status"),
     case("compact.response", drop(COMPACTED, "units_remaining"), "no-remaining"),
+    case("compact.response", drop(COMPACTED, "units_skipped"), "no-skipped"),
+    case("compact.response", drop(COMPACTED, "units_skipped.authority"), "skipped-no-authority"),
+    case("compact.response", put(COMPACTED, "units_skipped.in_conflict", -1), "skipped-negative"),
     case("compact.response", {**COMPACTED, "units_affected": -1}, "negative"),
     case("scope", {"role": "r", "max_units": 1, "include_archived": 1}, "include-archived"),
     case("memory-unit", {**UNIT, "status": "purged"}, "purged"),

@@ -13,6 +13,10 @@ bounds allow it:
 * ``max_response_bytes``, the Field's: the walk stops at the first unit
   whose item would take the encoded body past it.
 
+Whatever the walk's order, the page is returned sorted by relevance, best
+first (spec 6.4 rule 4; ties in the walk's order): a poll's page is the
+oldest new units, listed by relevance.
+
 ``context_budget.limited_by`` names the bound that ended the page, or is
 ``None`` when every matching unit was returned. A poll always takes its
 first unit (so polling cannot stall), and the byte bound never leaves a

@@ -151,3 +151,11 @@ def iso_timestamp(ts: float) -> str:
         text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(whole))
         _second = (whole, text)
     return f"{text}.{micros // 1000:03d}Z"
+
+
+def epoch_ms(ts: float) -> int:
+    """``ts`` (seconds since the epoch) in whole milliseconds: the millisecond
+    :func:`iso_timestamp` shows (rounded half-even to the microsecond, then cut)."""
+    fraction, whole = math.modf(ts)
+    micros = round(fraction * 1e6)
+    return int(whole) * 1000 + micros // 1000

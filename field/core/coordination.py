@@ -80,7 +80,11 @@ def session(field: Field, ctx: Context) -> Outcome:
                 suggested_action="Ask the session's creator to invite you "
                 '(SESSION "invite"), then join.',
             )
-        changed["members"] = [*current["members"], agent.id]
+        # the creator comes first whenever it is a member (back after leaving, too)
+        creator = agent.id == current["created_by"]
+        changed["members"] = (
+            [agent.id, *current["members"]] if creator else [*current["members"], agent.id]
+        )
         changed["invited"] = [a for a in current["invited"] if a != agent.id]  # used up
         data["agent_id"] = agent.id
     elif action == "leave":

@@ -387,11 +387,15 @@ class Field:
                 },
             )
         ticket = registration.admit(self, request, ctx)  # the policy, and authority
-        if (
-            request["id"] in self.state.agents
-            or request["id"] == OPERATOR_ID
-            or request["id"].startswith(sources.AGENT_PREFIX)
-        ):
+        if request["id"] == OPERATOR_ID or request["id"].startswith(sources.AGENT_PREFIX):
+            whose = "the operator's" if request["id"] == OPERATOR_ID else "inbound sources'"
+            raise StateError(
+                f"agent id {request['id']!r} is reserved ({whose}); no agent may register it",
+                code=Code.AGENT_ID_TAKEN,
+                suggested_action="Register under a different id.",
+                details={"agent_id": request["id"], "reserved": True},
+            )
+        if request["id"] in self.state.agents:
             raise StateError(
                 f"agent id {request['id']!r} is already registered",
                 code=Code.AGENT_ID_TAKEN,
@@ -581,6 +585,13 @@ class Field:
     def active_subscription(self, subscription_id: str, agent_id: str) -> dict[str, Any]:
         """The caller's subscription, which must still be active (INVALID_TRANSITION if not)."""
         return subscribe.active_subscription(self.state, subscription_id, agent_id)
+
+    def streamable_subscription(
+        self, subscription_id: str, agent_id: str, cursor: str | None
+    ) -> dict[str, Any]:
+        """The caller's subscription a stream may read from ``cursor``: active, or
+        cancelled after the cursor (it owes what came before its end)."""
+        return subscribe.streamable_subscription(self, subscription_id, agent_id, cursor)
 
     def ack_deliveries(self, cursors: dict[str, int]) -> Outcome:
         """Deliveries acknowledged up to ``cursors`` (by subscription): one entry for all."""

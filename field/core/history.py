@@ -338,14 +338,22 @@ def compact(field: Field, ctx: Context) -> Outcome:
         sessions.require_active_member(
             field.state, ctx.agent.id, ctx.envelope.session_id, "summarizing into it"
         )
-    # only units the caller sees, and may take out of ATTUNE (its own, or recorded at
-    # no more than its authority): the others are left alone, like units in conflict
-    matching = [
-        unit
-        for unit in _matching(field.state, request, ctx.epoch)
-        if visibility.unit_visible(field.state, ctx.agent, unit)
-        and may_supersede(field.state, ctx.agent, unit)
-    ]
+    # only units the caller sees (the others do not exist for it), not in an unresolved
+    # conflict and that it may take out of ATTUNE (its own, or recorded at no more than its
+    # authority): the others are left alone, and counted as skipped
+    state = field.state
+    in_conflict = _in_unresolved_conflicts(state)
+    matching = []
+    skipped = {"in_conflict": 0, "authority": 0}
+    for unit in _matching(state, request, ctx.epoch):
+        if not visibility.unit_visible(state, ctx.agent, unit):
+            continue
+        if unit["id"] in in_conflict:
+            skipped["in_conflict"] += 1
+        elif not may_supersede(state, ctx.agent, unit):
+            skipped["authority"] += 1
+        else:
+            matching.append(unit)
     chosen = matching[: field.limits.max_compact_units]
     entries: list[LogEntry] = []
     created = 0
@@ -379,6 +387,7 @@ def compact(field: Field, ctx: Context) -> Outcome:
         "synthesis_units_created": created,
         "storage_reclaimed_bytes": reclaimed,
         "units_remaining": len(matching) - len(chosen),
+        "units_skipped": skipped,
         "epoch": ctx.epoch,
     }
     return Outcome(response, entries)
@@ -389,24 +398,25 @@ def _archived(ctx: Context, actor: str, unit_id: str, reason: str) -> LogEntry:
     return LogEntry(ctx.epoch, "memory.archived", data, actor, ctx.now)
 
 
-def _matching(state: FieldState, request: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
-    """Units the filter matches that the strategy changes, oldest first.
-
-    A unit in an unresolved conflict is never compacted: resolving the
-    conflict needs it as it is.
-    """
-    transitions = COMPACT_TRANSITIONS[request["strategy"]]
-    in_conflict = {
+def _in_unresolved_conflicts(state: FieldState) -> set[str]:
+    """The units in an unresolved conflict: never compacted, since resolving the
+    conflict needs them as they are."""
+    return {
         conflict[key]
         for conflict in state.conflicts.values()
         if conflict["status"] in UNRESOLVED_CONFLICT_STATUSES
         for key in ("unit_a", "unit_b")
     }
+
+
+def _matching(state: FieldState, request: dict[str, Any], epoch: int) -> list[dict[str, Any]]:
+    """Units the filter matches that the strategy changes, oldest first."""
+    transitions = COMPACT_TRANSITIONS[request["strategy"]]
     age = request["max_age_epochs"]
     types, statuses = set(request["types"]), set(request["status"])
     found = []
     for unit in state.units.values():
-        if unit["status"] not in transitions or unit["id"] in in_conflict:
+        if unit["status"] not in transitions:
             continue
         if age is not None and unit["epoch"] > epoch - age:
             continue

@@ -93,9 +93,11 @@ class AgentRecord:
     status: str = "idle"
     #: authority level of spec 11.2 (see :mod:`field.core.authority`)
     authority: int = STANDARD
+    #: why the agent is ``failed`` (its ``agent.failed`` entry's reason); None otherwise
+    failure_reason: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        wire = {
             "id": self.id,
             "role": self.role,
             "status": self.status,
@@ -104,6 +106,9 @@ class AgentRecord:
             "registered_epoch": self.registered_epoch,
             "authority": self.authority,
         }
+        if self.failure_reason is not None:
+            wire["failure_reason"] = self.failure_reason
+        return wire
 
 
 @dataclass(slots=True)
@@ -243,10 +248,14 @@ class FieldState:
             self._cancel(subscription_id, "agent deregistered")
 
     def _agent_failed(self, data: dict[str, Any]) -> None:
-        self.agents[data["agent_id"]].status = "failed"
+        agent = self.agents[data["agent_id"]]
+        agent.status = "failed"
+        agent.failure_reason = data["reason"]
 
     def _agent_recovered(self, data: dict[str, Any]) -> None:
-        self.agents[data["agent_id"]].status = "idle"
+        agent = self.agents[data["agent_id"]]
+        agent.status = "idle"
+        agent.failure_reason = None
 
     def _memory_recorded(self, data: dict[str, Any]) -> None:
         # a copy: the status changes in place, the entry keeps the unit as recorded

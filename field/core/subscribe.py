@@ -332,13 +332,26 @@ def active_subscription(state: FieldState, subscription_id: str, agent_id: str) 
             f"subscription {subscription_id} is cancelled",
             code=Code.INVALID_TRANSITION,
             recoverable=False,
-            suggested_action="It no longer notifies; subscribe again if needed.",
+            suggested_action="It no longer notifies; subscribe again if needed. A stream "
+            "resumed from a cursor before its cancellation still gets what it owed.",
         )
     return subscription
 
 
 #: What the Field keeps of a subscription but does not show.
 _UNSHOWN = frozenset({"cancel_reason", "ended_position", "created_position"})
+
+
+def streamable_subscription(
+    field: Field, subscription_id: str, agent_id: str, cursor: str | None
+) -> dict[str, Any]:
+    """The caller's subscription a stream may read from ``cursor``: an active one, or a
+    cancelled one resumed from a cursor (the stream gets what the subscription owed after
+    that cursor up to its end, if anything, then ends)."""
+    subscription = owned_subscription(field.state, subscription_id, agent_id)
+    if cursor is not None and subscription.get("ended_position") is not None:
+        return subscription
+    return active_subscription(field.state, subscription_id, agent_id)
 
 
 def subscription_wire(field: Field, subscription_id: str) -> dict[str, Any]:

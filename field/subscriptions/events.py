@@ -78,7 +78,8 @@ class FieldEvent:
     #: task, for the relevance to everyone else (role, interest, task alignment).
     topic: str | None = None
     task_id: str | None = None
-    #: The task, handoff or session as of the event (the notification's ``detail``).
+    #: The task, handoff, session or failed agent as of the event (the notification's
+    #: ``detail``).
     detail: dict[str, Any] | None = None
     #: The entity as of the event, by the name a filter reads it under (``unit``,
     #: ``conflict``, ``task`` and ``handoff``, ``agent``, ``session``): see
@@ -188,6 +189,12 @@ def event_of(entry: StoredEntry, units: Mapping[str, dict[str, Any]]) -> FieldEv
             # whoever created its tasks must reassign them
             agents=creators,
             acting=creators,
+            # the agent as the failure left it, why, and the tasks back to pending
+            detail={
+                "agent": {**agent, "status": "failed", "failure_reason": data["reason"]},
+                "reason": data["reason"],
+                "released_tasks": released,
+            },
             facts={"agent": agent},
         )
     if name.startswith(("task.", "handoff.")):

@@ -16,16 +16,20 @@ window's notifications are delivered when it ends, in cursor order. So
 an entity is notified at most once per window, its final state is always
 delivered, no notification waits longer than W, and since every event of
 a window precedes every event of the next, cursors still increase.
+Each debounced notification says which window it closed (``window``:
+its start and end, RFC 3339), so a client sees where windows lie.
 """
 
 from __future__ import annotations
 
 import math
 import sys
+import time
 from dataclasses import dataclass
 
 import orjson
 
+from ..core.clock import epoch_ms
 from .events import FieldEvent
 
 
@@ -41,6 +45,9 @@ class Notification:
     folded: int = 0
     #: the event's shared encoded part (:func:`encode_event`)
     shared: bytes = b"{}"
+    #: the debounce window it was delivered at the end of, encoded (:func:`window_field`);
+    #: empty without debounce
+    window: bytes = b""
 
     @property
     def position(self) -> int:
@@ -62,12 +69,13 @@ class Stream:
         self._window: int | None = None
 
     def window_of(self, ts: float) -> int:
-        """The window holding log time ``ts``: whole milliseconds, divided by W."""
+        """The window holding log time ``ts``: its whole milliseconds (those its
+        RFC 3339 form shows, :func:`~field.core.clock.epoch_ms`), divided by W."""
         if not self.window_ms:
             return 0
         if not math.isfinite(ts):  # "the end of time" flushes everything
             return sys.maxsize if ts > 0 else -sys.maxsize
-        return math.floor(ts * 1000.0) // self.window_ms
+        return epoch_ms(ts) // self.window_ms
 
     @property
     def deadline(self) -> float | None:
@@ -94,6 +102,7 @@ class Stream:
             notification.folded = earlier.folded + 1
         pending[key] = notification
         self._window = self.window_of(notification.event.ts)
+        notification.window = window_field(self.window_ms, self._window)
         return due
 
     def advance(self, now: float) -> list[Notification]:
@@ -141,7 +150,7 @@ def encode_event(event: FieldEvent, cursor: str) -> bytes:
         "entity": {"type": event.entity_type, "id": event.entity_id},
         "agent_id": event.actor,
     }
-    if event.detail is not None:  # task, handoff and session events
+    if event.detail is not None:  # task, handoff, session and agent.failed events
         body["detail"] = event.detail
     return orjson.dumps(body)
 
@@ -153,7 +162,7 @@ def encode_notification(notification: Notification) -> bytes:
     order below) followed by the shared part's fields::
 
         {"subscription_id":…,"relevance_score":…,"relevance_reason":…,
-         "requires_action":…,"folded":…,<the shared part's fields>}
+         "requires_action":…,"folded":…[,"window":…],<the shared part's fields>}
 
     built from cached pieces with one join, since fan-out makes one per
     subscriber (:func:`subscription_prefix`, :func:`own_middle`,
@@ -165,6 +174,7 @@ def encode_notification(notification: Notification) -> bytes:
             orjson.dumps(round(notification.relevance, 6)),
             own_middle(notification.reason, notification.requires_action),
             b"%d" % notification.folded,
+            notification.window,
             shared_tail(notification.shared),
         )
     )
@@ -197,3 +207,29 @@ def own_middle(reason: str, requires_action: bool) -> bytes:
 def shared_tail(shared: bytes) -> bytes:
     """A notification's bytes after its ``folded`` count: the shared part's fields."""
     return b"," + shared[1:]
+
+
+#: window_field's pieces by (W, window number): subscribers of one W share them
+_WINDOWS: dict[tuple[int, int], bytes] = {}
+_MAX_WINDOWS = 4096
+
+
+def window_field(window_ms: int, window: int) -> bytes:
+    """``,"window":{"start":…,"end":…}`` of debounce window number ``window`` of W =
+    ``window_ms``: the milliseconds [window × W, (window + 1) × W) since the Unix epoch,
+    as RFC 3339 timestamps (UTC, to the millisecond; the end is not in the window)."""
+    key = (window_ms, window)
+    encoded = _WINDOWS.get(key)
+    if encoded is None:
+        if len(_WINDOWS) >= _MAX_WINDOWS:
+            _WINDOWS.clear()
+        start = window * window_ms
+        bounds = {"start": rfc3339_ms(start), "end": rfc3339_ms(start + window_ms)}
+        encoded = _WINDOWS[key] = b',"window":' + orjson.dumps(bounds)
+    return encoded
+
+
+def rfc3339_ms(ms: int) -> str:
+    """Whole milliseconds since the Unix epoch as an RFC 3339 UTC timestamp, exactly."""
+    seconds, millis = divmod(ms, 1000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{millis:03d}Z"

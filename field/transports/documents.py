@@ -13,7 +13,10 @@ this order:
 
 The checks of 3 and 4 walk the parsed value with an explicit stack, and
 stop as soon as a bound is passed, so their cost is bounded by
-``max_json_items`` whatever the document. Nothing downstream (validation,
+``max_json_items`` whatever the document. The same walk makes every number
+with no fraction that JSON wrote with one (``2.0``, ``1e3``) the integer it
+is: JSON has one kind of number, and the schemas' ``"type": "integer"`` admits
+``2.0`` (JSON Schema 2020-12, section 6.1.1), so the Field must too. Nothing downstream (validation,
 error messages, logging) ever sees a document that passed no bound: a
 value nested a thousand levels deep cannot reach a ``repr`` or a log call.
 The errors say which bound was passed, never what the document held.
@@ -28,9 +31,16 @@ import orjson
 from ..errors import InvalidJSON, PayloadTooLarge
 from ..model import Limits
 
+#: Integers a float holds exactly: a larger "integral" float is left as it is (a number
+#: that far out is out of every integer field's range anyway).
+EXACT_INTEGERS = 2**53
 
-def decode_document(raw: bytes | str, limits: Limits, *, what: str = "the request body") -> Any:
-    """``raw`` parsed as JSON, or the error of the first bound it passes."""
+
+def decode_document(
+    raw: bytes | str, limits: Limits, *, what: str = "the request body", as_sent: bool = False
+) -> Any:
+    """``raw`` parsed as JSON, or the error of the first bound it passes; numbers with no
+    fraction are integers, unless ``as_sent`` (a sender's own document, kept as it is)."""
     size = len(raw.encode() if isinstance(raw, str) and not raw.isascii() else raw)
     if size > limits.max_body_bytes:
         raise PayloadTooLarge(
@@ -40,12 +50,15 @@ def decode_document(raw: bytes | str, limits: Limits, *, what: str = "the reques
         document = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
         raise InvalidJSON(f"{what} is not valid JSON: {_reason(exc)}") from None
-    check_bounds(document, limits, what=what)
+    check_bounds(document, limits, what=what, integers=not as_sent)
     return document
 
 
-def check_bounds(document: Any, limits: Limits, *, what: str = "the document") -> None:
-    """Refuse ``document`` if it nests too deep or holds too many values."""
+def check_bounds(
+    document: Any, limits: Limits, *, what: str = "the document", integers: bool = False
+) -> None:
+    """Refuse ``document`` if it nests too deep or holds too many values; with
+    ``integers``, make each integral float in it an int (in place)."""
     if not isinstance(document, dict | list):
         return  # a bare string or number: validation refuses it
     max_depth, max_items = limits.max_json_depth, limits.max_json_items
@@ -66,9 +79,26 @@ def check_bounds(document: Any, limits: Limits, *, what: str = "the document") -
                 f"{what} holds more than {max_items} values in its arrays and objects",
                 suggested_action=f"Send at most {max_items} values in one document.",
             )
+        floats = False
         for child in children:
             if isinstance(child, dict | list):
                 stack.append((child, depth + 1))
+            elif type(child) is float:
+                floats = True
+        if floats and integers:
+            _integral_floats_as_ints(value)
+
+
+def _integral_floats_as_ints(container: dict[str, Any] | list[Any]) -> None:
+    """Replace the floats with no fraction among ``container``'s values by ints."""
+    pairs = container.items() if isinstance(container, dict) else enumerate(container)
+    found = [
+        (key, int(child))
+        for key, child in pairs
+        if type(child) is float and child.is_integer() and abs(child) <= EXACT_INTEGERS
+    ]
+    for key, number in found:
+        container[key] = number  # type: ignore[index]
 
 
 def _reason(exc: orjson.JSONDecodeError) -> str:

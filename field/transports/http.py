@@ -9,6 +9,8 @@ ever gets a stack trace: unexpected failures become ``INTERNAL_ERROR``.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 import logging
 import math
 import secrets
@@ -55,6 +57,7 @@ from ..model import (
 from ..service import FieldService
 from ..store import WEBHOOK_KEY_FILENAME, EventLog, open_log
 from ..store.keys import load_or_create_key
+from .cors import cors_middleware, websocket_refusal
 from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .health import health_routes
@@ -65,6 +68,7 @@ from .sse import sse_endpoint, subscription_of
 from .streaming import absolute_urls, deny_websocket, ws_endpoint
 
 if TYPE_CHECKING:
+    from .mcp_http import McpHttpBinding
     from .registration import RegisterLimit
     from .sources import SourcesBinding
 
@@ -156,6 +160,8 @@ class HTTPBinding:
         self.metrics: Metrics | None = None
         #: told of every operation answered, for metrics and the access log (None: neither)
         self.observer: Observer | None = None
+        #: MCP over HTTP at /mcp (None: the mcp package is not installed)
+        self.mcp: McpHttpBinding | None = None
 
     def _service(self) -> FieldService:
         if self.service is None:
@@ -391,6 +397,8 @@ class _FieldApp(Starlette):
         super().__init__(**kwargs)
         self._binding = binding
         self._operations = {f"/v1/{name}": op for name, op in OPERATION_ROUTES.items()}
+        #: the browser origins a WebSocket may come from besides the Field's own
+        self._origins = frozenset(binding.config.cors_origin)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -428,6 +436,16 @@ class _FieldApp(Starlette):
                 del request
                 await stream(scope, receive, send)
                 return
+        if kind == "http" and scope["path"] == "/mcp" and self._binding.mcp is not None:
+            # MCP over HTTP: its GET streams live as long as SSE streams. A browser page may
+            # call it only from an allowed origin (MCP's rule against DNS rebinding)
+            refusal = websocket_refusal(scope, self._origins, "call the MCP endpoint")
+            if refusal is not None:
+                await error_response(refusal)(scope, receive, send)
+                return
+            scope["app"] = self
+            await self._binding.mcp(scope, receive, send)
+            return
         if kind == "http" and scope["path"] == "/v1/ws":
             response = error_response(_not_a_handshake())
             response.headers["Sec-WebSocket-Version"] = "13"  # the version the Field speaks
@@ -436,7 +454,10 @@ class _FieldApp(Starlette):
         if kind == "websocket":
             scope["app"] = self
             hub = self._binding.hub
-            if scope["path"] != "/v1/ws":
+            refusal = websocket_refusal(scope, self._origins)
+            if refusal is not None:  # a browser page of another origin
+                await deny_websocket(scope, send, refusal)
+            elif scope["path"] != "/v1/ws":
                 await deny_websocket(scope, send, _no_endpoint())
             elif hub is None:  # starting or stopping: try again
                 await deny_websocket(scope, send, Overloaded("the Field is not running"))
@@ -444,6 +465,22 @@ class _FieldApp(Starlette):
                 await ws_endpoint(scope, receive, send, hub)
             return
         await super().__call__(scope, receive, send)
+
+
+class _CORSFieldApp(_FieldApp):
+    """:class:`_FieldApp` behind CORS (``--cors-origin``): every HTTP answer, those of the
+    paths it serves itself and every error included (``field.transports.cors``)."""
+
+    def __init__(self, binding: HTTPBinding, **kwargs: Any) -> None:
+        super().__init__(binding, **kwargs)
+        serve = functools.partial(_FieldApp.__call__, self)
+        self._cors = cors_middleware(serve, binding.config.cors_origin)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            await self._cors(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
 
 
 def create_app(
@@ -462,6 +499,7 @@ def create_app(
     key that seals webhook secrets ``webhook_key`` if given, else
     :func:`webhook_key_of` ``config``.
     """
+    from .openapi import openapi_endpoint
     from .rap import RapBinding  # they build on this module
     from .registration import RegisterLimit, RegistrationBinding
     from .sources import SourcesBinding
@@ -475,6 +513,10 @@ def create_app(
         binding.metrics = Metrics(binding, token=config.metrics_token)
     if config.metrics or config.access_log:
         binding.observer = Observer(binding.metrics, access_log=config.access_log)
+    if importlib.util.find_spec("mcp") is not None:  # the mcp extra
+        from .mcp_http import McpHttpBinding
+
+        binding.mcp = McpHttpBinding(binding)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -534,6 +576,9 @@ def create_app(
         app.state.push_hub = binding.hub
         app.state.register_limit = binding.register_limit
         app.state.rate_limits = binding.rate_limits
+        if binding.mcp is not None:
+            await binding.mcp.start()
+            app.state.mcp = binding.mcp
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(
@@ -549,6 +594,8 @@ def create_app(
         try:
             yield
         finally:
+            if binding.mcp is not None:
+                await binding.mcp.stop()
             await liveness.stop()
             await rap.stop()
             await deliveries.stop()
@@ -575,8 +622,9 @@ def create_app(
         *registration.routes(),
         *health_routes(binding),
         *(binding.metrics.routes() if binding.metrics is not None else ()),
+        Route("/openapi.json", openapi_endpoint, methods=["GET"]),
     ]
-    app = _FieldApp(
+    app = (_CORSFieldApp if config.cors_origin else _FieldApp)(
         binding,
         routes=routes,
         lifespan=lifespan,

@@ -189,7 +189,7 @@ class SourcesBinding:
             ):
                 raise sources.bad_signature("webhook-signature does not match")
             timestamp = sources.check_timestamp(raw_time, time.time(), self.tolerance)
-        payload = decode_document(body, service.field.limits, what="the event")
+        payload = decode_document(body, service.field.limits, what="the event", as_sent=True)
         if not isinstance(payload, dict):
             raise InvalidPayload("an event's body is a JSON object")
         # what a filter or a template may read: never a credential the sender attached

@@ -79,10 +79,11 @@ async def sse_endpoint(
     """The stream of one subscription, or the error response that refuses it."""
     subscription_id = request.path_params["subscription_id"]
     token = token_of(request.headers, request.query_params)
+    since = request.headers.get("last-event-id") or request.query_params.get("since")
 
     def check(field: Field) -> Outcome:
         agent = field.authenticate(token)
-        field.active_subscription(subscription_id, agent.id)
+        field.streamable_subscription(subscription_id, agent.id, since)
         return Outcome({"agent_id": agent.id})
 
     try:
@@ -91,7 +92,6 @@ async def sse_endpoint(
         return error_response(error)
     if request.method == "HEAD":  # what a GET would answer, and no stream (nothing to release)
         return _head
-    since = request.headers.get("last-event-id") or request.query_params.get("since")
     try:
         connection = hub.connect(outcome.response["agent_id"], "sse")
     except FieldError as error:  # TOO_MANY_CONNECTIONS

@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from ..core.context import Outcome
+from ..core.field import Field
 from ..errors import FieldError, internal_error
 from ..model import OPERATIONS
 from ..subscriptions.outbox import Frame
@@ -92,7 +93,7 @@ async def ws_endpoint(scope: Scope, receive: Receive, send: Send, hub: PushHub) 
     batched = BATCH_EXTENSION in scope.get("extensions", {})
     sender = asyncio.create_task(_ws_sender(websocket, hub, connection, send if batched else None))
     try:
-        for subscription_id in sorted(hub.field.state.active_subscriptions.get(agent_id, ())):
+        for subscription_id in streamed(hub.field, agent_id, each):
             hub.attach(connection, subscription_id, each.get(subscription_id, default))
         del outcome, default, each  # this frame lives as long as the connection
         client = scope.get("client")
@@ -107,6 +108,22 @@ async def ws_endpoint(scope: Scope, receive: Receive, send: Send, hub: PushHub) 
             connection.ended = (1000, "client closed")
             connection.outbox.close_with(None)
         await sender
+
+
+def streamed(field: Field, agent_id: str, each: dict[str, str]) -> list[str]:
+    """The subscriptions a WebSocket of ``agent_id`` streams: every active one, and each
+    cancelled one a ``since`` names by id (it gets what it still owed, then ``end``)."""
+    active = field.state.active_subscriptions.get(agent_id, set())
+    owing = []
+    for subscription_id, cursor in each.items():
+        if subscription_id in active:
+            continue
+        try:
+            field.streamable_subscription(subscription_id, agent_id, cursor)
+        except FieldError:
+            continue  # not this agent's, or unknown: ignored
+        owing.append(subscription_id)
+    return sorted(active) + sorted(owing)
 
 
 async def _refuse(websocket: WebSocket, error: FieldError, code: int) -> None:

@@ -1,0 +1,176 @@
+"""The scripts in ``examples/`` run as a user runs them: subprocesses against ``field serve``.
+
+Each test starts a real ``field serve`` (``server_process`` from conftest)
+and runs the scripts with the Field's URL as their argument, twice where a
+second run is the point (the agents and their subscriptions are the same, and
+nothing is handled twice). Output lines are the scripts' promises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import stat
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import orjson
+import pytest
+
+from field.client import FieldClient
+
+from .conftest import ServerProcess
+
+pytestmark = pytest.mark.slow
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+OPERATOR_TOKEN = "operator-token-0123456789"
+#: Failure guard for a script's run or one line of its output (never a pacing delay).
+TIMEOUT = 60.0
+
+SpawnServer = Callable[..., ServerProcess]
+
+
+@pytest.fixture
+def field_process(server_process: SpawnServer, tmp_path: Path) -> ServerProcess:
+    token_file = tmp_path / "operator.token"
+    token_file.write_text(OPERATOR_TOKEN)
+    return server_process(tmp_path / "data", "--operator-token-file", str(token_file))
+
+
+def _env(agent_dir: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "FIELD_AGENT_DIR": str(agent_dir),
+        "FIELD_OPERATOR_TOKEN": OPERATOR_TOKEN,
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
+async def run(script: str, *args: str, agent_dir: Path) -> list[str]:
+    """Run ``examples/<script>`` to its end; its stdout lines (it must exit 0)."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(EXAMPLES / script),
+        *args,
+        env=_env(agent_dir),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    assert process.returncode == 0, err.decode()
+    return out.decode().splitlines()
+
+
+def _one(lines: list[str], pattern: str) -> re.Match[str]:
+    found = [m for m in map(re.compile(pattern).fullmatch, lines) if m]
+    assert len(found) == 1, (pattern, lines)
+    return found[0]
+
+
+async def test_the_research_team_resolves_its_conflict_on_every_run(
+    field_process: ServerProcess, tmp_path: Path
+) -> None:
+    agents = tmp_path / "agents"
+    first = await run("research_team.py", field_process.url, agent_dir=agents)
+    assert first[:2] == ["agents: registered", "subscriptions: created"]
+    made = _one(first, r"analyst: contradicted (mem-\w+): (conflict-\w+)")
+    unit, conflict = made.groups()
+    _one(first, rf"lead: resolved {conflict}: {unit} stands")  # the better-supported one
+    _one(first, rf"researcher: told conflict.resolved for {conflict}")
+    assert first[-1] == (
+        "analyst: the Field now says: The EU market for SMB HR software grows 23% a year."
+    )
+    for name in ("researcher.token", "analyst.token", "lead.token", "lead.cursors"):
+        assert stat.S_IMODE((agents / name).stat().st_mode) == 0o600, name
+
+    second = await run("research_team.py", field_process.url, agent_dir=agents)
+    assert second[:2] == ["agents: reused", "subscriptions: reused"]
+    again = _one(second, r"analyst: contradicted (mem-\w+): (conflict-\w+)").group(2)
+    assert again != conflict
+    resolved = [line for line in second if line.startswith("lead: resolved")]
+    assert len(resolved) == 1 and again in resolved[0]  # the first run's is not handled again
+    _one(second, rf"researcher: told conflict.resolved for {again}")
+
+    async with FieldClient(field_process.url) as field:  # one subscription each, not two
+        lead = field.agent("lead", _token(agents / "lead.token"), role="research_lead")
+        assert len((await lead.subscriptions())["subscriptions"]) == 1
+
+
+async def test_the_listener_prints_each_notification_once_across_its_restarts(
+    field_process: ServerProcess, tmp_path: Path
+) -> None:
+    agents = tmp_path / "agents"
+    async with FieldClient(field_process.url) as field:
+        writer = await field.register("writer", "market_researcher", interests=["market size"])
+
+        async def write(content: str) -> str:
+            unit = await writer.record(
+                "finding", content, purpose="size the market", confidence=0.8, reasoning="reports"
+            )
+            return str(unit["memory_unit_id"])
+
+        # the first start: it subscribes, then what is recorded is printed
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(EXAMPLES / "listener.py"),
+            field_process.url,
+            "--count",
+            "2",
+            env=_env(agents),
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert process.stdout is not None
+        ready = await asyncio.wait_for(process.stdout.readline(), TIMEOUT)
+        assert re.fullmatch(rb"listening: sub-\w+ \(new\)\n", ready), ready
+        first = [await write("The market size is 4bn."), await write("The market size is 5bn.")]
+        out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+        assert process.returncode == 0, err.decode()
+        printed = out.decode().splitlines()
+        assert [line.split()[:2] for line in printed] == [
+            ["memory.recorded", first[0]],
+            ["memory.recorded", first[1]],
+        ]
+        assert printed[0].endswith("finding from writer: The market size is 4bn.")
+
+        # recorded while it is not running: printed when it starts again, and only that
+        missed = [await write("The market size is 6bn."), await write("The market size is 7bn.")]
+        lines = await run("listener.py", field_process.url, "--count", "2", agent_dir=agents)
+        assert re.fullmatch(r"listening: sub-\w+ \(again\)", lines[0]), lines
+        assert [line.split()[:2] for line in lines[1:]] == [
+            ["memory.recorded", missed[0]],
+            ["memory.recorded", missed[1]],
+        ]
+
+
+def _token(path: Path) -> str:
+    return str(orjson.loads(path.read_bytes())["token"])
+
+
+async def test_the_readme_program_runs_as_often_as_you_like(
+    field_process: ServerProcess, tmp_path: Path
+) -> None:
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    section = readme[readme.index("## Writing an agent in Python") :]
+    match = re.search(r"```python\n(.*?)```", section, re.S)
+    assert match, "no Python program in the section"
+    script = tmp_path / "team.py"
+    script.write_text(match.group(1))
+    agents = tmp_path / "agents"
+    for _ in range(2):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            str(script),
+            env={**_env(agents), "FIELD_URL": field_process.url},
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+        assert process.returncode == 0, err.decode()
+        lines = out.decode().splitlines()
+        assert len(lines) == 2, lines  # one conflict resolved per run: its own
+        assert re.fullmatch(r"conflict\.detected: resolved, mem-\w+ stands", lines[0]), lines
+        assert lines[1] == "The EU market for SMB HR software grows 23% a year."
