@@ -2,6 +2,7 @@
 
     python benchmarks/fanout.py [--subscribers 1000 10000] [--sse 1000] [--procs 3]
                                 [--units N] [--rate 50000] [--deflate] [--no-redis]
+                                [--metrics on off] [--rounds 2] [--no-admission]
 
 For each subscriber count S, starts ``field serve --in-memory`` as a child
 process and ``--procs`` client processes (one asyncio loop each). Every
@@ -39,6 +40,14 @@ the WebSocket clients offer permessage-deflate, as browsers and the
 
 Prints one row per transport, size and phase, and the Field's throughput
 as a ratio of Redis's.
+
+``--metrics on off`` runs every Field case with the server's metrics on (the
+default) and off (``--no-metrics``), alternating, ``--rounds`` times each (the
+order flips every round), and prints the mean delivered notifications/s and
+p99 with metrics on as a ratio of those with them off. ``--no-admission``
+starts the Field with admission control off (``--overload-write-target 0``):
+flat out, a slow machine's event loop lags past the write target and the
+writer's RECORDs would be refused (``overload.py`` measures that).
 """
 
 from __future__ import annotations
@@ -56,6 +65,7 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import threading
@@ -847,6 +857,8 @@ class Row:
     server_cpu: float = 0.0
     client_cpu: float = 0.0
     anomalies: dict[str, int] = field(default_factory=dict)
+    #: the server's metrics: "on", "off" (``--no-metrics``), "" for Redis
+    metrics: str = ""
 
 
 def _measure(
@@ -891,14 +903,22 @@ def _measure(
 
 
 def run_case(
-    transport: str, subscribers: int, units: int, args: argparse.Namespace, sample: bytes | None
+    transport: str,
+    subscribers: int,
+    units: int,
+    args: argparse.Namespace,
+    sample: bytes | None,
+    metrics: str = "on",
 ) -> tuple[list[Row], bytes | None]:
     """Start a server and clients, run the paced and flat-out phases, stop everything."""
     kind = {"websocket": "ws", "sse": "sse", "redis": "redis"}[transport]
     if kind == "redis":
         server, port = start_redis(subscribers)
     else:
-        server, port = start_field(*(["--ws-deflate"] if args.deflate else []))
+        flags = ["--ws-deflate"] if args.deflate else []
+        flags += ["--no-metrics"] if metrics == "off" else []
+        flags += ["--overload-write-target", "0"] if args.no_admission else []
+        server, port = start_field(*flags)
     pool: ClientPool | None = None
     rows: list[Row] = []
     try:
@@ -942,6 +962,7 @@ def run_case(
                         per_conn,
                     )
                     sample = sample or found
+                    row.metrics = "" if kind == "redis" else metrics
                     rows.append(row)
                     print(
                         f"\r{label:>12} {phase}: {row.delivered:,}/{row.expected:,} delivered",
@@ -975,7 +996,30 @@ def main() -> None:
     )
     parser.add_argument("--deflate", action="store_true", help="offer permessage-deflate (WS)")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis baseline")
+    parser.add_argument(
+        "--metrics",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on"],
+        help="run the Field with its metrics on, off, or both alternating (on)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each Field case (1)")
+    parser.add_argument(
+        "--no-admission", action="store_true", help="start the Field with admission control off"
+    )
     args = parser.parse_args()
+    if not 1 <= args.rounds <= 20:
+        parser.error("--rounds must be between 1 and 20")
+    settings = list(dict.fromkeys(args.metrics))
+
+    def field_cases(transport: str, size: int, units: int) -> None:
+        nonlocal sample
+        for round_ in range(args.rounds):
+            # alternate, and flip the order every round: neither goes first every time
+            for metrics in settings if round_ % 2 == 0 else settings[::-1]:
+                found, sample = run_case(transport, size, units, args, sample, metrics)
+                rows.extend(found)
+
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop children on the way out
     limit = raise_nofile()
     need = max([*args.subscribers, *args.sse]) + 200
@@ -987,15 +1031,13 @@ def main() -> None:
         units = args.units or (100 if size <= 1000 else 20)
         transports = ["websocket"] + (["sse"] if size in args.sse else [])
         for transport in transports:
-            found, sample = run_case(transport, size, units, args, sample)
-            rows.extend(found)
+            field_cases(transport, size, units)
         if not args.no_redis:
             rows.extend(run_case("redis", size, units, args, sample)[0])
     for size in args.sse:  # SSE sizes not among --subscribers
         if size not in args.subscribers:
             units = args.units or (100 if size <= 1000 else 20)
-            found, sample = run_case("sse", size, units, args, sample)
-            rows.extend(found)
+            field_cases("sse", size, units)
 
     size_bytes = len(sample) if sample else 0
     print(
@@ -1004,12 +1046,12 @@ def main() -> None:
         + (", WebSocket permessage-deflate offered" if args.deflate else "")
     )
     print(
-        f"{'transport':<10}{'subscr.':>8} {'phase':<9}{'units':>6}{'delivered':>11}"
+        f"{'transport':<10}{'subscr.':>8} {'phase':<9}{'metrics':<8}{'units':>6}{'delivered':>11}"
         f"{'deliv./s':>10}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'srv CPU':>9}{'cli CPU':>9}"
     )
     for r in rows:
         print(
-            f"{r.transport:<10}{r.subscribers:>8,} {r.phase:<9}{r.units:>6}"
+            f"{r.transport:<10}{r.subscribers:>8,} {r.phase:<9}{r.metrics:<8}{r.units:>6}"
             f"{r.delivered:>11,}{r.throughput:>10,.0f}{r.p50:>9.1f}{r.p99:>9.1f}{r.worst:>9.1f}"
             f"{r.server_cpu:>8.0f}%{r.client_cpu:>8.0f}%"
         )
@@ -1027,7 +1069,34 @@ def main() -> None:
                 f"{r.transport} {r.subscribers:,} {r.phase}: {r.throughput / base.throughput:.2f}x "
                 f"Redis's delivered msgs/s (p99 {r.p99:.1f} ms vs {base.p99:.1f} ms)"
             )
+    if len(settings) == 2:
+        compare_metrics(rows)
     print("targets: >= 50,000 delivered notifications/s, p99 <= 50 ms with 1,000 subscribers")
+
+
+def compare_metrics(rows: list[Row]) -> None:
+    """Each Field case with metrics on beside the same case with them off (means)."""
+    cases = dict.fromkeys((r.transport, r.subscribers, r.phase) for r in rows if r.metrics)
+    for transport, subscribers, phase in cases:
+        same = [
+            r
+            for r in rows
+            if (r.transport, r.subscribers, r.phase) == (transport, subscribers, phase)
+        ]
+        on = [r for r in same if r.metrics == "on"]
+        off = [r for r in same if r.metrics == "off"]
+        rate_on = statistics.mean(r.throughput for r in on)
+        rate_off = statistics.mean(r.throughput for r in off)
+        median_on = statistics.median(r.throughput for r in on)
+        median_off = statistics.median(r.throughput for r in off)
+        p99_on = statistics.median(r.p99 for r in on)
+        p99_off = statistics.median(r.p99 for r in off)
+        print(
+            f"{transport} {subscribers:,} {phase}, {len(on)} runs each: with metrics "
+            f"{rate_on:,.0f}/s, without {rate_off:,.0f}/s (means: {rate_on / rate_off:.3f}x; "
+            f"medians: {median_on / median_off:.3f}x); median p99 {p99_on:.1f} ms against "
+            f"{p99_off:.1f} ms"
+        )
 
 
 if __name__ == "__main__":

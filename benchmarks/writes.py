@@ -1,6 +1,7 @@
 """Durable writes: RECORD per second over HTTP, group commit against one commit per write.
 
     python benchmarks/writes.py [--clients 32] [--seconds 8] [--sync full normal]
+                                [--metrics on off] [--rounds 3] [--no-baseline]
 
 For each ``--sync`` mode, starts two ``field serve`` processes on loopback
 (each with a fresh data directory, so a durable SQLite log) and drives each
@@ -21,6 +22,12 @@ many ``memory.recorded`` entries.
 Prints RECORD/s, p50/p99 latency (ms, over the measured window), the CPU
 the server and the load generator used, and the ratio group commit / one
 commit per write.
+
+``--metrics on off`` runs every case with the server's metrics on (the
+default) and off (``--no-metrics``), alternating, ``--rounds`` times each
+(the order flips every round), and prints the mean RECORD/s and p50 with
+metrics on as a ratio of those with them off. ``--no-baseline`` skips the
+one-commit-per-write server.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ import random
 import re
 import signal
 import sqlite3
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -278,9 +286,12 @@ def count_logged_units(data_dir: Path) -> int:
         conn.close()
 
 
-def run_case(args: argparse.Namespace, sync: str, max_batch: int | None, label: str) -> Run:
+def run_case(
+    args: argparse.Namespace, sync: str, max_batch: int | None, label: str, metrics: str = "on"
+) -> Run:
     with tempfile.TemporaryDirectory(prefix="field-writes-") as tmp:
         flags = ["--sync", sync, "--max-queue", str(args.max_queue), "--log-level", "info"]
+        flags += ["--no-metrics"] if metrics == "off" else []
         env = {"FIELD_MAX_BATCH": str(max_batch)} if max_batch is not None else {}
         with FieldServer(Path(tmp) / "data", *flags, env=env) as server:
             loop, _ = new_loop()
@@ -288,6 +299,10 @@ def run_case(args: argparse.Namespace, sync: str, max_batch: int | None, label: 
                 return loop.run_until_complete(drive(server, args, label))
             finally:
                 loop.close()
+
+
+def mean_rate(runs: list[Run]) -> float:
+    return sum(run.rate for run in runs) / len(runs)
 
 
 def main() -> None:
@@ -299,17 +314,38 @@ def main() -> None:
     parser.add_argument(
         "--max-queue", type=int, default=10_000, help="--max-queue of both servers (10000)"
     )
+    parser.add_argument(
+        "--metrics",
+        nargs="+",
+        choices=["on", "off"],
+        default=["on"],
+        help="run with the server's metrics on, off, or both alternating (on)",
+    )
+    parser.add_argument("--rounds", type=int, default=1, help="runs of each case (1)")
+    parser.add_argument(
+        "--no-baseline", action="store_true", help="skip the one-commit-per-write server"
+    )
     args = parser.parse_args()
+    if not 1 <= args.rounds <= 20:
+        parser.error("--rounds must be between 1 and 20")
     if args.clients < 1 or args.clients > 256:
         parser.error("--clients must be between 1 and 256")
     if not 0 < args.seconds <= 60 or not 0 <= args.warmup <= 10:
         parser.error("--seconds must be in (0, 60] and --warmup in [0, 10]")
 
-    results: list[tuple[str, str, Run]] = []
+    metered: list[tuple[str, str, str, Run]] = []
+    cases = [("group commit", None)] + ([] if args.no_baseline else [("one commit per write", 1)])
+    settings = list(dict.fromkeys(args.metrics))
     for sync in args.sync:
-        for name, batch in (("group commit", None), ("one commit per write", 1)):
-            label = f"{sync}/{'group' if batch is None else 'batch1'}"
-            results.append((sync, name, run_case(args, sync, batch, label)))
+        for name, batch in cases:
+            for round_ in range(args.rounds):
+                # alternate, and flip the order every round: neither goes first every time
+                for metrics in settings if round_ % 2 == 0 else settings[::-1]:
+                    label = f"{sync}/{'group' if batch is None else 'batch1'}"
+                    if len(settings) > 1 or args.rounds > 1:
+                        label += f"/{metrics}{round_ + 1}"
+                    run = run_case(args, sync, batch, label, metrics)
+                    metered.append((sync, name, metrics, run))
 
     _, loop_name = new_loop()
     print(
@@ -318,27 +354,44 @@ def main() -> None:
         f"(load generator: one Python process, {loop_name})"
     )
     header = (
-        f"{'--sync':<8}{'server':<22}{'RECORD/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'--sync':<8}{'server':<22}{'metrics':<9}{'RECORD/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'srv CPU':>9}{'gen CPU':>9}{'acked':>9}{'durable':>9}"
     )
     print(header)
     failed = False
-    for sync, name, run in results:
+    for sync, name, metrics, run in metered:
         seconds = args.warmup + args.seconds
         durable = run.status_units == run.acknowledged == run.log_units
         failed |= not durable or bool(run.errors)
         print(
-            f"{sync:<8}{name:<22}{run.rate:>10,.0f}{run.latency(0.5):>9.2f}"
+            f"{sync:<8}{name:<22}{metrics:<9}{run.rate:>10,.0f}{run.latency(0.5):>9.2f}"
             f"{run.latency(0.99):>9.2f}{run.server_cpu / seconds:>9.0%}"
             f"{run.client_cpu / seconds:>9.0%}{run.acknowledged:>9,}"
             f"{'yes' if durable else 'NO':>9}"
         )
     for sync in args.sync:
-        group, single = (run for s, _, run in results if s == sync)
-        print(
-            f"--sync {sync}: group commit is {group.rate / single.rate:.1f}x one commit per write"
-        )
-    for sync, name, run in results:
+        if args.no_baseline:
+            break
+        group = mean_rate([r for s, n, _, r in metered if s == sync and n == "group commit"])
+        single = mean_rate([r for s, n, _, r in metered if s == sync and n != "group commit"])
+        print(f"--sync {sync}: group commit is {group / single:.1f}x one commit per write")
+    if len(settings) == 2:
+        for sync in args.sync:
+            for name, _ in cases:
+                on = [r for s, n, m, r in metered if (s, n, m) == (sync, name, "on")]
+                off = [r for s, n, m, r in metered if (s, n, m) == (sync, name, "off")]
+                median_on = statistics.median(r.rate for r in on)
+                median_off = statistics.median(r.rate for r in off)
+                p50_on = statistics.median(r.latency(0.5) for r in on)
+                p50_off = statistics.median(r.latency(0.5) for r in off)
+                print(
+                    f"--sync {sync}, {name}, {len(on)} runs each: with metrics "
+                    f"{mean_rate(on):,.0f} RECORD/s, without {mean_rate(off):,.0f} (means: "
+                    f"{mean_rate(on) / mean_rate(off):.3f}x; medians: "
+                    f"{median_on / median_off:.3f}x); median p50 {p50_on:.2f} ms against "
+                    f"{p50_off:.2f}"
+                )
+    for sync, name, _, run in metered:
         if run.errors or not run.status_units == run.acknowledged == run.log_units:
             print(
                 f"  {sync}/{name}: acknowledged {run.acknowledged}, status counts "

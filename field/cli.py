@@ -23,13 +23,14 @@ from typing import Any
 import uvicorn
 from starlette.applications import Starlette
 
-from . import __version__, redaction, sources_cli
+from . import __version__, logs, redaction, sources_cli
 from .config import Config
 from .core.embedding import EmbedderError, load_embedder
 from .errors import FieldError
 from .store import open_log
 from .transports.connections import ConnectionGuard, ConnectionLimits, FieldHttpProtocol
 from .transports.http import create_app, webhook_key_of
+from .transports.metrics import Metrics
 from .transports.wsprotocol import FieldWebSocketProtocol
 
 logger = logging.getLogger("field")
@@ -224,6 +225,31 @@ def _parser() -> argparse.ArgumentParser:
         "--notify-burst", type=int, help="notifications written to one agent at once (2000)"
     )
     serve.add_argument(
+        "--no-metrics",
+        dest="metrics",
+        action="store_const",
+        const=False,
+        help="serve no GET /metrics and count nothing for it (default: metrics on)",
+    )
+    serve.add_argument(
+        "--metrics-token-file",
+        type=Path,
+        help="file holding the bearer token GET /metrics asks for (or set "
+        "FIELD_METRICS_TOKEN; default: open to whoever reaches the port)",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=["text", "json"],
+        help="log lines as text, or one JSON object per line (default text)",
+    )
+    serve.add_argument(
+        "--access-log",
+        action="store_const",
+        const=True,
+        help="log every HTTP request and every operation, with its agent, status and "
+        "duration (default off)",
+    )
+    serve.add_argument(
         "--cors-origin",
         action="append",
         metavar="ORIGIN",
@@ -360,6 +386,12 @@ def _config(args: argparse.Namespace) -> Config:
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None
         ),
+        metrics=args.metrics,
+        metrics_token=(
+            args.metrics_token_file.read_text().strip() if args.metrics_token_file else None
+        ),
+        log_format=args.log_format,
+        access_log=args.access_log,
     )
     if args.in_memory:
         config = replace(config, data_dir=None)
@@ -376,6 +408,12 @@ class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, app: Starlette) -> None:
         super().__init__(config)
         self.app = app
+        #: the loop the server runs on (a signal handler may run elsewhere)
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
@@ -383,13 +421,22 @@ class _Server(uvicorn.Server):
             return
         self.should_exit = True
         # End push streams ourselves, before uvicorn drops the connections:
-        # WebSockets close with 1001 and SSE responses end cleanly.
+        # WebSockets close with 1001 and SSE streams end with a shutdown event.
         hub = getattr(self.app.state, "push_hub", None)
-        if hub is not None:
-            asyncio.get_event_loop().call_soon_threadsafe(hub.shutdown)
-        mcp = getattr(self.app.state, "mcp", None)
-        if mcp is not None:  # MCP sessions' streams end likewise
-            asyncio.get_event_loop().call_soon_threadsafe(mcp.shutdown)
+        mcp = getattr(self.app.state, "mcp", None)  # MCP sessions' streams end likewise
+        if self._loop is not None:
+            for stop in (hub, mcp):
+                if stop is not None:
+                    self._loop.call_soon_threadsafe(stop.shutdown)
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's, after the push streams are told to end (the call above may not have
+        run yet): every stream ends the Field's way, whatever uvicorn then does."""
+        for name in ("push_hub", "mcp"):
+            stop = getattr(self.app.state, name, None)
+            if stop is not None:
+                stop.shutdown()
+        await super().shutdown(sockets)
 
 
 #: Garbage-collector thresholds of ``field serve``. Fanning out makes many short-lived
@@ -459,18 +506,29 @@ def connection_limits(config: Config) -> ConnectionLimits:
     )
 
 
-def uvicorn_config(app: Any, config: Config) -> uvicorn.Config:
+def uvicorn_config(
+    app: Any,
+    config: Config,
+    *,
+    metrics: Metrics | None = None,
+    log_config: Any = uvicorn.config.LOGGING_CONFIG,
+) -> uvicorn.Config:
     """uvicorn's settings for serving ``app``, for ``field serve`` and the tests' servers.
 
     HTTP is :class:`FieldHttpProtocol` (connection caps and deadlines, one guard
     for the server), whose ``idle_timeout`` replaces uvicorn's keep-alive timer.
+    ``metrics`` (the app's) is given the guard's connection counts. ``log_config``
+    None leaves logging as the caller set it up (``field serve``: :mod:`field.logs`).
     """
     guard = ConnectionGuard(connection_limits(config))
+    if metrics is not None:
+        metrics.guard = guard
     return uvicorn.Config(
         app,
         log_level=config.log_level,
+        log_config=log_config,
         lifespan="on",
-        access_log=False,
+        access_log=config.access_log,
         timeout_graceful_shutdown=10,
         backlog=LISTEN_BACKLOG,
         http=functools.partial(FieldHttpProtocol, guard=guard),  # type: ignore[arg-type]
@@ -497,11 +555,7 @@ def _bind(host: str, port: int) -> socket.socket:
 def serve(config: Config) -> int:
     """Run the server until SIGINT or SIGTERM; returns the exit status."""
     redaction.install()  # no secret in any log line, at any level
-    logging.basicConfig(
-        level=config.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
+    logs.configure(config.log_level, config.log_format)
     try:
         embedder = load_embedder(config.embedder)
     except EmbedderError as exc:
@@ -527,7 +581,8 @@ def serve(config: Config) -> int:
         sock.close()
         return 2
     app = create_app(config, log=log, embedder=embedder, webhook_key=key)
-    server = _Server(uvicorn_config(app, config), app)
+    settings = uvicorn_config(app, config, metrics=app.state.metrics, log_config=None)
+    server = _Server(settings, app)
     _tune_gc()
     try:
         server.run(sockets=[sock])

@@ -155,6 +155,14 @@ class Config:
     mcp_idle_timeout: float = 600.0
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
+    #: Serve ``GET /metrics`` and count what it shows; off (``--no-metrics``): neither.
+    metrics: bool = True
+    #: The bearer token ``GET /metrics`` asks for (``--metrics-token-file``); None: open.
+    metrics_token: str | None = field(default=None, repr=False)
+    #: "text" (one line of text per record) or "json" (one JSON object per line).
+    log_format: str = "text"
+    #: Log every request (uvicorn's access line) and every operation (``field.operation``).
+    access_log: bool = False
 
     def __post_init__(self) -> None:
         if self.max_subscription_timeout is not None:
@@ -218,6 +226,10 @@ class Config:
         if not (math.isfinite(self.mcp_idle_timeout) and 0 < self.mcp_idle_timeout <= MAX_TIMEOUT):
             raise ValueError(f"mcp_idle_timeout must be a positive number, at most {MAX_TIMEOUT:g}")
         self._check_registration()
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be text or json, not {self.log_format[:20]!r}")
+        if self.metrics_token is not None and len(self.metrics_token) < 16:
+            raise ValueError("metrics_token must be at least 16 characters")
         object.__setattr__(self, "cors_origin", parse_origins(self.cors_origin))
 
     def admission_policy(self) -> AdmissionPolicy:
@@ -376,10 +388,12 @@ def _parse(name: str, raw: str) -> Any:
             raise ValueError(f"FIELD_{name.upper()} must be {what}, not {raw[:40]!r}") from None
     if name == "cors_origin":  # comma- or space-separated origins
         return tuple(part for part in raw.replace(",", " ").split() if part)
-    if name == "ws_deflate":
+    if name in _SWITCHES:
         flag = raw.strip().lower()
         if flag not in _BOOLEANS:
-            raise ValueError(f"FIELD_WS_DEFLATE must be one of {', '.join(_BOOLEANS)}, not {raw!r}")
+            raise ValueError(
+                f"FIELD_{name.upper()} must be one of {', '.join(_BOOLEANS)}, not {raw[:40]!r}"
+            )
         return _BOOLEANS[flag]
     return raw
 
@@ -389,3 +403,8 @@ _BOOLEANS = {
     **dict.fromkeys(("1", "true", "yes", "on"), True),
     **dict.fromkeys(("0", "false", "no", "off"), False),
 }
+
+#: The yes/no settings.
+_SWITCHES = ("ws_deflate", "metrics", "access_log")
+#: What ``--log-format`` may be.
+LOG_FORMATS = ("text", "json")

@@ -14,6 +14,10 @@ uvicorn's and the libraries' included), and the line is kept:
   ``...token=`` or ``...secret=`` parameter, of a ``"...token"`` or
   ``"...secret"`` key, of a ``whsec_`` secret, of a ``fieldreg_`` registration
   token and of a URL's password becomes ``<redacted>``;
+* so does the value of every query-string parameter whose name, percent-decoded
+  as the server decodes it (``?tok%65n=`` authenticates as ``?token=``), holds
+  ``token``, ``secret``, ``password``, ``auth``, ``key`` or ``sig``: in
+  uvicorn's access and WebSocket lines, and in a webhook URL;
 * an exception's text is rendered and redacted too.
 
 Patterns rather than known values: agent tokens are made at run time and a
@@ -27,6 +31,7 @@ import logging
 import re
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import unquote_plus
 
 from websockets.frames import Frame, Opcode
 
@@ -61,10 +66,27 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 _DATA_FRAMES = frozenset({Opcode.TEXT, Opcode.BINARY, Opcode.CONT})
 
 
+#: A parameter of a URL's query string (``?name=value`` or ``&name=value``).
+_QUERY_PARAMETER = re.compile(r"([?&])([^=&#\s'\"?]+)=([^&#\s'\"]*)")
+#: What a query parameter's decoded name holds when its value is a credential.
+_CREDENTIAL_NAMES = ("token", "secret", "password", "passwd", "auth", "key", "signature", "sig")
+
+
+def _query_parameter(match: re.Match[str]) -> str:
+    """A query parameter with its value redacted if its name, decoded as a server
+    decodes it (``tok%65n`` is ``token``), names a credential."""
+    name = unquote_plus(match.group(2)).lower()
+    if not match.group(3) or not any(word in name for word in _CREDENTIAL_NAMES):
+        return match.group(0)
+    return f"{match.group(1)}{match.group(2)}={REDACTED}"
+
+
 def redact(text: str) -> str:
     """``text`` with every secret the patterns recognise replaced by ``<redacted>``."""
     for pattern, replacement in _PATTERNS:
         text = pattern.sub(replacement, text)
+    if "=" in text:
+        text = _QUERY_PARAMETER.sub(_query_parameter, text)
     return text
 
 

@@ -113,6 +113,8 @@ class FieldService:
         self.listeners: list[Callable[[list[StoredEntry]], None]] = []
         #: called with the agent of every operation that succeeded (liveness)
         self.on_seen: Callable[[str], None] | None = None
+        #: called with the number of jobs of every batch the writer takes (metrics)
+        self.on_batch: Callable[[int], None] | None = None
         #: True while a batch is applied but not yet durable and published
         self.busy = False
         #: why writes are refused (the append's error), or None while the log is writable
@@ -267,6 +269,8 @@ class FieldService:
             batch = [await self._queue.get()]
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
+            if self.on_batch is not None:
+                self.on_batch(len(batch))
             self.busy = True
             try:
                 if self.field.broken:

@@ -19,6 +19,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from field.client import FieldClient
 from field.redaction import redact
@@ -166,6 +167,79 @@ def test_redaction_keeps_the_line_and_drops_the_value() -> None:
         f"signed with {hook}": "signed with whsec_<redacted>",
         f"POST https://user:{token}@example.com/hook": "POST https://user:<redacted>@example.com/hook",
         "no secret here: token_type is plain": "no secret here: token_type is plain",
+    }
+    for line, redacted in lines.items():
+        assert redact(line) == redacted
+
+
+async def test_json_lines_with_access_log_parse_and_hold_no_secret(
+    server_process: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """``--log-format json --access-log``: every line of the log is one JSON object; the
+    operation lines say who did what, how it ended and how long it took; uvicorn's access
+    lines are JSON too; and no token is in any line, whichever way it was sent (a header,
+    ``?token=``, or a query parameter name a server decodes to ``token``)."""
+    server = server_process(
+        tmp_path / "data", "--log-format", "json", "--access-log", "--log-level", "debug"
+    )
+    async with FieldClient(server.url) as field, aiohttp.ClientSession() as http:
+        a = await field.register("agent-a", "analyst", interests=["market sizing"])
+        b = await field.register("agent-b", "researcher", interests=["market sizing"])
+        tokens = {"a": a.token, "b": b.token}
+        stream = await subscribe(b, ["memory.recorded"])
+        await record(a, "market sizing: one finding")
+        async with open_ws(server.url, None, query_token=b.token) as ws:
+            await ws.ready()
+            await ws.request("ATTUNE", b.id, {"scope": {"role": "researcher", "max_units": 5}})
+        async with sse_stream(http, stream["sse_url"], None, query_token=b.token) as sse:
+            await sse.ready()
+        # ``tok%65n`` is ``token`` once decoded: it authenticates, and must be redacted too
+        encoded = URL(f"{stream['sse_url']}?tok%65n={b.token}", encoded=True)  # sent as is
+        async with http.get(encoded, headers={"Accept": "text/event-stream"}) as r:
+            assert r.status == 200
+            await r.content.readline()
+    assert server.stop() == 0
+
+    records = []
+    for line in server.lines:
+        record_ = orjson.loads(line)  # every line, uvicorn's included, is one JSON object
+        assert isinstance(record_, dict), line
+        assert {"time", "level", "logger", "event"} <= set(record_), line
+        records.append(record_)
+    log = "\n".join(server.lines)
+    for who, token in tokens.items():
+        assert token not in log, f"agent {who}'s token is in the log"
+    operations = [r for r in records if r["logger"] == "field.operation"]
+    recorded = next(r for r in operations if r.get("operation") == "RECORD")
+    assert recorded["transport"] == "http" and recorded["status"] == 200
+    assert recorded["outcome"] == "ok" and recorded["agent"] == "agent-a"
+    assert recorded["duration_ms"] > 0 and isinstance(recorded["request_id"], str)
+    on_socket = next(r for r in operations if r.get("transport") == "websocket")
+    assert on_socket["operation"] == "ATTUNE" and on_socket["agent"] == "agent-b"
+    assert on_socket["request_id"] == "ws-1"
+    access = [r for r in records if r["logger"] == "uvicorn.access"]
+    assert any(r["method"] == "POST" and r["path"] == "/v1/record" for r in access), access
+    assert any(r["path"].endswith("?token=<redacted>") for r in access), access
+    assert any(r["path"].endswith("?tok%65n=<redacted>") for r in access), access
+    assert all(isinstance(r["status"], int) for r in access)
+    started = next(r for r in records if "listening on" in r["event"])
+    assert started["level"] == "info" and started["logger"] == "field.http"
+
+
+def test_query_strings_are_redacted_by_their_decoded_names() -> None:
+    token = secrets.token_urlsafe(32)
+    lines = {
+        f'"GET /v1/ws?since=x-1&tok%65n={token} HTTP/1.1" 200': (
+            '"GET /v1/ws?since=x-1&tok%65n=<redacted> HTTP/1.1" 200'
+        ),
+        f"/v1/subscriptions/s/events?%74oken={token}&since=x-2": (
+            "/v1/subscriptions/s/events?%74oken=<redacted>&since=x-2"
+        ),
+        f"POST https://hooks.example.com/in?api_key={token}&team=7": (
+            "POST https://hooks.example.com/in?api_key=<redacted>&team=7"
+        ),
+        f"/hook?sig={token}": "/hook?sig=<redacted>",
+        "/v1/agents?after=agent-7&limit=100": "/v1/agents?after=agent-7&limit=100",
     }
     for line, redacted in lines.items():
         assert redact(line) == redacted

@@ -156,10 +156,14 @@ async def test_sigterm_ends_sse_streams_cleanly(
             proc.process.send_signal(signal.SIGTERM)
             ending: object
             try:
+                last = await sse.next()  # the server says it is stopping, and where to resume
                 ending = await sse.next()
             except aiohttp.ClientPayloadError as error:
                 ending = error
     assert proc.stop(signal.SIGTERM) == 0
     errors = [line for line in proc.lines if "ERROR" in line]
     assert ending is None, f"the stream did not end cleanly: {ending!r}"
+    assert last is not None and last.event == "shutdown", last
+    assert last.data["reason"] == "server shutting down"
+    assert last.data["cursor"] == response["cursor"]  # nothing was sent since it began
     assert errors == []

@@ -156,13 +156,24 @@ async def test_a_receive_that_awaits_no_future_still_tells_the_client_left(
 
 
 async def test_the_server_stopping_ends_the_stream_cleanly(hub: Hub) -> None:  # noqa: F811
+    """The last event says why the stream ends and where to resume: the cursor of the
+    last notification sent (here none: the ``live`` event's)."""
     server = Server()
     connection, task = await start(hub, server)
     await server.until(b"event: live")
     hub.hub.shutdown()
     async with asyncio.timeout(10):
         await task
-    assert server.messages[-1] == {"type": "http.response.body", "body": b"", "more_body": False}
+    last = server.messages[-1]
+    assert last["more_body"] is False
+    head, _, data = last["body"].partition(b"\r\ndata: ")
+    assert head == b"event: shutdown"
+    live = orjson.loads(server.body.split(b"event: live\r\ndata: ")[1].split(b"\r\n")[0])
+    assert orjson.loads(data) == {
+        "subscription_id": live["subscription_id"],
+        "reason": "server shutting down",
+        "cursor": live["cursor"],
+    }
     assert released(hub, connection)
 
 

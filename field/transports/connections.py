@@ -166,6 +166,8 @@ class ConnectionGuard:
         self._by_client: dict[str, int] = {}
         self._refused = {"total": 0, "client": 0}
         self._next_report = 0.0
+        #: connections refused since start-up, by the cap they met
+        self.refused_total = {"total": 0, "client": 0}
 
     def admit(self, key: str) -> Admission:
         """Count a new connection from ``key``, or raise the error that refuses it."""
@@ -202,6 +204,7 @@ class ConnectionGuard:
     def _note_refusal(self, cap: str) -> None:
         """Log refusals in one line at most every :data:`REFUSAL_REPORT_SECONDS`."""
         self._refused[cap] += 1
+        self.refused_total[cap] += 1
         now = time.monotonic()
         if now < self._next_report:
             return

@@ -38,7 +38,7 @@ import functools
 import logging
 import random
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -521,6 +521,10 @@ class Sink:
             if await self._deliver(functools.partial(self.frames.notification, frame)):
                 self.delivered = position
                 self.engine.ack(self.subscription_id, position)
+                counts = self.engine.hub.counts
+                if counts is not None:
+                    sent = counts.sender(self.kind)
+                    sent[frame.kind] = sent.get(frame.kind, 0) + 1
         elif frame.kind == "overflow":
             # the receiver fell behind the log: read on from the log, from where we are
             self.connection = None
@@ -577,6 +581,7 @@ class Sink:
                 self.in_flight = False
             self.last_status = answer.status
             judged = verdict(answer.status)
+            engine.attempts[(self.kind, judged.value)] += 1
             now = engine.clock()
             if judged is Verdict.DELIVERED:
                 self.attempts, self.first_failure, self.next_attempt = 0, None, None
@@ -672,6 +677,10 @@ class DeliveryEngine:
         self._flusher: asyncio.Task[None] | None = None
         self._timers: set[asyncio.TimerHandle] = set()
         self._sweeper: asyncio.Task[None] | None = None
+        #: POSTs made, by (delivery kind, verdict), and state changes, by (kind, action)
+        #: (``GET /metrics``)
+        self.attempts: Counter[tuple[str, str]] = Counter()
+        self.changes: Counter[tuple[str, str]] = Counter()
 
     @property
     def field(self) -> Field:
@@ -795,6 +804,7 @@ class DeliveryEngine:
         """Move a delivery's state, in the log first (the sink follows either way)."""
         after = {"fail": "failing", "recover": "active", "suspend": "suspended", "end": "ended"}
         sink.state = after.get(action, sink.state)
+        self.changes[(sink.kind, action)] += 1
         try:
             await self.service.execute(
                 lambda field: field.change_delivery(sink.subscription_id, action, reason),

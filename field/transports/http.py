@@ -60,6 +60,8 @@ from ..store.keys import load_or_create_key
 from .cors import cors_middleware, websocket_refusal
 from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
+from .health import health_routes
+from .metrics import Metrics, Observer
 from .push import PushHub
 from .ratelimits import AgentRateLimits
 from .sse import sse_endpoint, subscription_of
@@ -154,6 +156,10 @@ class HTTPBinding:
         self.register_limit: RegisterLimit | None = None
         #: the per-agent limit on operations (one for the server, whatever its bindings)
         self.rate_limits = AgentRateLimits(config.agent_rate_limit())
+        #: ``GET /metrics`` and what it counts (None: ``--no-metrics``)
+        self.metrics: Metrics | None = None
+        #: told of every operation answered, for metrics and the access log (None: neither)
+        self.observer: Observer | None = None
         #: MCP over HTTP at /mcp (None: the mcp package is not installed)
         self.mcp: McpHttpBinding | None = None
 
@@ -175,6 +181,8 @@ class HTTPBinding:
         return endpoint
 
     async def operation(self, request: Request, operation: str) -> Response:
+        started = time.perf_counter()
+        body: Any = None
         try:
             token = bearer_token(request)
             self.admit(token, operation)  # first: a refusal costs no body read
@@ -190,10 +198,14 @@ class HTTPBinding:
                 operation=operation,
             )
         except FieldError as error:
+            if self.observer is not None:
+                self.observer.operation("http", operation, started, error, body)
             return error_response(error, operation)
         except ClientDisconnect:
             # the client left before its body arrived: nothing ran, no one to answer
             return Response(status_code=400)
+        if self.observer is not None:
+            self.observer.operation("http", operation, started, outcome, body)
         return json_response(absolute_urls(outcome.response, str(request.base_url).rstrip("/")))
 
     async def _read(
@@ -502,6 +514,10 @@ def create_app(
     binding.sources = SourcesBinding(binding, tolerance=config.source_tolerance)
     registration = RegistrationBinding(binding)
     binding.register_limit = RegisterLimit(Rate(config.register_rate, config.register_burst))
+    if config.metrics:
+        binding.metrics = Metrics(binding, token=config.metrics_token)
+    if config.metrics or config.access_log:
+        binding.observer = Observer(binding.metrics, access_log=config.access_log)
     if importlib.util.find_spec("mcp") is not None:  # the mcp extra
         from .mcp_http import McpHttpBinding
 
@@ -558,6 +574,9 @@ def create_app(
         )
         await deliveries.start()
         binding.deliveries = deliveries
+        binding.hub.observer = binding.observer
+        if binding.metrics is not None:
+            binding.metrics.instrument()
         app.state.service = service
         app.state.push_hub = binding.hub
         app.state.register_limit = binding.register_limit
@@ -606,6 +625,8 @@ def create_app(
         *rap.routes(),
         *binding.sources.routes(),
         *registration.routes(),
+        *health_routes(binding),
+        *(binding.metrics.routes() if binding.metrics is not None else ()),
         Route("/openapi.json", openapi_endpoint, methods=["GET"]),
         *ConsoleBinding(binding).routes(),
     ]
@@ -616,4 +637,5 @@ def create_app(
         exception_handlers={HTTPException: _not_found, Exception: _crash},
     )
     app.router.redirect_slashes = False  # /v1/record/ is not an endpoint: 404, no redirect
+    app.state.metrics = binding.metrics  # uvicorn_config hands it the connection counts
     return app

@@ -141,6 +141,8 @@ SECURITY: dict[str, list[dict[str, list[str]]]] = {
     #: a push stream: the header, or ``?token=`` for browsers (EventSource, WebSocket)
     "push": [{"agentToken": []}, {"queryToken": []}],
     "operator": [{"operatorToken": []}],
+    #: ``GET /metrics``: open, or its own token with ``--metrics-token-file``
+    "metrics": [{}, {"metricsToken": []}],
     #: REGISTER: none; the operator's token, or a retired id's last token, when given
     "register": [{}, {"operatorToken": []}, {"agentToken": []}],
     #: an inbound event: no token, a signature of its sender (the parameters say which)
@@ -456,6 +458,40 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         tag="reads",
         auth="public",
         response="field-status.response",
+    ),
+    Endpoint(
+        method="GET",
+        path="/healthz",
+        name="healthz",
+        summary="The process answers (a liveness probe)",
+        tag="operating",
+        auth="public",
+        response={
+            "type": "object",
+            "required": ["status"],
+            "properties": {"status": {"const": "ok"}},
+        },
+    ),
+    Endpoint(
+        method="GET",
+        path="/readyz",
+        name="readyz",
+        summary="The Field can take writes now (a readiness probe); 503 with the reason if not",
+        tag="operating",
+        auth="public",
+        response={"type": "object", "required": ["status"]},
+        errors=(Code.LOG_UNAVAILABLE, Code.STORAGE_FULL),
+    ),
+    Endpoint(
+        method="GET",
+        path="/metrics",
+        name="metrics",
+        summary="The Field's numbers in the Prometheus text format",
+        tag="operating",
+        auth="metrics",
+        response={"type": "string"},
+        media="text/plain",
+        errors=(Code.UNAUTHENTICATED,),
     ),
     Endpoint(
         method="GET",
@@ -840,6 +876,12 @@ _SECURITY_SCHEMES = {
         "description": "The operator's token (`--operator-token-file` or "
         "`FIELD_OPERATOR_TOKEN`): authority 10.",
     },
+    "metricsToken": {
+        "type": "http",
+        "scheme": "bearer",
+        "description": "The token `GET /metrics` asks for when the server has one "
+        "(`--metrics-token-file` or `FIELD_METRICS_TOKEN`).",
+    },
     "queryToken": {
         "type": "apiKey",
         "in": "query",
@@ -857,6 +899,7 @@ _TAGS = [
     {"name": "registration", "description": "Registration tokens (the operator's)."},
     {"name": "rap", "description": "The Field as a tool server of the Reactive Agent Protocol."},
     {"name": "meta", "description": "About the API itself."},
+    {"name": "operating", "description": "Health probes and metrics, for those who run it."},
     {"name": "console", "description": "The console: the Field live in a browser."},
 ]
 

@@ -28,7 +28,8 @@ import functools
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -59,6 +60,7 @@ from ..subscriptions.stream import (
 )
 
 if TYPE_CHECKING:
+    from .metrics import Observer
     from .ratelimits import AgentRateLimits
     from .registration import RegisterLimit
 
@@ -78,6 +80,8 @@ def _middle(name: str, flags: int, requires_action: bool) -> bytes:
 
 
 REPLAY_PAGE = 2000
+#: ``Connection.ended`` of every connection when the server stops (close code, reason).
+SHUTDOWN = (1001, "server shutting down")
 #: Default of ``--max-push-per-agent``.
 DEFAULT_MAX_PER_AGENT = 16
 
@@ -98,6 +102,36 @@ class Connection:
     streams: dict[str, _Binding] = field(default_factory=dict)
     #: close code and reason once the hub has ended this connection
     ended: tuple[int, str] | None = None
+
+
+@dataclass(slots=True)
+class PushCounts:
+    """What the hub and its connections did since start-up (``GET /metrics``): plain
+    numbers, bumped where it happens and read at scrape time."""
+
+    #: streams attached with a cursor, by (connection kind, whether it was honoured)
+    resumes: Counter[tuple[str, bool]] = field(default_factory=Counter)
+    #: connections ended for falling behind, by (connection kind, the bound reached)
+    overflows: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: notifications written, by connection kind, then event name
+    sent: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def sender(self, kind: str) -> dict[str, int]:
+        """The tally of notifications written to connections of ``kind``, by event."""
+        return self.sent.setdefault(kind, {})
+
+
+def count_notifications(frames: Iterable[Frame], sent: dict[str, int] | None) -> int:
+    """How many of ``frames`` are notifications (they carry a cursor); each is added to
+    ``sent`` by event name, if given (:meth:`PushCounts.sender`)."""
+    if sent is None:
+        return sum(frame.cursor is not None for frame in frames)
+    notifications = 0
+    for frame in frames:
+        if frame.cursor is not None:
+            notifications += 1
+            sent[frame.kind] = sent.get(frame.kind, 0) + 1
+    return notifications
 
 
 class Sleeper(Protocol):
@@ -169,6 +203,10 @@ class PushHub:
         #: the per-agent limit on operations, which envelopes sent on a WebSocket take
         #: their tokens from, if set
         self.rate_limits: AgentRateLimits | None = None
+        #: what the connections did, for ``GET /metrics``; None: not counted (--no-metrics)
+        self.counts: PushCounts | None = None
+        #: told of every envelope answered on a WebSocket (metrics, access log), if set
+        self.observer: Observer | None = None
         service.listeners.append(self.publish)
 
     @property
@@ -303,7 +341,7 @@ class PushHub:
     def shutdown(self) -> None:
         """End every connection (the server is stopping) and cancel replays."""
         for connection in list(self.connections):
-            self.end(connection, 1001, "server shutting down", None)
+            self.end(connection, *SHUTDOWN, None)
         for task in list(self._tasks):
             task.cancel()
         if self._timer is not None:
@@ -331,6 +369,8 @@ class PushHub:
                 after = position
             else:
                 report.update(recovered=False, reason=problem)
+            if self.counts is not None:
+                self.counts.resumes[(connection.kind, report["recovered"])] += 1
         ending = subscription.get("ended_position")
         until = last if ending is None else min(last, ending - 1)
         binding = self._bind(connection, subscription, after, replaying=after < until)
@@ -742,6 +782,8 @@ class PushHub:
             for sid, binding in connection.streams.items()
         }
         body = orjson.dumps({"reason": f"{why}: {detail}", "cursors": cursors})
+        if self.counts is not None:
+            self.counts.overflows[(connection.kind, why)] += 1
         logger.warning(
             "closing a slow %s consumer of agent %s (%s)",
             connection.kind,

@@ -40,6 +40,7 @@ import functools
 import hashlib
 import logging
 import random
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -366,18 +367,23 @@ class RapBinding:
     # -- running an invocation ---------------------------------------------------------
 
     async def _run(self, call: Invocation, token: str | None) -> None:
+        started = time.perf_counter()
+        observer = self.http.observer
         try:
             outcome = await self.http._service().execute(
                 functools.partial(run_invocation, call=call, token=token),
                 operation=call.operation,
             )
-        except FieldError as error:
+        except Exception as exc:
+            if not isinstance(exc, FieldError):
+                logger.exception("the RAP invocation of %s failed", call.tool)
+            error = exc if isinstance(exc, FieldError) else internal_error(call.operation)
+            if observer is not None:
+                observer.operation("rap", call.operation, started, error)
             await self._answer(call, error.to_response(call.operation), is_error=True)
             return
-        except Exception:
-            logger.exception("the RAP invocation of %s failed", call.tool)
-            await self._answer(call, internal_error(call.operation).to_response(), is_error=True)
-            return
+        if observer is not None:
+            observer.operation("rap", call.operation, started, outcome)
         if call.operation != "SUBSCRIBE":  # a subscription's result is the engine's to send
             await self._answer(call, outcome.response, is_error=False)
 

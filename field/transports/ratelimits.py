@@ -101,6 +101,8 @@ class AgentRateLimits:
     ) -> None:
         #: None: operations are not limited
         self.limiter = None if rate is None else KeyedLimiter(rate, max_keys=max_keys, clock=clock)
+        #: operations refused since start-up
+        self.refused = 0
 
     def admit(self, field: Field, token: str | None, operation: str | None = None) -> None:
         """Take a token for the agent of ``token``, or raise ``RATE_LIMITED``."""
@@ -112,6 +114,7 @@ class AgentRateLimits:
             return
         wait = limiter.take(agent_id)
         if wait:
+            self.refused += 1
             raise rate_limited(wait, limiter.rate, operation)
 
     def published(self, entries: list[StoredEntry]) -> None:

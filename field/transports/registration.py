@@ -43,6 +43,8 @@ class RegisterLimit:
 
     def __init__(self, rate: Rate, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.limiter = KeyedLimiter(rate, clock=clock)
+        #: REGISTER requests refused since start-up
+        self.refused = 0
 
     def check(self, field: Field, token: str | None, host: str | None) -> None:
         """Take one REGISTER from ``host``; raise RATE_LIMITED (with ``retry_after``) if
@@ -51,6 +53,7 @@ class RegisterLimit:
             return
         wait = self.limiter.take(client_key(host))
         if wait > 0:
+            self.refused += 1
             raise rate_limited(wait)
 
     def check_envelope(self, field: Field, body: Any, token: str | None, host: str | None) -> None:

@@ -16,7 +16,8 @@ going away is noticed by stepping the server's ``receive()`` by hand
 what is not plain (:class:`ServerSentEvent`): pings, and bodies with line
 breaks. A server that stops ends every stream through the hub
 (:meth:`PushHub.shutdown` closes every outbox), which is what
-sse-starlette's shutdown listener was for.
+sse-starlette's shutdown listener was for; the stream's last event is then
+``shutdown``, with the cursor to resume from.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from ..core.context import Outcome
 from ..core.field import Field
 from ..errors import FieldError, internal_error
 from ..subscriptions.outbox import Frame, Outbox
-from .push import Connection, PushHub
+from .push import SHUTDOWN, Connection, PushHub, count_notifications
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
 logger = logging.getLogger("field.sse")
@@ -156,12 +157,16 @@ async def _stream(hub: PushHub, connection: Connection, send: Send, subscription
     """Send the response: the head, then the outbox's frames as events (each chunk once
     its notifications' tokens are there, :meth:`PushHub.pace`), a ping comment
     whenever the outbox has been empty for :data:`SSE_PING_SECONDS`, and the end of the
-    body once the outbox closes. A send that blocks for :data:`SEND_TIMEOUT_SECONDS`
+    body once the outbox closes (with a ``shutdown`` event if the server is stopping:
+    :func:`_shutdown_event`). A send that blocks for :data:`SEND_TIMEOUT_SECONDS`
     ends the stream with an ``overflow`` event if the consumer takes it at once."""
     outbox = connection.outbox
     most = hub.batch_size(SSE_BATCH)
+    sent = None if hub.counts is None else hub.counts.sender(connection.kind)
     #: the cursor the client can resume from: what it has been sent
     resume_from: str | None = None
+    #: the response's last message (the server stopping says so first)
+    closing = _END
     try:
         async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
             await send(_START)
@@ -174,8 +179,10 @@ async def _stream(hub: PushHub, connection: Connection, send: Send, subscription
                     await send(_body(_ping()))
                 continue
             if frame is None or connection.ended is _GONE:
+                if frame is None and connection.ended == SHUTDOWN:
+                    closing = _closing(_shutdown_event(subscription_id, resume_from))
                 break
-            chunk, last, cursor, notifications = _events(frame, outbox, most)
+            chunk, last, cursor, notifications = _events(frame, outbox, most, sent)
             await hub.pace(connection, notifications)
             async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
                 await send(_body(chunk))
@@ -184,17 +191,17 @@ async def _stream(hub: PushHub, connection: Connection, send: Send, subscription
                 break
             del frame, chunk  # an idle stream must not pin the frames it last sent
     except TimeoutError:
-        await _farewell(connection, send, subscription_id, resume_from)
+        await _farewell(hub, connection, send, subscription_id, resume_from)
         return
     try:
         async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-            await send(_END)
+            await send(closing)
     except TimeoutError:  # everything was sent but the end: nothing more to say
         logger.warning("an SSE consumer of agent %s stopped reading", connection.agent_id)
 
 
 async def _farewell(
-    connection: Connection, send: Send, subscription_id: str, resume_from: str | None
+    hub: PushHub, connection: Connection, send: Send, subscription_id: str, resume_from: str | None
 ) -> None:
     """The consumer stopped reading: end its stream with an ``overflow`` event holding the
     cursor of the last notification it was sent, if it takes it within
@@ -203,6 +210,8 @@ async def _farewell(
     if connection.ended is None:
         connection.ended = (4008, "send timed out")
         connection.outbox.close_with(None)
+        if hub.counts is not None:
+            hub.counts.overflows[(connection.kind, "send timed out")] += 1
     cursors = {subscription_id: resume_from} if resume_from is not None else {}
     data = {"reason": "send timed out: the consumer stopped reading", "cursors": cursors}
     last = _sse_event(Frame(orjson.dumps(data), "overflow"))
@@ -211,6 +220,17 @@ async def _farewell(
             await send({"type": "http.response.body", "body": last, "more_body": False})
     except TimeoutError:
         pass
+
+
+def _shutdown_event(subscription_id: str, resume_from: str | None) -> bytes:
+    """The last event of a stream whose server is stopping: reconnect, and resume from
+    ``cursor`` (where the stream stands: as good as the last event id received)."""
+    data = {"subscription_id": subscription_id, "reason": SHUTDOWN[1], "cursor": resume_from}
+    return _sse_event(Frame(orjson.dumps(data), "shutdown"))
+
+
+def _closing(chunk: bytes) -> dict[str, Any]:
+    return {"type": "http.response.body", "body": chunk, "more_body": False}
 
 
 def _body(chunk: bytes) -> dict[str, Any]:
@@ -223,11 +243,13 @@ def _ping() -> bytes:
     return ServerSentEvent(comment=comment).encode()
 
 
-def _events(frame: Frame, outbox: Outbox, most: int) -> tuple[bytes, bool, str | None, int]:
+def _events(
+    frame: Frame, outbox: Outbox, most: int, tally: dict[str, int] | None = None
+) -> tuple[bytes, bool, str | None, int]:
     """``frame`` and what is queued behind it (``most`` frames at most) as one body chunk;
     whether the stream ends with it (an ``end`` or ``overflow`` event); the cursor a
     client that read it all resumes from (None: the chunk does not move it); how many
-    notifications it holds."""
+    notifications it holds (counted in ``tally`` by event, if given)."""
     frames = [frame]
     if frame.kind not in _LAST:
         for queued in outbox.drain_now(most - 1):
@@ -239,7 +261,7 @@ def _events(frame: Frame, outbox: Outbox, most: int) -> tuple[bytes, bool, str |
         cursor = _resume_point(sent)
         if cursor is not None:
             break
-    notifications = sum(f.cursor is not None for f in frames)
+    notifications = count_notifications(frames, tally)
     return b"".join(_sse_event(f) for f in frames), frames[-1].kind in _LAST, cursor, notifications
 
 

@@ -9,7 +9,9 @@ WebSocket close codes: 4401 authentication failed, 4429 the agent holds as
 many push connections as it may, 4008 the consumer was too slow, whichever
 bound it reached (its outbox, a send waiting for the socket, an unanswered
 ping; resume from the cursors of the ``overflow`` frame), 4409 the agent
-deregistered, 1001 the server is stopping. (A message over the size limit is
+deregistered, 1001 the server is stopping (reason ``server shutting down``, after
+what is queued, however the stop reaches the connection: :data:`SHUTDOWN_EXTENSION`).
+(A message over the size limit is
 answered and closed with 1009 by ``field serve``'s protocol.)
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from typing import Any
 
 import orjson
@@ -31,8 +34,8 @@ from ..model import OPERATIONS
 from ..subscriptions.outbox import Frame
 from .delivery import check_webhook
 from .documents import decode_document
-from .push import Connection, PushHub
-from .wsprotocol import BATCH_EXTENSION, STALL_EXTENSION
+from .push import Connection, PushHub, count_notifications
+from .wsprotocol import BATCH_EXTENSION, SHUTDOWN_CLOSE, SHUTDOWN_EXTENSION, STALL_EXTENSION
 
 logger = logging.getLogger("field.streaming")
 
@@ -161,6 +164,9 @@ async def _ws_reader(
         if message["type"] == STALL_EXTENSION:
             hub.overflow(connection, message["reason"], message["detail"])
             return
+        if message["type"] == SHUTDOWN_EXTENSION:  # what is queued, then close 1001
+            hub.end(connection, *SHUTDOWN_CLOSE, None)
+            return
         if message["type"] != "websocket.receive":  # websocket.disconnect
             return
         # a binary frame is accepted if it is UTF-8 JSON
@@ -177,10 +183,12 @@ async def _ws_reader(
 async def _run_envelope(
     hub: PushHub, message: str | bytes, token: str | None, base_http: str, host: str | None = None
 ) -> tuple[Any, int, dict[str, Any]]:
+    started = time.perf_counter()
     msg_id = None
+    body: Any = None
+    operation = None
     try:
         body = decode_document(message, hub.field.limits, what="the message")
-        operation = None
         if isinstance(body, dict):
             msg_id = _echoed_id(body.get("id"))
             operation = _known_operation(body.get("operation"))
@@ -193,10 +201,17 @@ async def _run_envelope(
             lambda field: field.handle(body, token=token, operation=None), operation=operation
         )
     except FieldError as error:
+        if hub.observer is not None:
+            hub.observer.operation("websocket", operation, started, error, body)
         return msg_id, error.http_status, error.to_response()
     except Exception:
         logger.exception("a WebSocket request failed")
-        return msg_id, 500, internal_error().to_response()
+        error = internal_error()
+        if hub.observer is not None:
+            hub.observer.operation("websocket", operation, started, error, body)
+        return msg_id, error.http_status, error.to_response()
+    if hub.observer is not None:
+        hub.observer.operation("websocket", operation, started, outcome, body)
     return msg_id, 200, absolute_urls(outcome.response, base_http)
 
 
@@ -233,6 +248,7 @@ async def _ws_sender(
     """
     outbox = connection.outbox
     most = hub.batch_size(SEND_BATCH + 1)
+    sent = None if hub.counts is None else hub.counts.sender(connection.kind)
     try:
         while True:
             frame = await outbox.get()
@@ -240,7 +256,7 @@ async def _ws_sender(
                 break
             # send what is queued in one go; the timeout bounds a consumer that stalls
             batch = [frame, *outbox.drain_now(most - 1)]
-            await hub.pace(connection, sum(queued.cursor is not None for queued in batch))
+            await hub.pace(connection, count_notifications(batch, sent))
             if send is not None:
                 texts = [_ws_frame(queued) for queued in batch]
                 await send({"type": BATCH_EXTENSION, "texts": texts})

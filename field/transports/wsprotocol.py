@@ -31,7 +31,10 @@ closing:
 * a message over ``ws_max_size`` is answered with a ``response`` frame
   (``413 PAYLOAD_TOO_LARGE``) before websockets closes with 1009;
 * a closing connection whose consumer does not read is cut after the close
-  timeout (asyncio's ``close`` would wait for its buffer to drain for ever).
+  timeout (asyncio's ``close`` would wait for its buffer to drain for ever);
+* a server that stops has the application close each connection with 1001
+  (:meth:`FieldWebSocketProtocol.shutdown`), where uvicorn's closes it with 1012
+  at once, racing the application's own close.
 
 Everything else, the wire included, is uvicorn's and websockets' own.
 
@@ -51,6 +54,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import email.utils
 import logging
 from typing import TYPE_CHECKING, Any
@@ -83,7 +87,16 @@ BATCH_EXTENSION = "field.websocket.send_texts"
 #: "reason": close reason, "detail": what happened}`` that says the consumer stalled
 #: (module docstring): the application should end the connection.
 STALL_EXTENSION = "field.websocket.stalled"
-#: The options of both extensions (none): one dict for every connection's scope.
+#: The scope extension, and the type of the receive event ``{"type": SHUTDOWN_EXTENSION}``
+#: that says the server is stopping: the application should send what it has queued
+#: and close with :data:`SHUTDOWN_CLOSE`, within :data:`SHUTDOWN_SECONDS`.
+SHUTDOWN_EXTENSION = "field.websocket.shutdown"
+#: The close code and reason of every open WebSocket when the server stops.
+SHUTDOWN_CLOSE = (1001, "server shutting down")
+#: Seconds the application has, once the server stops, to close a WebSocket (and the
+#: client to answer that close) before the protocol closes it itself.
+SHUTDOWN_SECONDS = 2.0
+#: The options of the extensions (none): one dict for every connection's scope.
 _NO_OPTIONS: dict[str, Any] = {}
 
 
@@ -235,7 +248,8 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
         scope = getattr(self, "scope", None)
         if scope is not None:  # the handshake went to the application
             extensions = scope["extensions"]
-            extensions[BATCH_EXTENSION] = extensions[STALL_EXTENSION] = _NO_OPTIONS
+            for name in (BATCH_EXTENSION, STALL_EXTENSION, SHUTDOWN_EXTENSION):
+                extensions[name] = _NO_OPTIONS
 
     async def send(self, message: Any) -> None:
         if message["type"] == BATCH_EXTENSION:
@@ -279,6 +293,48 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
         self.transport.write(b"".join(conn.data_to_send()))
 
     # -- stalls, oversize messages, closing ------------------------------------------
+
+    def shutdown(self) -> None:
+        """The server is stopping: the application closes the connection, with 1001.
+
+        uvicorn's protocol sends close 1012 (no reason) here and then, whatever the
+        application is doing: a race with the application's own close (1001 after
+        what it still had queued), which the protocol won whenever the server's
+        shutdown ran before the application's sender. Instead, the application is
+        told (:data:`SHUTDOWN_EXTENSION`) and given :data:`SHUTDOWN_SECONDS` to send
+        what it has and close; past them the protocol closes with
+        :data:`SHUTDOWN_CLOSE` itself. Either way the code is 1001 and the reason
+        ``server shutting down``. A connection already closing, or whose handshake
+        is not done, is left to uvicorn's.
+        """
+        if (
+            self.close_sent
+            or not self.handshake_complete
+            or self.initial_response is not None
+            or self.transport.is_closing()
+        ):
+            super().shutdown()
+            return
+        self.stop_keepalive()
+        self.queue.put_nowait({"type": SHUTDOWN_EXTENSION})
+        if self.close_timer is not None:
+            self.close_timer.cancel()
+        self.close_timer = self.loop.call_later(SHUTDOWN_SECONDS, self._shutdown_deadline)
+
+    def _shutdown_deadline(self) -> None:
+        """The application had its time to close; cut a closing handshake that the client
+        has not answered, or close with :data:`SHUTDOWN_CLOSE` if nothing closed yet."""
+        self.close_timer = None
+        if self.close_sent or self.transport.is_closing():
+            self._cut()
+            return
+        code, reason = SHUTDOWN_CLOSE
+        self.queue.put_nowait({"type": "websocket.disconnect", "code": code, "reason": reason})
+        with contextlib.suppress(InvalidState):  # the client's close crossed ours
+            self.conn.send_close(code, reason)
+        self.close_sent = True
+        self.transport.write(b"".join(self.conn.data_to_send()))
+        self.transport.close()
 
     def pause_writing(self) -> None:
         if not self.stalled:  # a stalled consumer's writes no longer wait
