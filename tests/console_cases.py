@@ -113,6 +113,7 @@ SUBSCRIPTION = {
 SAMPLE = {
     "t": 1795484056.5,
     "operations_per_s": 12.0,
+    "operation_latency_ms": {"mean": 0.4},
     "entries_per_s": 9.0,
     "delivery_latency_ms": {"mean": 0.8, "max": 2.1},
 }
@@ -131,7 +132,10 @@ SNAPSHOT = {
     "conflicts": {"open": 1, "listed": [CONFLICT]},
     "subscriptions": {"total": 1, "listed": [SUBSCRIPTION]},
     "rates": SAMPLE,
-    "history": [{**SAMPLE, "t": 1795484055.5, "delivery_latency_ms": None}, SAMPLE],
+    "history": [
+        {**SAMPLE, "t": 1795484055.5, "operation_latency_ms": None, "delivery_latency_ms": None},
+        SAMPLE,
+    ],
 }
 
 
@@ -173,5 +177,6 @@ INVALID = [
     case(_with("conflicts.listed.0.units.unit_a.content", "x" * 241), "long-excerpt"),
     case(_with("history", [SAMPLE] * 121), "long-history"),
     case(_with("rates.delivery_latency_ms", {"mean": 1}), "latency-without-max"),
+    case(_with("rates.operation_latency_ms", {"mean": -1}), "negative-latency"),
     case(_with("viewer.may_merge", "yes"), "may-merge-not-boolean"),
 ]

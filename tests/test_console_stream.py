@@ -223,8 +223,19 @@ async def test_a_change_is_shown(server: ThreadedServer) -> None:
                 "finding", "Churn fell.", purpose="Track churn", confidence=0.9, reasoning="Data."
             )
             later = await stream.snapshot(lambda s: s["field"]["epoch"] >= recorded["epoch"])
+            # the RECORD is sampled: one operation answered, one batch delivered
+            sampled = await stream.snapshot(
+                lambda s: (
+                    any(p["operation_latency_ms"] for p in s["history"])
+                    and any(p["delivery_latency_ms"] for p in s["history"])
+                )
+            )
     assert later["field"]["counts"]["memory_units"] == {"active": 1}
     assert first["field"]["counts"]["memory_units"] == {}
+    (answered,) = [p for p in sampled["history"] if p["operation_latency_ms"]]
+    assert answered["operations_per_s"] > 0
+    (delivered,) = [p for p in sampled["history"] if p["delivery_latency_ms"]]
+    assert delivered["entries_per_s"] > 0
 
 
 # -- bounds and ends --------------------------------------------------------------------
@@ -283,9 +294,12 @@ async def test_sigterm_ends_console_streams(
     async with console_stream(proc.url, OPERATOR_TOKEN) as stream:
         await stream.snapshot()
         proc.process.send_signal(signal.SIGTERM)
+        events = []
         while (event := await stream.next()) is not None:
-            assert event[0] == "snapshot"
+            events.append(event)
     assert proc.stop(signal.SIGTERM, timeout=5) == 0
+    assert events[-1] == ("shutdown", {"reason": "server shutting down"})
+    assert all(name == "snapshot" for name, _ in events[:-1])
     assert [line for line in proc.lines if "ERROR" in line] == []
 
 

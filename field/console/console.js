@@ -142,9 +142,9 @@
                   resolve(snapshot);
                 }
                 render(s, snapshot);
-              } else if (name === "end") {
-                signOut(`Signed out: ${JSON.parse(data).reason}.`);
               }
+              // "end", "shutdown": the stream is over (the token is no longer valid, or
+              // the server stops); reconnecting tells which: a refused token signs out
             });
           } catch (error) {
             if (first) return reject(error);
@@ -188,7 +188,9 @@
           } else if (name === "overflow") {
             const cursor = body.cursors && body.cursors[s.subscription];
             if (cursor) s.cursor = cursor;
-          } else if (body.subscription_id === s.subscription) {
+          } else if (name === "shutdown") {
+            if (body.cursor) s.cursor = body.cursor;  // the server stops: resume there
+          } else if (name !== "message" && body.subscription_id === s.subscription) {
             s.cursor = body.cursor;
             addEvent(body);
           }
@@ -322,6 +324,8 @@
   function renderActivity(history, now) {
     const last = history[history.length - 1];
     $("c-ops").textContent = last ? last.operations_per_s.toFixed(1) : "–";
+    $("c-op-latency").textContent = last && last.operation_latency_ms
+      ? `answered in ${last.operation_latency_ms.mean.toFixed(2)} ms on average` : "";
     // no batch committed in the last second: nothing was delivered, nothing to time
     $("c-latency").textContent = !last ? "–"
       : last.delivery_latency_ms ? last.delivery_latency_ms.mean.toFixed(2) : "idle";

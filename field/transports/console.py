@@ -64,7 +64,7 @@ from ..errors import Code, FieldError, Overloaded
 from ..model import StoredEntry
 from ..subscriptions.outbox import Frame, Outbox
 from .http import error_response
-from .push import SINK_KINDS, Connection, PushHub
+from .push import SHUTDOWN, SINK_KINDS, Connection, PushHub
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ class ConsoleFeed:
         if hub is None or service is None:
             return
         changed = self._changed = asyncio.Event()
-        self.meter.start(service.field.epoch)
+        self.meter.start(service.field.epoch, self._answered())
         service.listeners.append(self._published)
         loop = asyncio.get_running_loop()
         sample_at = loop.time() + SNAPSHOT_SECONDS
@@ -275,7 +275,7 @@ class ConsoleFeed:
                 if not self.streams:
                     break
                 if loop.time() >= sample_at:
-                    self.meter.sample(service.field.epoch)
+                    self.meter.sample(service.field.epoch, self._answered())
                     sample_at = loop.time() + SNAPSHOT_SECONDS
                 try:
                     self._tick(hub)
@@ -288,6 +288,10 @@ class ConsoleFeed:
             if self.binding.service is not service:  # the server stopped
                 for stream in list(self.streams):
                     stream.end(None)
+
+    def _answered(self) -> Answered | None:
+        metrics = self.binding.metrics
+        return None if metrics is None else metrics.answered()
 
     def _published(self, entries: list[StoredEntry]) -> None:
         """A batch is durable (the writer calls this): count it, and show it soon."""
@@ -379,11 +383,13 @@ class ConsoleStream:
                     {"type": "http.response.start", "status": 200, "headers": _STREAM_HEADERS}
                 )
             while (frame := await outbox.get()) is not None:
-                event = b"event: " + frame.kind.encode() + b"\r\ndata: " + frame.body + b"\r\n\r\n"
                 async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                    await send({"type": "http.response.body", "body": event, "more_body": True})
+                    await send(_event(frame, more=True))
+            last = Frame(b"", "")  # the body ends
+            if self.connection.ended == SHUTDOWN:  # the server stops: say so, as SSE does
+                last = Frame(orjson.dumps({"reason": SHUTDOWN[1]}), "shutdown")
             async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                await send(_event(last, more=False))
         except TimeoutError:
             logger.warning("a console stream of %s stopped reading", self.viewer.id)
         finally:
@@ -397,27 +403,35 @@ class ConsoleStream:
         self.end(None)
 
 
-class Meter:
-    """Operations a second and delivery latency, sampled once a second.
+#: What the metrics counted so far (``Metrics.answered``): operations, and their seconds.
+Answered = tuple[float, float]
 
-    *Operations a second* is how far the epoch moved: every operation that
-    succeeds (reads included) advances it by one. *Delivery latency* is the
-    time from an operation's log entry being made to its notifications being
-    queued for their subscribers: the group commit and the matching, measured
-    on every committed batch.
+
+class Meter:
+    """Operations a second, their latency and delivery latency, sampled once a second.
+
+    *Operations a second* are the operations answered (every transport and
+    outcome) as ``GET /metrics`` counts them; with ``--no-metrics``, how far the
+    epoch moved (every operation that succeeds advances it by one). *Operation
+    latency* is their mean time from arrival to answer (metrics only).
+    *Delivery latency* is the time from a batch's first log entry being made to
+    its notifications being queued for their subscribers: the group commit and
+    the matching, measured on every committed batch.
     """
 
     def __init__(self) -> None:
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
         self._epoch = 0
+        self._answered: Answered | None = None
         self._at = 0.0
         self._entries = 0
         self._batches = 0
         self._delay_sum = 0.0
         self._delay_max = 0.0
 
-    def start(self, epoch: int) -> None:
-        self._epoch, self._at = epoch, time.monotonic()
+    def start(self, epoch: int, answered: Answered | None) -> None:
+        """Count from now: the epoch, and what the metrics have counted (None: no metrics)."""
+        self._epoch, self._answered, self._at = epoch, answered, time.monotonic()
         self._entries = self._batches = 0
         self._delay_sum = self._delay_max = 0.0
 
@@ -429,15 +443,20 @@ class Meter:
         self._delay_sum += delay
         self._delay_max = max(self._delay_max, delay)
 
-    def sample(self, epoch: int) -> None:
+    def sample(self, epoch: int, answered: Answered | None) -> None:
         """Close the second that ended now: one sample in :attr:`history`."""
-        now = time.monotonic()
-        seconds = max(now - self._at, 1e-6)
+        seconds = max(time.monotonic() - self._at, 1e-6)
+        operations, latency = float(max(0, epoch - self._epoch)), None
+        if answered is not None and self._answered is not None:
+            operations = answered[0] - self._answered[0]
+            if operations > 0:
+                latency = {"mean": round(1000 * (answered[1] - self._answered[1]) / operations, 3)}
         batches = self._batches
         self.history.append(
             {
                 "t": round(time.time(), 3),
-                "operations_per_s": round(max(0, epoch - self._epoch) / seconds, 2),
+                "operations_per_s": round(operations / seconds, 2),
+                "operation_latency_ms": latency,
                 "entries_per_s": round(self._entries / seconds, 2),
                 "delivery_latency_ms": {
                     "mean": round(1000 * self._delay_sum / batches, 3),
@@ -447,8 +466,7 @@ class Meter:
                 else None,
             }
         )
-        self.start(epoch)
-        self._at = now
+        self.start(epoch, answered)
 
     def recent(self) -> list[dict[str, Any]]:
         """The samples of the last :data:`HISTORY` seconds (none while no console was open)."""
@@ -462,6 +480,14 @@ class Meter:
 
 
 # -- the parts of a snapshot ------------------------------------------------------------
+
+
+def _event(frame: Frame, *, more: bool) -> dict[str, Any]:
+    """An ASGI body message holding ``frame`` as an SSE event (no event if it has no kind)."""
+    body = b""
+    if frame.kind:  # the bodies are JSON from orjson: one line each
+        body = b"event: " + frame.kind.encode() + b"\r\ndata: " + frame.body + b"\r\n\r\n"
+    return {"type": "http.response.body", "body": body, "more_body": more}
 
 
 def _inner(body: dict[str, Any]) -> bytes:

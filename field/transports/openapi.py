@@ -760,7 +760,8 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "A `text/event-stream` of `snapshot` events, once a second and soon after every "
             "change: the status, agents, open conflicts, subscriptions with their lag, and "
             "rates, as the viewer (an agent, or the operator) may see them; an `end` event "
-            "when the viewer's token stops being valid. See protocol/README.md, Console."
+            "when the viewer's token stops being valid, a `shutdown` event when the server "
+            "stops. See protocol/README.md, Console."
         ),
         response={"type": "string"},
         media="text/event-stream",
@@ -771,6 +772,7 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             "x-events": {
                 "snapshot": ref("console-snapshot"),
                 "end": ref("console-snapshot", "/$defs/end"),
+                "shutdown": ref("console-snapshot", "/$defs/end"),
             }
         },
     ),
