@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from . import coordination_cases, rap_cases
+from . import console_cases, coordination_cases, rap_cases
 from .schema_util import (
     SCHEMA_DIR,
     URN_PREFIX,
@@ -83,6 +83,7 @@ RESPONSES = [
     "registration-token.response",
     "registration-tokens.response",
     "registration-token-revoke.response",
+    *console_cases.SCHEMAS["responses"],
 ]
 ALL = TYPES + REQUESTS + RESPONSES
 
@@ -2214,8 +2215,8 @@ INVALID += [
         "registration-token-revoke.response", {"status": "ok", "id": "regtok-1", "epoch": 4}, "id"
     ),
 ]
-VALID += coordination_cases.VALID + rap_cases.VALID
-INVALID += coordination_cases.INVALID + rap_cases.INVALID
+VALID += coordination_cases.VALID + rap_cases.VALID + console_cases.VALID
+INVALID += coordination_cases.INVALID + rap_cases.INVALID + console_cases.INVALID
 
 
 @pytest.mark.parametrize(("name", "instance"), VALID)

@@ -145,11 +145,18 @@ EXCLUDED_FOR: dict[tuple[str, str], list[Any]] = {
 }
 
 
+#: Endpoints that answer a valid request with a stream that never ends: a request and its
+#: whole answer is not a way to check them (their own tests read them).
+ENDLESS = {("GET", "/v1/console/stream")}
+
+
 def _runs() -> Iterator[Any]:
     """Each endpoint with valid requests; and with invalid ones where it has something a
     request can get wrong (parameters, a body)."""
     for endpoint in ENDPOINTS:
         label = f"{endpoint.method} {endpoint.path}"
+        if (endpoint.method, endpoint.path) in ENDLESS:
+            continue
         yield pytest.param(endpoint, GenerationMode.POSITIVE, id=f"{label} valid")
         if endpoint.params or endpoint.request is not None:
             yield pytest.param(endpoint, GenerationMode.NEGATIVE, id=f"{label} invalid")

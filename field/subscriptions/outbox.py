@@ -169,3 +169,14 @@ class Outbox:
         if frames is not None and not frames:
             self._frames = None  # idle: hold no queue
         return out
+
+    def tally(self, most: int) -> dict[str, int] | None:
+        """The queued notifications (frames with a cursor) by subscription, or None when
+        more than ``most`` frames are queued: counting is bounded, like everything else."""
+        if len(self) > most:
+            return None
+        counts: dict[str, int] = {}
+        for frame in self._frames or ():
+            if frame.cursor is not None and frame.subscription_id is not None:
+                counts[frame.subscription_id] = counts.get(frame.subscription_id, 0) + 1
+        return counts

@@ -227,9 +227,13 @@ class HTTPBinding:
         """The status page, read straight from the Field: it never waits for the writer,
         so it answers while the writer is busy or the log is stalled."""
         try:
-            service = self._service()
+            return json_response(self.status())
         except FieldError as error:
             return error_response(error)
+
+    def status(self) -> dict[str, Any]:
+        """The status page's body (the console shows it too); OVERLOADED while starting."""
+        service = self._service()
         field = service.field
         body = field.status()
         body["server_version"] = __version__
@@ -249,7 +253,7 @@ class HTTPBinding:
         }
         body["sources"] = {} if self.sources is None else self.sources.status(field)
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
-        return json_response(body)
+        return body
 
     async def subscription_events(self, request: Request) -> ASGIApp:
         if self.hub is None:
@@ -499,6 +503,7 @@ def create_app(
     key that seals webhook secrets ``webhook_key`` if given, else
     :func:`webhook_key_of` ``config``.
     """
+    from .console import ConsoleBinding
     from .openapi import openapi_endpoint
     from .rap import RapBinding  # they build on this module
     from .registration import RegisterLimit, RegistrationBinding
@@ -623,6 +628,7 @@ def create_app(
         *health_routes(binding),
         *(binding.metrics.routes() if binding.metrics is not None else ()),
         Route("/openapi.json", openapi_endpoint, methods=["GET"]),
+        *ConsoleBinding(binding).routes(),
     ]
     app = (_CORSFieldApp if config.cors_origin else _FieldApp)(
         binding,

@@ -206,6 +206,18 @@ class Metrics:
 
         return timed
 
+    def answered(self) -> tuple[float, float]:
+        """Operations answered since start-up (every transport and outcome) and the seconds
+        they took in all: what the console samples once a second."""
+        count = seconds = 0.0
+        for metric in self._latency.collect():
+            for sample in metric.samples:
+                if sample.name.endswith("_count"):
+                    count += sample.value
+                elif sample.name.endswith("_sum"):
+                    seconds += sample.value
+        return count, seconds
+
     # -- the endpoint -------------------------------------------------------------------
 
     def routes(self) -> list[Route]:

@@ -147,6 +147,8 @@ SECURITY: dict[str, list[dict[str, list[str]]]] = {
     "register": [{}, {"operatorToken": []}, {"agentToken": []}],
     #: an inbound event: no token, a signature of its sender (the parameters say which)
     "signed": [],
+    #: the console's stream: an agent's token or the operator's, as for a push stream
+    "console": [{"agentToken": []}, {"operatorToken": []}, {"queryToken": []}],
 }
 
 
@@ -728,6 +730,52 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         auth="public",
         response={"type": "object", "required": ["openapi", "paths"]},
     ),
+    *(
+        Endpoint(
+            method="GET",
+            path=path,
+            name=name,
+            summary=summary,
+            tag="console",
+            auth="public",
+            description="A file of the console, a page for people that signs in with a "
+            "token (protocol/README.md, Console). It loads nothing from anywhere else.",
+            response={"type": "string"},
+            media=media,
+        )
+        for path, name, media, summary in (
+            ("/console", "console", "text/html", "The console: the Field live in a browser"),
+            ("/console/console.js", "console_script", "text/javascript", "The console's script"),
+            ("/console/console.css", "console_style", "text/css", "The console's style sheet"),
+        )
+    ),
+    Endpoint(
+        method="GET",
+        path="/v1/console/stream",
+        name="console_stream",
+        summary="The console's snapshots, as Server-Sent Events",
+        tag="console",
+        auth="console",
+        description=(
+            "A `text/event-stream` of `snapshot` events, once a second and soon after every "
+            "change: the status, agents, open conflicts, subscriptions with their lag, and "
+            "rates, as the viewer (an agent, or the operator) may see them; an `end` event "
+            "when the viewer's token stops being valid, a `shutdown` event when the server "
+            "stops. See protocol/README.md, Console."
+        ),
+        response={"type": "string"},
+        media="text/event-stream",
+        headers={"Cache-Control": {"schema": {"const": "no-store"}}},
+        errors=(*AUTHENTICATED, *RATED),
+        params=(_TOKEN,),
+        extra={
+            "x-events": {
+                "snapshot": ref("console-snapshot"),
+                "end": ref("console-snapshot", "/$defs/end"),
+                "shutdown": ref("console-snapshot", "/$defs/end"),
+            }
+        },
+    ),
 )
 
 
@@ -854,6 +902,7 @@ _TAGS = [
     {"name": "rap", "description": "The Field as a tool server of the Reactive Agent Protocol."},
     {"name": "meta", "description": "About the API itself."},
     {"name": "operating", "description": "Health probes and metrics, for those who run it."},
+    {"name": "console", "description": "The console: the Field live in a browser."},
 ]
 
 

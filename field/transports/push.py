@@ -86,9 +86,10 @@ SHUTDOWN = (1001, "server shutting down")
 DEFAULT_MAX_PER_AGENT = 16
 
 
-#: Connections that are the Field's own durable sinks (webhook, RAP), not an agent's
-#: sockets: neither counted against the agent's cap nor proof that the agent is alive.
-SINK_KINDS = frozenset({"webhook", "rap"})
+#: Connections that are the Field's own durable sinks (webhook, RAP) or console streams
+#: (:mod:`.console`), not an agent's sockets: neither counted against the agent's cap nor
+#: proof that the agent is alive.
+SINK_KINDS = frozenset({"webhook", "rap", "console"})
 
 
 @dataclass(eq=False, slots=True)
@@ -858,3 +859,12 @@ class PushHub:
         if stream.window_ms:
             self._deliver(binding, stream.advance(math.inf))
         self.detach(binding.connection, stream.subscription_id, reason)
+
+    # -- what the console shows ----------------------------------------------------
+
+    def stream_states(self) -> Iterator[tuple[str, Connection, bool]]:
+        """Every stream bound now: its subscription id, the connection it is queued on,
+        and whether it is still replaying (live notifications held back meanwhile)."""
+        for subscription_id, bindings in self._by_subscription.items():
+            for binding in bindings:
+                yield subscription_id, binding.connection, binding.held is not None
