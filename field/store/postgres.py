@@ -98,11 +98,10 @@ _OWNER_LOCK = 0x6669656C6402
 _INSTALL = "pip install 'akashik-field[postgres]'"
 
 _HEAD = "UPDATE field_log_head SET position = position + %s WHERE id = 1 RETURNING position"
-_INSERT = (
-    "INSERT INTO field_log (position, epoch, kind, agent_id, ts, data)"
-    " SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::text[], %s::text[],"
-    " %s::float8[], %s::bytea[])"
-)
+#: The batch goes in with one binary COPY: for 128 entries, half the time of an INSERT of
+#: unnest()ed arrays or of executemany (benchmarks/README.md, "The log in PostgreSQL").
+_COPY = "COPY field_log (position, epoch, kind, agent_id, ts, data) FROM STDIN (FORMAT BINARY)"
+_COPY_TYPES = ["int8", "int8", "text", "text", "float8", "bytea"]
 _SELECT = (
     "SELECT position, epoch, kind, agent_id, ts, data FROM field_log"
     " WHERE position > %s ORDER BY position LIMIT %s"
@@ -283,7 +282,10 @@ class PostgresEventLog(EventLog):
                 with conn.transaction():
                     last = conn.execute(_HEAD, (count,)).fetchone()[0]
                     first = last - count + 1
-                    conn.execute(_INSERT, (list(range(first, last + 1)), *columns))
+                    with conn.cursor().copy(_COPY) as copy:
+                        copy.set_types(_COPY_TYPES)
+                        for row in zip(range(first, last + 1), *columns, strict=True):
+                            copy.write_row(row)
             except _InUse as exc:
                 raise LogUnavailable(exc.message, suggested_action=exc.suggested_action) from None
             except psycopg.Error as exc:
