@@ -285,3 +285,14 @@ class TestOpenLogPostgres:
     def test_redaction_drops_user_and_password(self) -> None:
         shown = redact_log_url("postgresql://alice:s3cret@db.example.com:6432/field")
         assert shown == "postgresql://db.example.com:6432/field"
+
+
+def test_the_log_url_comes_from_the_environment_and_is_checked() -> None:
+    from field.config import Config
+
+    config = Config.from_env({"FIELD_LOG": "postgresql://u:pw@db/field"})
+    assert config.log == "postgresql://u:pw@db/field"
+    assert "pw" not in repr(config)
+    assert Config.from_env({"FIELD_LOG": ""}).log is None
+    with pytest.raises(ValueError, match="postgresql://"):
+        Config.from_env({"FIELD_LOG": "sqlite:///tmp/x"})
