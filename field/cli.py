@@ -122,7 +122,9 @@ def _parser() -> argparse.ArgumentParser:
         "--embedder",
         help="semantic relevance embedder: hashing (default), "
         "wordllama[-64|-128] (the wordllama extra: a small sentence model inside its wheel), or "
-        "sentence-transformers:<model or local path> (installed locally, never downloaded)",
+        "sentence-transformers:<model or local path> (installed locally, never downloaded), "
+        "or minilm[-<max tokens>] (all-MiniLM-L6-v2 in NumPy: the minilm extra and its model "
+        "wheel)",
     )
     serve.add_argument(
         "--ws-deflate",

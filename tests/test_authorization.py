@@ -454,3 +454,38 @@ def test_compact_leaves_alone_the_units_it_may_not_supersede(h: Harness) -> None
     )
     assert summarized["units_affected"] == 1 and status(h, directive) == "archived"
     assert_replays(h)
+
+
+# -- a session creator moderates the conflicts within its session -----------------------
+
+
+def test_a_session_creator_merges_conflicts_within_its_session_only(h: Harness) -> None:
+    created = {"action": "create", "name": "launch", "invitees": ["bob"]}
+    sid = h.send("SESSION", "alice", created)["session"]["id"]
+    h.send("SESSION", "bob", {"action": "join", "session_id": sid})
+    mine = record(h, "alice", "the launch is in March", session_id=sid)
+    contradicts = {"relations": [{"type": "contradicts", "target_id": mine}]}
+    record(h, "bob", "the launch is in May", session_id=sid, **contradicts)
+    inside = next(iter(h.field.state.conflicts))
+    # outside the session alice is a standard agent: a conflict there is not hers to merge
+    outside_a = record(h, "alice", "prices stay flat")
+    contradicts = {"relations": [{"type": "contradicts", "target_id": outside_a}]}
+    record(h, "bob", "prices rise", **contradicts)
+    outside = next(c for c in h.field.state.conflicts if c != inside)
+
+    def keep(conflict_id: str, winner: str) -> dict[str, Any]:
+        resolution = {"rationale": "the creator decides", "winner_id": winner}
+        return {"conflict_id": conflict_id, "strategy": "authority", "resolution": resolution}
+
+    error = refused(h, Code.INSUFFICIENT_AUTHORITY, "MERGE", "alice", keep(outside, outside_a))
+    assert "MERGE needs authority 6" in error.message
+    # inside, a member that did not create the session is still a standard agent
+    refused(h, Code.INSUFFICIENT_AUTHORITY, "MERGE", "bob", keep(inside, mine), session_id=sid)
+    # having left, alice no longer sees the session's conflict; rejoined, she moderates it
+    h.send("SESSION", "alice", {"action": "leave", "session_id": sid})
+    refused(h, Code.CONFLICT_NOT_FOUND, "MERGE", "alice", keep(inside, mine))
+    h.send("SESSION", "alice", {"action": "join", "session_id": sid})
+    resolved = h.send("MERGE", "alice", keep(inside, mine), session_id=sid)
+    assert resolved["status"] == "resolved"
+    assert status(h, mine) == "active"
+    assert_replays(h)

@@ -117,6 +117,16 @@ def _transition_advice(status: str) -> str:
 # -- MERGE -----------------------------------------------------------------------------
 
 
+def conflict_session(state: FieldState, conflict: dict[str, Any]) -> str | None:
+    """The session a conflict is within: the one both its units were recorded in; None if
+    they were recorded in different sessions or outside any."""
+    sessions_of = {
+        (state.known_units.get(unit_id) or {}).get("source", {}).get("session_id")
+        for unit_id in (conflict["unit_a"], conflict["unit_b"])
+    }
+    return sessions_of.pop() if len(sessions_of) == 1 else None
+
+
 def merge(field: Field, ctx: Context) -> Outcome:
     """MERGE: resolve, escalate or vote on a conflict (spec 6.6)."""
     request = validation.merge_payload(ctx.envelope.payload, field.limits)
@@ -133,7 +143,9 @@ def merge(field: Field, ctx: Context) -> Outcome:
     strategy = request["strategy"]
     voting = strategy == "vote" and "vote" in conflict  # a ballot, once a vote was opened
     need = BALLOT_AUTHORITY if voting else authority.SENIOR
-    authority.require(agent.authority, need, "casting a ballot" if voting else "MERGE")
+    # in the session both units belong to, its creator acts at 8, as everywhere in it
+    level = authority.effective_authority(state, agent, conflict_session(state, conflict))
+    authority.require(level, need, "casting a ballot" if voting else "MERGE")
     winner = request["winner_id"]
     if winner is not None and winner not in (conflict["unit_a"], conflict["unit_b"]):
         raise InvalidPayload(
@@ -144,8 +156,8 @@ def merge(field: Field, ctx: Context) -> Outcome:
     if voting and conflict["status"] == "resolving":
         return merger.ballot()
     path = path_of(conflict["status"], strategy)
-    for step, level in zip(path, check_path(conflict, strategy, path), strict=True):
-        authority.require(agent.authority, level, f"moving a conflict to {step}")
+    for step, needed in zip(path, check_path(conflict, strategy, path), strict=True):
+        authority.require(level, needed, f"moving a conflict to {step}")
     if strategy == "human_escalation":
         return merger.escalate()
     if strategy == "vote":

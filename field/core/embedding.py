@@ -20,8 +20,10 @@ an (agents x events) matrix, live or at replay.
 ``wordllama-<dim>`` (:class:`WordLlamaEmbedder`: a static sentence
 embedder whose model ships inside the ``wordllama`` wheel), or
 ``sentence-transformers:<model name or local path>``, which loads a
-locally installed ``sentence-transformers`` package and model. None of
-them ever downloads anything.
+locally installed ``sentence-transformers`` package and model, or
+``minilm`` (``minilm-<max tokens>``: :class:`field.core.minilm.MiniLMEmbedder`,
+all-MiniLM-L6-v2 run in NumPy from the files of an installed wheel).
+None of them ever downloads anything.
 """
 
 from __future__ import annotations
@@ -326,10 +328,14 @@ def load_embedder(spec: str) -> Embedder:
         return WordLlamaEmbedder(int(spec[10:]))
     if kind == "sentence-transformers" and argument:
         return SentenceTransformerEmbedder(argument)
+    if spec == "minilm" or (spec.startswith("minilm-") and spec[7:].isdigit()):
+        from .minilm import MAX_TOKENS, MiniLMEmbedder  # NumPy transformer: loaded on demand
+
+        return MiniLMEmbedder(max_tokens=int(spec[7:]) if spec[7:] else MAX_TOKENS)
     raise EmbedderError(
         f"unknown embedder {spec!r}: use 'hashing', 'hashing-<dim>', 'wordllama', "
-        f"'wordllama-<{'|'.join(map(str, WORDLLAMA_DIMS))}>' "
-        "or 'sentence-transformers:<model or path>'"
+        f"'wordllama-<{'|'.join(map(str, WORDLLAMA_DIMS))}>', "
+        "'sentence-transformers:<model or path>', 'minilm' or 'minilm-<max tokens>'"
     )
 
 
