@@ -27,7 +27,7 @@ from . import __version__, logs, redaction, sources_cli
 from .config import Config
 from .core.embedding import EmbedderError, load_embedder
 from .errors import FieldError
-from .store import open_log
+from .store import open_log, redact_log_url
 from .transports.connections import ConnectionGuard, ConnectionLimits, FieldHttpProtocol
 from .transports.http import create_app, webhook_key_of
 from .transports.metrics import Metrics
@@ -268,6 +268,13 @@ def _parser() -> argparse.ArgumentParser:
         type=float,
         help="seconds an MCP session may go with no request in flight before it ends (600)",
     )
+    serve.add_argument(
+        "--log",
+        metavar="URL",
+        help="keep the event log in PostgreSQL, e.g. postgresql://user@host/db (needs the "
+        "postgres extra); the data directory still holds the webhook key (default: SQLite "
+        "in the data directory)",
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -394,6 +401,7 @@ def _config(args: argparse.Namespace) -> Config:
         ),
         log_format=args.log_format,
         access_log=args.access_log,
+        log=args.log,
     )
     if args.in_memory:
         config = replace(config, data_dir=None)
@@ -570,9 +578,10 @@ def serve(config: Config) -> int:
         return 2
     config = _fit_connections(replace(config, port=sock.getsockname()[1]))
     try:
-        log = open_log(config.data_dir, synchronous=config.sync)
+        log = open_log(config.data_dir, synchronous=config.sync, url=config.log)
     except FieldError as exc:
-        logger.error("cannot open the event log in %s: %s", config.data_dir, exc.message)
+        where = config.data_dir if config.log is None else redact_log_url(config.log)
+        logger.error("cannot open the event log in %s: %s", where, exc.message)
         sock.close()
         return 2
     try:

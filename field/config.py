@@ -163,6 +163,9 @@ class Config:
     log_format: str = "text"
     #: Log every request (uvicorn's access line) and every operation (``field.operation``).
     access_log: bool = False
+    #: The event log in PostgreSQL (``postgresql://user@host/db``); None: SQLite in
+    #: ``data_dir``. Kept out of repr: the URL may carry a password.
+    log: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if self.max_subscription_timeout is not None:
@@ -231,6 +234,8 @@ class Config:
         if self.metrics_token is not None and len(self.metrics_token) < 16:
             raise ValueError("metrics_token must be at least 16 characters")
         object.__setattr__(self, "cors_origin", parse_origins(self.cors_origin))
+        if self.log is not None and not self.log.startswith(("postgresql://", "postgres://")):
+            raise ValueError("log must be a postgresql:// URL")
 
     def admission_policy(self) -> AdmissionPolicy:
         """The targets of admission control."""
@@ -375,6 +380,8 @@ _FLOATS = (
 def _parse(name: str, raw: str) -> Any:
     if name == "data_dir":
         return None if raw in ("", ":memory:") else Path(raw)
+    if name == "log":
+        return raw or None
     if name == "webhook_key_file":
         return Path(raw) if raw else None
     if name == "webhook_allow_net":  # comma- or space-separated CIDRs

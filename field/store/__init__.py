@@ -14,6 +14,8 @@ __all__ = [
     "DB_FILENAME",
     "WEBHOOK_KEY_FILENAME",
     "EventLog",
+    "is_log_url",
+    "redact_log_url",
     "LogEntry",
     "MemoryEventLog",
     "SQLiteEventLog",
@@ -27,10 +29,32 @@ DB_FILENAME = "field.db"
 WEBHOOK_KEY_FILENAME = "webhook.key"
 
 
-def open_log(data_dir: str | os.PathLike[str] | None, *, synchronous: str = "full") -> EventLog:
-    """The event log for ``data_dir``: in memory for ``None``, else ``<data_dir>/field.db``."""
+#: How a PostgreSQL log's URL begins (``--log``).
+LOG_URL_SCHEMES = ("postgresql://", "postgres://")
+
+
+def is_log_url(url: str) -> bool:
+    """Whether ``url`` names a log this server can open (a PostgreSQL URL)."""
+    return url.startswith(LOG_URL_SCHEMES)
+
+
+def open_log(
+    data_dir: str | os.PathLike[str] | None,
+    *,
+    synchronous: str = "full",
+    url: str | None = None,
+) -> EventLog:
+    """The event log: the PostgreSQL database ``url`` names when given (owned by this
+    process: a second server on it refuses to start); else in memory for a ``data_dir``
+    of ``None``, or ``<data_dir>/field.db``."""
     if synchronous not in ("full", "normal"):
         raise ValueError(f"synchronous must be 'full' or 'normal', got {synchronous!r}")
+    if url is not None:
+        if not is_log_url(url):
+            raise ValueError("the log URL must begin with postgresql:// or postgres://")
+        from field.store.postgres import PostgresEventLog  # the driver is an optional extra
+
+        return PostgresEventLog(url, exclusive=True)
     if data_dir is None:
         return MemoryEventLog()
     directory = Path(data_dir)
@@ -42,3 +66,10 @@ def open_log(data_dir: str | os.PathLike[str] | None, *, synchronous: str = "ful
             suggested_action="Choose a --data-dir the server can create and write.",
         ) from None
     return SQLiteEventLog(directory / DB_FILENAME, synchronous=synchronous)
+
+
+def redact_log_url(url: str) -> str:
+    """``url`` as logs may show it: scheme, host, port and database, no user or password."""
+    from field.store.postgres import redact
+
+    return redact(url)

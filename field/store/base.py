@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
 
 import orjson
 
@@ -87,6 +88,10 @@ class EventLog(abc.ABC):
                 return
             yield from batch
             after = batch[-1].position
+
+    def location(self) -> dict[str, Any] | None:
+        """Where a networked log lives (host, port, name; never a credential); None here."""
+        return None
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release the backend's resources; the log is unusable afterwards."""

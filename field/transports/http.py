@@ -246,6 +246,9 @@ class HTTPBinding:
             if refusing is None
             else {"code": refusing.code, "message": refusing.message},
         }
+        location = service.log.location()
+        if location is not None:
+            body["log"]["database"] = location
         body["writer"] = {
             "running": service.running,
             "queued": service.queued,
@@ -527,7 +530,7 @@ def create_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         nonlocal log
         if log is None:
-            log = open_log(config.data_dir, synchronous=config.sync)
+            log = open_log(config.data_dir, synchronous=config.sync, url=config.log)
         chosen = embedder or load_embedder(config.embedder)
         box = SecretBox(webhook_key or webhook_key_of(config))
         service = FieldService(

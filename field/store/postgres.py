@@ -1,0 +1,379 @@
+"""The event log in PostgreSQL: the first step from one node toward several.
+
+Layout (in the schema the connection's ``search_path`` names first):
+
+* ``field_log``: one row per entry; ``position`` is the primary key and
+  ``data`` the orjson encoding of the entry's data (``bytea``: the bytes
+  the other backends store, decoded the same way).
+* ``field_log_head``: one row holding the last position handed out.
+* ``field_schema``: one row holding the schema version
+  (:data:`SCHEMA_VERSION`). The server creates and migrates the schema
+  itself (:data:`MIGRATIONS`), under a transaction-scoped advisory lock;
+  a database whose version is newer than this server knows is refused.
+
+**Positions are assigned by the database.** An append is one transaction:
+``UPDATE field_log_head SET position = position + n ... RETURNING`` takes
+the head row's lock and hands out ``n`` positions, the rows are inserted,
+and ``COMMIT``. A second appender (another instance, another process, one
+day another node) blocks on the head row until the first commits, then
+takes the positions after it: two appenders never commit the same
+position, never leave a gap, and commit in position order, so a reader
+that sees position ``p`` has every position before it. Contention is
+waited out, not reported as a conflict; only a wait longer than
+:data:`LOCK_TIMEOUT_MS` fails the append (``LOG_UNAVAILABLE``).
+
+**Durable before acknowledged.** Every connection sets
+``synchronous_commit = on``: ``append`` returns after the commit's WAL is
+flushed, as durable as the server's own ``fsync`` setting makes it.
+
+**One Field per database.** A server opens the log with ``exclusive=True``
+(see :func:`field.store.open_log`): its write connection holds a session
+advisory lock, so a second Field on the same database refuses to start
+(the lock is taken again after a reconnect; while another holds it,
+appends are refused with ``LOG_UNAVAILABLE``).
+
+**Failures.** A database that cannot be reached, a lost connection or a
+lock wait that times out make ``append`` raise
+:class:`~field.errors.LogUnavailable`; a full disk (SQLSTATE 53100),
+:class:`~field.errors.StorageFull`. The connection is opened again on the
+next call, so the Field's probe resumes writes by itself once the database
+is back. When the connection is lost during ``COMMIT`` the outcome is
+unknown: the append reports ``LOG_UNAVAILABLE`` (nothing was acknowledged)
+and the Field rebuilds its state from what the log holds.
+
+The interface is synchronous, as SQLite's is: the Field calls ``append``
+in a worker thread and reads from its threads and its event loop. One
+write connection and one read connection, each under its own lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+
+from field.errors import LogUnavailable, LogWriteError, OperationalError, StorageFull
+from field.store.base import EventLog, LogEntry, StoredEntry
+from field.store.memory import encode_batch, within
+
+try:
+    import psycopg
+    from psycopg import errors as pg_errors
+    from psycopg.conninfo import conninfo_to_dict
+except ImportError:  # pragma: no cover - the postgres extra is not installed
+    psycopg = None  # type: ignore[assignment]
+
+#: The schema version this server reads and writes.
+SCHEMA_VERSION = 1
+
+#: Statements that take the schema from version ``v - 1`` to ``v``, by ``v``.
+MIGRATIONS: dict[int, tuple[str, ...]] = {
+    1: (
+        """CREATE TABLE field_log (
+            position BIGINT PRIMARY KEY,
+            epoch    BIGINT NOT NULL,
+            kind     TEXT NOT NULL,
+            agent_id TEXT,
+            ts       DOUBLE PRECISION NOT NULL,
+            data     BYTEA NOT NULL
+        )""",
+        """CREATE TABLE field_log_head (
+            id       INTEGER PRIMARY KEY CHECK (id = 1),
+            position BIGINT NOT NULL CHECK (position >= 0)
+        )""",
+        "INSERT INTO field_log_head (id, position) VALUES (1, 0)",
+    ),
+}
+
+#: Seconds to wait for the database to accept a connection (libpq's least is 2).
+CONNECT_TIMEOUT = 2
+#: How long an append waits for the head row held by another appender (ms).
+LOCK_TIMEOUT_MS = 2000
+#: Advisory lock keys: creating/migrating the schema, and a Field owning the log.
+_SCHEMA_LOCK = 0x6669656C6401
+_OWNER_LOCK = 0x6669656C6402
+_INSTALL = "pip install 'akashik-field[postgres]'"
+
+_HEAD = "UPDATE field_log_head SET position = position + %s WHERE id = 1 RETURNING position"
+#: The batch goes in with one binary COPY: for 128 entries, half the time of an INSERT of
+#: unnest()ed arrays or of executemany (benchmarks/README.md, "The log in PostgreSQL").
+_COPY = "COPY field_log (position, epoch, kind, agent_id, ts, data) FROM STDIN (FORMAT BINARY)"
+_COPY_TYPES = ["int8", "int8", "text", "text", "float8", "bytea"]
+_SELECT = (
+    "SELECT position, epoch, kind, agent_id, ts, data FROM field_log"
+    " WHERE position > %s ORDER BY position LIMIT %s"
+)
+_SELECT_AT = (
+    "SELECT position, epoch, kind, agent_id, ts, data FROM field_log"
+    " WHERE position = ANY(%s::bigint[]) ORDER BY position"
+)
+_SIZES_AT = (
+    "SELECT position, octet_length(data) FROM field_log"
+    " WHERE position = ANY(%s::bigint[]) ORDER BY position"
+)
+_LAST = "SELECT position FROM field_log_head WHERE id = 1"
+
+
+def describe(url: str) -> dict[str, Any]:
+    """Where ``url`` points, without its user or password: host, port and database."""
+    if psycopg is None:
+        return {"host": None, "port": None, "name": None}
+    try:
+        params = conninfo_to_dict(url)
+    except psycopg.Error:
+        return {"host": None, "port": None, "name": None}
+    port = params.get("port")
+    return {
+        "host": params.get("host") or params.get("hostaddr") or "localhost",
+        "port": int(port) if port and str(port).isdigit() else 5432,
+        "name": params.get("dbname") or params.get("user"),
+    }
+
+
+def redact(url: str) -> str:
+    """``url`` as it may be shown (status, logs): ``postgresql://host:port/name``."""
+    where = describe(url)
+    return f"postgresql://{where['host']}:{where['port']}/{where['name']}"
+
+
+def _require_driver() -> None:
+    if psycopg is None:
+        raise OperationalError(
+            "A PostgreSQL log needs the psycopg driver, which is not installed.",
+            suggested_action=f"Install the postgres extra: {_INSTALL}",
+        )
+
+
+def _write_error(exc: Exception, where: str) -> OperationalError:
+    """The Field error for a failed append: the disk is full, or the log is unavailable."""
+    if isinstance(exc, pg_errors.DiskFull):
+        return StorageFull(
+            f"The event log's database {where} is out of disk space; writes are refused",
+            suggested_action="Free disk space on the database server: the Field resumes "
+            "writes by itself within seconds, so retry then. Reads keep working meanwhile.",
+        )
+    reason = _reason(exc)
+    return LogUnavailable(
+        f"The event log's database {where} cannot be written now ({reason}); writes are refused",
+        suggested_action="Retry in a few seconds: the Field resumes writes by itself once the "
+        "database answers again. Reads keep working meanwhile.",
+    )
+
+
+class PostgresEventLog(EventLog):
+    """A durable :class:`EventLog` in a PostgreSQL database (see the module docstring)."""
+
+    persistent = True
+    backend = "postgresql"
+
+    def __init__(self, url: str, *, exclusive: bool = False) -> None:
+        _require_driver()
+        self.url = url
+        self.where = redact(url)
+        self.exclusive = exclusive
+        self._write_lock = threading.Lock()
+        self._read_lock = threading.Lock()
+        self._closed = False
+        self._last = 0
+        self._writer: Any = None
+        self._reader: Any = None
+        try:
+            with self._write_lock:
+                self._writer = self._open_writer()
+                self._init_schema(self._writer)
+                self._last = self._writer.execute(_LAST).fetchone()[0]
+        except psycopg.Error as exc:
+            self.close()
+            raise OperationalError(
+                f"Cannot open the event log {self.where}: {_reason(exc)}",
+                suggested_action="Check that the database server runs, that the database "
+                "exists and that the --log URL's user may create tables in it.",
+            ) from None
+        except BaseException:
+            self.close()
+            raise
+
+    # -- connections -------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        conn = psycopg.connect(
+            self.url,
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT,
+            application_name="field",
+        )
+        conn.execute("SET synchronous_commit = on")
+        return conn
+
+    def _open_writer(self) -> Any:
+        conn = self._connect()
+        try:
+            conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+            if self.exclusive:
+                held = conn.execute("SELECT pg_try_advisory_lock(%s)", (_OWNER_LOCK,)).fetchone()
+                if not held[0]:
+                    raise _InUse(
+                        f"The event log {self.where} is in use by another field process.",
+                        suggested_action="Stop the other field process or choose another database.",
+                    )
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _init_schema(self, conn: Any) -> None:
+        """Create the tables in a new database, or migrate an older schema; refuse a newer."""
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (_SCHEMA_LOCK,))
+            conn.execute("CREATE TABLE IF NOT EXISTS field_schema (version INTEGER NOT NULL)")
+            row = conn.execute("SELECT version FROM field_schema").fetchone()
+            version = 0 if row is None else row[0]
+            if version > SCHEMA_VERSION:
+                raise OperationalError(
+                    f"The event log {self.where} has schema version {version}; this server "
+                    f"knows versions up to {SCHEMA_VERSION}.",
+                    suggested_action="Run a field version that knows this schema, or choose "
+                    "another database.",
+                )
+            for step in range(version + 1, SCHEMA_VERSION + 1):
+                for statement in MIGRATIONS[step]:
+                    conn.execute(statement)
+            if row is None:
+                conn.execute("INSERT INTO field_schema (version) VALUES (%s)", (SCHEMA_VERSION,))
+            elif version < SCHEMA_VERSION:
+                conn.execute("UPDATE field_schema SET version = %s", (SCHEMA_VERSION,))
+
+    @staticmethod
+    def _usable(conn: Any) -> bool:
+        return conn is not None and not conn.closed and not conn.broken
+
+    def _drop(self, conn: Any) -> None:
+        if conn is not None:
+            with contextlib.suppress(Exception):  # closing a broken connection
+                conn.close()
+
+    # -- appends -------------------------------------------------------------------
+
+    def append(self, entries: Sequence[LogEntry]) -> list[int]:
+        """Store ``entries`` in one transaction; return the positions the database gave them."""
+        if not entries:
+            return []
+        blobs = encode_batch(entries)
+        columns = (
+            [e.epoch for e in entries],
+            [e.kind for e in entries],
+            [e.agent_id for e in entries],
+            [float(e.ts) for e in entries],
+            blobs,
+        )
+        count = len(entries)
+        with self._write_lock:
+            if self._closed:
+                raise LogWriteError("The event log is closed.", recoverable=False)
+            try:
+                if not self._usable(self._writer):
+                    self._drop(self._writer)
+                    self._writer = None
+                    self._writer = self._open_writer()
+                conn = self._writer
+                with conn.transaction():
+                    last = conn.execute(_HEAD, (count,)).fetchone()[0]
+                    first = last - count + 1
+                    with conn.cursor().copy(_COPY) as copy:
+                        copy.set_types(_COPY_TYPES)
+                        for row in zip(range(first, last + 1), *columns, strict=True):
+                            copy.write_row(row)
+            except _InUse as exc:
+                raise LogUnavailable(exc.message, suggested_action=exc.suggested_action) from None
+            except psycopg.Error as exc:
+                if not self._usable(self._writer):
+                    self._drop(self._writer)
+                    self._writer = None
+                raise _write_error(exc, self.where) from exc
+            self._last = max(self._last, last)
+        return list(range(first, last + 1))
+
+    # -- reads ---------------------------------------------------------------------
+
+    def _query(self, query: str, params: tuple[Any, ...]) -> list[Any]:
+        """Run a read on the read connection (opened again when lost); the caller holds
+        the read lock."""
+        if self._closed:
+            raise OperationalError("The event log is closed.")
+        try:
+            if not self._usable(self._reader):
+                self._drop(self._reader)
+                self._reader = None
+                self._reader = self._connect()
+            return self._reader.execute(query, params).fetchall()
+        except psycopg.Error as exc:
+            if not self._usable(self._reader):
+                self._drop(self._reader)
+                self._reader = None
+            raise LogUnavailable(
+                f"Cannot read the event log {self.where}: {_reason(exc)}",
+                suggested_action="Retry in a few seconds, once the database answers again.",
+            ) from exc
+
+    def read(self, after: int = 0, limit: int = 1000) -> list[StoredEntry]:
+        """Entries with ``position > after``, ascending, at most ``limit``."""
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        with self._read_lock:
+            rows = self._query(_SELECT, (after, limit))
+        return _entries(rows)
+
+    def read_positions(
+        self, positions: Iterable[int], *, max_bytes: int | None = None
+    ) -> list[StoredEntry]:
+        """The entries at ``positions`` (ascending, each once; absent ones left out); with
+        ``max_bytes``, the prefix whose stored data fits (sizes are read first)."""
+        wanted = sorted({p for p in positions if 1 <= p < 2**63})
+        if not wanted:
+            return []
+        with self._read_lock:
+            if max_bytes is not None:
+                sized = self._query(_SIZES_AT, (wanted,))
+                wanted = [p for p, _ in sized[: within(max_bytes, [s for _, s in sized])]]
+            rows = self._query(_SELECT_AT, (wanted,))
+        return _entries(rows)
+
+    def last_position(self) -> int:
+        """The position of the newest entry this log appended or found at opening."""
+        if self._closed:
+            raise OperationalError("The event log is closed.")
+        return self._last
+
+    def location(self) -> dict[str, Any] | None:
+        """The database's host, port and name (never its user or password)."""
+        return describe(self.url)
+
+    def close(self) -> None:
+        """Close both connections (which releases the advisory lock); idempotent."""
+        with self._write_lock, self._read_lock:
+            self._closed = True
+            for conn in (self._reader, self._writer):
+                self._drop(conn)
+            self._reader = self._writer = None
+
+    def __repr__(self) -> str:
+        return f"PostgresEventLog({self.where!r})"
+
+
+class _InUse(OperationalError):
+    """Another Field holds the log's owner lock."""
+
+
+def _reason(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _entries(rows: list[Any]) -> list[StoredEntry]:
+    return [
+        StoredEntry(position, epoch, kind, orjson.loads(data), agent_id, ts)
+        for position, epoch, kind, agent_id, ts, data in rows
+    ]

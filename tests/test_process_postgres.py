@@ -1,0 +1,187 @@
+"""``field serve --log postgresql://...`` as a real process: group commit, durability
+before acknowledgement, SIGKILL and restart on the same database, a lock held elsewhere.
+
+Each test gets a database of its own, dropped afterwards; without a reachable PostgreSQL
+server the tests are skipped, naming the URL tried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from field.client import FieldClient, FieldClientError
+
+from .conftest import ServerProcess
+from .postgres_util import fresh_database
+from .schema_util import assert_valid
+from .test_process import (
+    ACKS_BEFORE_KILL,
+    WRITERS,
+    _agent,
+    _all_units,
+    _record,
+    _run_field,
+    _write_until_killed,
+)
+
+psycopg = pytest.importorskip("psycopg", reason="SKIPPED PostgreSQL tests: psycopg missing")
+
+pytestmark = pytest.mark.slow
+
+SpawnServer = Callable[..., ServerProcess]
+
+
+@pytest.fixture
+def database() -> Iterator[str]:
+    with fresh_database() as url:
+        yield url
+
+
+def with_password(url: str) -> str:
+    """``url`` carrying a password (trust authentication ignores it): status and logs
+    must never show it."""
+    return url.replace("@", ":hunter2-secret@", 1)
+
+
+async def _batch_sizes(url: str) -> dict[str, float]:
+    """The writer's batch histogram from GET /metrics: bucket bound -> count."""
+    async with aiohttp.ClientSession() as session, session.get(url + "/metrics") as r:
+        text = await r.text()
+    pattern = r'field_writer_batch_operations_bucket\{le="([^"]+)"\} ([0-9.e+]+)'
+    return {le: float(n) for le, n in re.findall(pattern, text)}
+
+
+async def test_sigkill_on_postgres_loses_nothing_acknowledged(
+    server_process: SpawnServer, tmp_path: Path, database: str
+) -> None:
+    url = with_password(database)
+    name = database.rsplit("/", 1)[1]
+    proc = server_process(tmp_path / "data", "--log", url)
+    async with FieldClient(proc.url) as field:
+        registered = await field.register("writer", "crash_tester")
+        token = registered.token
+        status = await field.status()
+        assert_valid("field-status.response", status)
+        assert status["log"]["backend"] == "postgresql"
+        assert status["log"]["database"] == {"host": "127.0.0.1", "port": 5432, "name": name}
+        assert "hunter2" not in str(status)
+        writer = _agent(field, "writer", token, "crash_tester")
+        acked, cut_off = await _write_until_killed(proc, writer, 0)
+    assert len(acked) >= ACKS_BEFORE_KILL and cut_off == WRITERS
+    assert not any("hunter2" in line for line in proc.lines)
+    # nothing of this Field is in the data directory but the webhook key
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["webhook.key"]
+
+    proc = server_process(tmp_path / "data", "--log", url)
+    async with FieldClient(proc.url) as field:
+        writer = _agent(field, "writer", token, "crash_tester")
+        stored = await _all_units(writer)
+        missing = acked.keys() - stored.keys()
+        assert not missing, f"{len(missing)} acknowledged units lost"
+        assert all(stored[i] == e for i, e in acked.items())
+        assert len(stored.keys() - acked.keys()) <= WRITERS
+        fresh = await _record(writer, "finding", "after the crash", purpose="crash test")
+        assert fresh["epoch"] > max(acked.values())
+        # the log in the database is dense: positions 1..last, as the status says
+        status = await field.status()
+        rows = await asyncio.to_thread(
+            _query, database, "SELECT count(*), max(position) FROM field_log"
+        )
+        assert rows == [(status["log"]["last_position"], status["log"]["last_position"])]
+        # under load the writer committed several operations at once (group commit)
+        buckets = await _batch_sizes(proc.url)
+    assert buckets, "no batch histogram in /metrics"
+    assert await asyncio.to_thread(proc.stop, signal.SIGTERM) == 0
+
+
+async def test_group_commit_on_postgres(
+    server_process: SpawnServer, tmp_path: Path, database: str
+) -> None:
+    proc = server_process(tmp_path / "data", "--log", database)
+    async with FieldClient(proc.url) as field:
+        agent = await field.register("writer", "tester")
+        before = await _batch_sizes(proc.url)
+        results = await asyncio.gather(
+            *(_record(agent, "finding", f"fact {i}", purpose="group") for i in range(64))
+        )
+        assert len({r["memory_unit_id"] for r in results}) == 64
+        after = await _batch_sizes(proc.url)
+        # some batch held more than one operation: count of batches of size <= 1 grew
+        # by less than the number of operations written
+        single = after.get("1.0", 0) - before.get("1.0", 0)
+        total = after["+Inf"] - before["+Inf"]
+        assert total < 64 + 4 and single < total, (single, total)
+    assert await asyncio.to_thread(proc.stop, signal.SIGTERM) == 0
+
+
+def test_a_second_server_on_the_same_database_fails_fast(
+    server_process: SpawnServer, tmp_path: Path, database: str
+) -> None:
+    first = server_process(tmp_path / "one", "--log", with_password(database))
+    started = time.monotonic()
+    second = _run_field(
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "0",
+        "--data-dir",
+        str(tmp_path / "two"),
+        "--log",
+        with_password(database),
+        timeout=30,
+    )
+    assert second.returncode == 2, second.stderr
+    assert time.monotonic() - started < 10
+    assert "in use by another field process" in second.stderr
+    assert "Traceback" not in second.stderr and "hunter2" not in second.stderr
+    assert "listening on" not in second.stderr
+    assert first.process.poll() is None  # the owner goes on
+
+
+async def test_a_locked_log_refuses_writes_keeps_reads_and_resumes(
+    server_process: SpawnServer, tmp_path: Path, database: str
+) -> None:
+    proc = server_process(tmp_path / "data", "--log", database)
+    async with FieldClient(proc.url) as field:
+        agent = await field.register("agent-a", "analyst")
+        kept = await _record(agent, "finding", "before the lock", purpose="lock")
+        other = await asyncio.to_thread(psycopg.connect, database)
+        try:
+            # another client of the database holds the head row: appends time out
+            await asyncio.to_thread(other.execute, "SELECT * FROM field_log_head FOR UPDATE")
+            with pytest.raises(FieldClientError) as refused:
+                await _record(agent, "finding", "refused", purpose="lock")
+            assert refused.value.code == "LOG_UNAVAILABLE" and refused.value.status == 503
+            assert refused.value.body["recoverable"] is True
+            status = await field.status()
+            assert status["log"]["writable"] is False
+            assert status["log"]["refusing"]["code"] == "LOG_UNAVAILABLE"
+            units = await _all_units(agent)  # reads go on
+            assert kept["memory_unit_id"] in units
+            with pytest.raises(FieldClientError) as again:
+                await _record(agent, "finding", "refused", purpose="lock")
+            assert again.value.code == "LOG_UNAVAILABLE"
+        finally:
+            await asyncio.to_thread(other.rollback)
+            await asyncio.to_thread(other.close)
+        deadline = time.monotonic() + 15
+        while not (await field.status())["log"]["writable"]:
+            assert time.monotonic() < deadline, "writes never resumed"
+            await asyncio.sleep(0.1)
+        after = await _record(agent, "finding", "after the lock", purpose="lock")
+        assert after["memory_unit_id"] in await _all_units(agent)
+    assert await asyncio.to_thread(proc.stop, signal.SIGTERM) == 0
+
+
+def _query(url: str, query: str) -> list[tuple[int, ...]]:
+    with psycopg.connect(url) as conn:
+        return conn.execute(query).fetchall()
