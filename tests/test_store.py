@@ -358,22 +358,7 @@ class TestSQLiteEventLog(EventLogContract):
 
     def test_killed_process_loses_no_entry(self, tmp_path: Path) -> None:
         path = tmp_path / "field.db"
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        command = [sys.executable, "-c", _APPENDER, str(path), "100000"]
-        acknowledged: list[int] = []
-        with subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        ) as proc:
-            assert proc.stdout is not None and proc.stderr is not None
-            for _ in range(30):
-                line = proc.stdout.readline()
-                if not line:
-                    proc.kill()
-                    pytest.fail(f"appender died: {proc.stderr.read()}")
-                acknowledged.extend(int(p) for p in line.split())
-            proc.kill()
-            proc.wait()
-        assert proc.returncode == -9
+        acknowledged = acknowledged_before_kill(_APPENDER, str(path))
         assert acknowledged == list(range(1, 91))
         log = SQLiteEventLog(path)
         try:
@@ -409,3 +394,25 @@ class TestOpenLog:
     def test_synchronous_is_validated(self) -> None:
         with pytest.raises(ValueError):
             open_log(None, synchronous="off")
+
+
+def acknowledged_before_kill(script: str, target: str) -> list[int]:
+    """Run an appender ``script`` on ``target`` in a child process, read the positions of its
+    first 30 acknowledged batches, then SIGKILL it; returns those positions."""
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [sys.executable, "-c", script, target, "100000"]
+    acknowledged: list[int] = []
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        for _ in range(30):
+            line = proc.stdout.readline()
+            if not line:
+                proc.kill()
+                pytest.fail(f"appender died: {proc.stderr.read()}")
+            acknowledged.extend(int(p) for p in line.split())
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -9
+    return acknowledged

@@ -6,9 +6,6 @@ Each test gets a database of its own, created for it and dropped after it
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -21,8 +18,8 @@ from field.store import postgres as pg_module
 
 from .postgres_util import fresh_database, require_postgres
 from .test_store import (  # noqa: F401 - fast_thread_switching is a fixture
-    REPO_ROOT,
     EventLogContract,
+    acknowledged_before_kill,
     batch,
     entry,
     fast_thread_switching,
@@ -224,22 +221,7 @@ class TestPostgresEventLog(EventLogContract):
         assert positions(log.read_positions([2, 2**70, -5, 0])) == [2]
 
     def test_killed_process_loses_no_entry(self, database: str) -> None:
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
-        command = [sys.executable, "-c", _APPENDER, database, "100000"]
-        acknowledged: list[int] = []
-        with subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-        ) as proc:
-            assert proc.stdout is not None and proc.stderr is not None
-            for _ in range(30):
-                line = proc.stdout.readline()
-                if not line:
-                    proc.kill()
-                    pytest.fail(f"appender died: {proc.stderr.read()}")
-                acknowledged.extend(int(p) for p in line.split())
-            proc.kill()
-            proc.wait()
-        assert proc.returncode == -9
+        acknowledged = acknowledged_before_kill(_APPENDER, database)
         assert acknowledged == list(range(1, 91))
         log = PostgresEventLog(database, exclusive=True)  # the dead process's lock is gone
         try:
