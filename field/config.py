@@ -21,6 +21,9 @@ from .core.ratelimit import Rate
 from .core.registration import POLICIES, REGISTER_BURST, REGISTER_RATE
 from .core.validation import duration_seconds
 from .model import Limits
+from .snapshots import DEFAULT_ENTRIES as DEFAULT_SNAPSHOT_ENTRIES
+from .snapshots import DEFAULT_SECONDS as DEFAULT_SNAPSHOT_SECONDS
+from .snapshots import SnapshotPolicy
 from .subscriptions.delivery import RetryPolicy
 from .subscriptions.outbox import PushLimits
 from .transports.cors import parse_origins
@@ -166,6 +169,11 @@ class Config:
     #: The event log in PostgreSQL (``postgresql://user@host/db``); None: SQLite in
     #: ``data_dir``. Kept out of repr: the URL may carry a password.
     log: str | None = field(default=None, repr=False)
+    #: A snapshot of the state is written (by a process of its own) once this many entries
+    #: were appended since the newest one, or once this many seconds passed since the last
+    #: one if any were; start-up then folds only the entries after it. 0 turns either off.
+    snapshot_entries: int = DEFAULT_SNAPSHOT_ENTRIES
+    snapshot_seconds: float = DEFAULT_SNAPSHOT_SECONDS
 
     def __post_init__(self) -> None:
         if self.max_subscription_timeout is not None:
@@ -236,6 +244,19 @@ class Config:
         object.__setattr__(self, "cors_origin", parse_origins(self.cors_origin))
         if self.log is not None and not self.log.startswith(("postgresql://", "postgres://")):
             raise ValueError("log must be a postgresql:// URL")
+        if self.snapshot_entries < 0:
+            raise ValueError(
+                f"snapshot_entries must be 0 (off) or more, not {self.snapshot_entries}"
+            )
+        seconds = self.snapshot_seconds
+        if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SNAPSHOT_SECONDS):
+            raise ValueError(
+                f"snapshot_seconds must be 0 (off) to {MAX_SNAPSHOT_SECONDS:g}, not {seconds!r}"
+            )
+
+    def snapshot_policy(self) -> SnapshotPolicy:
+        """When the server writes a snapshot of the state."""
+        return SnapshotPolicy(entries=self.snapshot_entries, seconds=self.snapshot_seconds)
 
     def admission_policy(self) -> AdmissionPolicy:
         """The targets of admission control."""
@@ -345,6 +366,8 @@ _OVERLOAD_TARGETS = ("overload_write_target", "overload_read_target")
 _TIMEOUTS = ("header_timeout", "body_timeout", "idle_timeout")
 #: Longest connection deadline (a day): a larger one is no deadline at all.
 MAX_TIMEOUT = 86_400.0
+#: Longest time between snapshots (a week).
+MAX_SNAPSHOT_SECONDS = 604_800.0
 _INTEGERS = (
     "port",
     "max_queue",
@@ -359,6 +382,7 @@ _INTEGERS = (
     "agent_burst",
     "notify_burst",
     "mcp_max_sessions",
+    "snapshot_entries",
 )
 _FLOATS = (
     "failure_grace",
@@ -374,6 +398,7 @@ _FLOATS = (
     "agent_rate",
     "notify_rate",
     "mcp_idle_timeout",
+    "snapshot_seconds",
 )
 
 
