@@ -375,6 +375,7 @@ def _snapshot(args: argparse.Namespace) -> int:
     except FieldError as exc:
         print(f"field snapshot: {exc.message}", file=sys.stderr)
         return 2
+    gc.set_threshold(*GC_THRESHOLDS)  # the server's: a fold makes millions of objects
     try:
         written = write_snapshot(log, Field(limits=config.limits, embedder=embedder))
     except FieldError as exc:

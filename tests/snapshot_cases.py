@@ -16,17 +16,21 @@ subscription, never by row); :func:`observe` is what the reads answer.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import random
+import struct
 from collections import ChainMap, Counter, OrderedDict
 from typing import Any
 
 import numpy as np
 from hypothesis import strategies as st
 
+from field.core import snapshot
 from field.core.clock import iso_timestamp
 from field.core.field import Field
 from field.core.registration import SECRET_PREFIX
 from field.core.relevance import Column, Interner, Matrix
+from field.core.snapshot import Header
 from field.core.sources import Event
 from field.core.state import OPERATOR_RECORD, FieldState
 from field.errors import FieldError
@@ -40,7 +44,7 @@ from .core_util import Harness
 OPERATOR_TOKEN = "operator-token-for-snapshots-0123456"
 AGENTS = ("ann", "bob", "cat", "dan")
 ROLES = ("analyst", "market_researcher", "strategist")
-INTERESTS = (["market size"], ["pricing", "churn in europe"], [])
+INTERESTS: tuple[list[str], ...] = (["market size"], ["pricing", "churn in europe"], [])
 WORDS = (
     "market size growth pricing churn retention revenue forecast hiring risk europe saas "
     "budget segment channel partner roadmap launch adoption support security audit"
@@ -432,7 +436,7 @@ _SPARSE = ("active_subscriptions", "open_tasks_by_agent", "sessions_by_member", 
 def canonical(state: FieldState) -> dict[str, Any]:
     """Every registry of ``state`` as plain data (see the module docstring)."""
     state.index.vectors  # noqa: B018 - embeds what waits in the queue, as any read does
-    dump = _plain(state)
+    dump: dict[str, Any] = _plain(state)
     for name in _SPARSE:
         dump[name] = {k: v for k, v in dump[name].items() if v}
     dump["registry"] = registry_by_subscription(state)
@@ -529,28 +533,28 @@ def observe(field: Field, tokens: dict[str, str]) -> dict[str, Any]:
     DETECT, REPLAY of units, listings of agents, conflicts, sources and registration
     tokens, and the status."""
     seen: dict[str, Any] = {}
+    reads: list[tuple[str, dict[str, Any]]] = [
+        ("ATTUNE", {"scope": {"role": "analyst", "max_units": 50}}),
+        ("ATTUNE", {"scope": {"role": "strategist", "max_units": 10}, "context_hint": "pricing"}),
+        ("SUBSCRIBE", {"action": "list"}),
+        ("SESSION", {"action": "list"}),
+        ("COORDINATE", {"action": "list"}),
+        ("DETECT", {"mode": "list"}),
+    ]
+    for unit_id in list(field.state.units)[:3]:
+        reads.append(
+            ("REPLAY", {"target_type": "memory_unit", "target_id": unit_id, "depth": "full"})
+        )
     for agent in sorted(field.state.agents):
-        for payload in (
-            {"scope": {"role": "analyst", "max_units": 50}},
-            {"scope": {"role": "strategist", "max_units": 10}, "context_hint": "market pricing"},
-        ):
-            seen[f"attune {agent} {payload}"] = read(field, tokens, "ATTUNE", agent, payload)
-        for operation, payload in (
-            ("SUBSCRIBE", {"action": "list"}),
-            ("SESSION", {"action": "list"}),
-            ("COORDINATE", {"action": "list"}),
-            ("DETECT", {"mode": "list"}),
-        ):
-            seen[f"{operation} {agent}"] = read(field, tokens, operation, agent, payload)
-        for unit_id in list(field.state.units)[:3]:
-            payload = {"target_type": "memory_unit", "target_id": unit_id, "depth": "full"}
-            seen[f"replay {agent} {unit_id}"] = read(field, tokens, "REPLAY", agent, payload)
+        for operation, payload in reads:
+            seen[f"{operation} {agent} {payload}"] = read(field, tokens, operation, agent, payload)
     seen["agents"] = field.list_agents()
     seen["conflicts"] = field.list_conflicts(OPERATOR_RECORD)
     seen["sources"] = [s.public() for s in field.list_sources(OPERATOR_TOKEN)]
     seen["tokens"] = field.registration_tokens(OPERATOR_TOKEN)
     seen["status"] = field.status()
-    return unsealed(seen)
+    observed: dict[str, Any] = unsealed(seen)
+    return observed
 
 
 def read(
@@ -620,3 +624,21 @@ def matches(state: FieldState, field: Field, entries: list[StoredEntry]) -> list
         for match in matcher.match(events, only=row, inactive=True):
             told.append([subscription_id, match.event.position, float(match.relevance[0])])
     return told
+
+
+# -- forged snapshots -------------------------------------------------------------------
+
+
+def rewritten(good: bytes, **header: Any) -> bytes:
+    """``good`` with its header changed and its checksum made again (a forgery the digest
+    cannot tell from a snapshot: what follows the digest must still refuse it)."""
+    old = snapshot.read_header(good)
+    fields = {**{f: getattr(old, f) for f in Header.__dataclass_fields__}, **header}
+    body = good[snapshot.header_size(good) : -40]
+    return sealed(Header(**fields).to_json(), body)
+
+
+def sealed(head: bytes, body: bytes) -> bytes:
+    """A snapshot of header ``head`` and body ``body``, its lengths and digest right."""
+    data = b"FIELDSNP" + struct.pack(">I", len(head)) + head + body + struct.pack(">Q", len(body))
+    return data + hashlib.sha256(data).digest()

@@ -42,7 +42,7 @@ import hashlib
 import io
 import pickle
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,7 +52,7 @@ import orjson
 from ..errors import OperationalError
 from ..model import Limits, StoredEntry
 from .embedding import Embedder
-from .relevance import Column, Matrix
+from .relevance import Column, Matrix, UnitIndex
 from .sources import Source, compiled
 from .state import FieldState
 
@@ -166,32 +166,38 @@ def compact(state: FieldState) -> None:
 # -- encoding -----------------------------------------------------------------------
 
 
-def encode(state: FieldState, header: Header) -> Iterator[bytes]:
-    """The bytes of a snapshot of ``state``, in pieces of at most :data:`CHUNK_BYTES` (the
-    caller writes them as they come; the whole body is never held twice)."""
+def encode(state: FieldState, header: Header, sink: Callable[[bytes], object]) -> None:
+    """Write the bytes of a snapshot of ``state`` to ``sink``, in pieces of at most
+    :data:`CHUNK_BYTES` as they are made (the whole body is never held in memory)."""
     state.index.vectors  # noqa: B018 - embeds what is queued: a snapshot holds every vector
     head = header.to_json()
     digest = hashlib.sha256()
     prefix = _PREFIX.pack(MAGIC, len(head)) + head
     digest.update(prefix)
-    yield prefix
-    sink = _Chunks(digest)
-    _Pickler(sink, state).dump(state)
-    yield from sink.drain()
-    sink.flush_rest()
-    yield from sink.drain()
-    trailer = struct.pack(">Q", sink.size)
+    sink(prefix)
+    body = _Chunks(digest, sink)
+    _Pickler(body, state).dump(state)
+    body.flush_rest()
+    trailer = struct.pack(">Q", body.size)
     digest.update(trailer)
-    yield trailer + digest.digest()
+    sink(trailer + digest.digest())
+
+
+def encoded(state: FieldState, header: Header) -> bytes:
+    """The bytes of a snapshot of ``state``, whole (for tests and small states)."""
+    pieces: list[bytes] = []
+    encode(state, header, pieces.append)
+    return b"".join(pieces)
 
 
 class _Chunks(io.RawIOBase):
-    """A file the pickler writes to: hashes what it is given and collects it in chunks."""
+    """The file the pickler writes to: hashes what it is given and passes it on to the
+    sink in chunks of :data:`CHUNK_BYTES`."""
 
-    def __init__(self, digest: Any) -> None:
+    def __init__(self, digest: Any, sink: Callable[[bytes], object]) -> None:
         self._digest = digest
+        self._sink = sink
         self._buffer = bytearray()
-        self._ready: list[bytes] = []
         self.size = 0
 
     def writable(self) -> bool:
@@ -203,18 +209,14 @@ class _Chunks(io.RawIOBase):
         self._buffer += view
         self.size += len(view)
         if len(self._buffer) >= CHUNK_BYTES:
-            self._ready.append(bytes(self._buffer))
+            self._sink(bytes(self._buffer))
             self._buffer.clear()
         return len(view)
 
     def flush_rest(self) -> None:
         if self._buffer:
-            self._ready.append(bytes(self._buffer))
+            self._sink(bytes(self._buffer))
             self._buffer.clear()
-
-    def drain(self) -> Iterator[bytes]:
-        ready, self._ready = self._ready, []
-        return iter(ready)
 
 
 class _Pickler(pickle.Pickler):
@@ -239,7 +241,7 @@ class _Pickler(pickle.Pickler):
             return _configured_limits, ()
         kind = type(obj)
         if kind is Column:
-            return _column, (obj.view.copy(),)
+            return _column, (obj.view,)
         if kind is Matrix:
             rows = obj.view
             small = rows.astype(np.int8)
@@ -248,6 +250,8 @@ class _Pickler(pickle.Pickler):
             return _matrix, (rows.copy(), rows.shape[1])
         if kind is Source:
             return _source, (obj.definition, obj.deliveries, obj.accepted)
+        if kind is UnitIndex:
+            return _unit_index, ({k: v for k, v in vars(obj).items() if k != "rows"},)
         return NotImplemented
 
 
@@ -260,19 +264,23 @@ def _configured_limits() -> Limits:  # pragma: no cover - replaced when read
 
 
 def _column(values: Any) -> Column:
-    column = Column(values.dtype)
-    column.extend(values)
-    return column
+    return Column.of(values)
 
 
 def _matrix(rows: Any, width: int) -> Matrix:
-    matrix = Matrix(width)
-    matrix.extend(rows.reshape(-1, width))
-    return matrix
+    return Matrix.of(rows.reshape(-1, width), width)
 
 
 def _small_matrix(rows: Any, width: int) -> Matrix:
-    return _matrix(rows.astype(np.float32), width)
+    return Matrix.of(rows.reshape(-1, width), width)  # int8 to float32 as it is copied
+
+
+def _unit_index(state: dict[str, Any]) -> UnitIndex:
+    """A unit index from its attributes; ``rows`` (id -> row) is made again from ``ids``."""
+    index = UnitIndex.__new__(UnitIndex)
+    index.__dict__.update(state)
+    index.rows = dict(zip(index.ids, range(len(index.ids)), strict=True))
+    return index
 
 
 def _source(definition: dict[str, Any], deliveries: Any, accepted: int) -> Source:
@@ -349,10 +357,12 @@ def decode(
     header = verify(data, fingerprint)
     if expect is not None:
         expect(header)
-    view = memoryview(data)
-    body = view[header_size(bytes(view[: _PREFIX.size])) : len(view) - _TRAILER.size]
+    # the body is read in place (a BytesIO of bytes shares them): the pickle ends with its
+    # STOP before the trailer, and the digest vouched for every byte
+    file = io.BytesIO(data)
+    file.seek(header_size(bytes(data[: _PREFIX.size])))
     try:
-        state = _Unpickler(io.BytesIO(body), limits=limits, embedder=embedder).load()
+        state = _Unpickler(file, limits=limits, embedder=embedder).load()
     except UnusableSnapshot:
         raise
     except Exception as exc:  # a body the digest vouched for, but this code cannot read
@@ -373,10 +383,12 @@ ALLOWED: dict[str, frozenset[str]] = {
     "numpy._core.multiarray": frozenset({"_reconstruct", "scalar"}),
     "numpy.core.numeric": frozenset({"_frombuffer"}),
     "numpy._core.numeric": frozenset({"_frombuffer"}),
-    "field.core.snapshot": frozenset({"_column", "_matrix", "_small_matrix", "_source"}),
+    "field.core.snapshot": frozenset(
+        {"_column", "_matrix", "_small_matrix", "_source", "_unit_index"}
+    ),
     "field.core.state": frozenset({"FieldState", "AgentRecord"}),
     "field.core.clock": frozenset({"LamportClock"}),
-    "field.core.relevance": frozenset({"UnitIndex", "Interner"}),
+    "field.core.relevance": frozenset({"Interner"}),
     "field.core.pages": frozenset({"Order"}),
     "field.core.visibility": frozenset({"Membership"}),
     "field.core.entities": frozenset({"EntityIndex"}),
@@ -413,6 +425,7 @@ __all__ = [
     "compact",
     "decode",
     "encode",
+    "encoded",
     "read_header",
     "verify",
 ]

@@ -52,7 +52,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -137,7 +137,7 @@ _SIZES_AT = (
     " WHERE position = ANY(%s::bigint[]) ORDER BY position"
 )
 _LAST = "SELECT position FROM field_log_head WHERE id = 1"
-_SNAPSHOT_CHUNK = "INSERT INTO field_snapshot_chunks (snapshot_id, seq, data) VALUES (%s, %s, %s)"
+_SNAPSHOT_CHUNK = "INSERT INTO field_snapshot_chunks (snapshot_id, seq, data) VALUES (%s, %s, %b)"
 
 
 def describe(url: str) -> dict[str, Any]:
@@ -416,39 +416,46 @@ class PostgresEventLog(EventLog):
     def snapshot_list(self) -> list[tuple[int, int, float, int]]:
         """``(id, position, written_at, size)`` of every snapshot, newest position first."""
         with self._snapshot_connection() as conn:
-            return conn.execute(
+            rows: list[tuple[int, int, float, int]] = conn.execute(
                 "SELECT id, position, written_at, size FROM field_snapshots"
                 " ORDER BY position DESC, written_at DESC, id DESC"
             ).fetchall()
+            return rows
 
     def snapshot_read(self, snapshot_id: int) -> bytes:
         """The bytes of one snapshot, its chunks in order."""
-        with self._snapshot_connection() as conn:
-            out = bytearray()
-            with conn.cursor() as cursor:
-                cursor.execute(
-                    "SELECT data FROM field_snapshot_chunks WHERE snapshot_id = %s ORDER BY seq",
-                    (snapshot_id,),
-                )
-                for (chunk,) in cursor:
-                    out += chunk
-            return bytes(out)
+        with self._snapshot_connection() as conn, conn.cursor() as cursor:
+            cursor.execute(
+                "SELECT data FROM field_snapshot_chunks WHERE snapshot_id = %s ORDER BY seq",
+                (snapshot_id,),
+                binary=True,
+            )
+            return b"".join(chunk for (chunk,) in cursor)
 
     def snapshot_write(
-        self, position: int, written_at: float, chunks: Iterable[bytes]
+        self,
+        position: int,
+        written_at: float,
+        produce: Callable[[Callable[[bytes], object]], object],
     ) -> tuple[int, int]:
-        """Store a snapshot in one transaction (readers see all of it or none); returns its
-        id and size. Each chunk is one row (a bytea holds at most 1 GB)."""
+        """Store a snapshot in one transaction (readers see all of it or none): ``produce``
+        hands its bytes to a sink that stores each piece as a row (a bytea holds at most
+        1 GB); returns the snapshot's id and size."""
         with self._snapshot_connection() as conn, conn.transaction():
             snapshot_id = conn.execute(
                 "INSERT INTO field_snapshots (position, written_at, size) VALUES (%s, %s, 0)"
                 " RETURNING id",
                 (position, written_at),
             ).fetchone()[0]
-            size = 0
-            for seq, chunk in enumerate(chunks):
-                conn.execute(_SNAPSHOT_CHUNK, (snapshot_id, seq, chunk))
-                size += len(chunk)
+            pieces = [0, 0]  # rows written, bytes written
+
+            def sink(chunk: bytes) -> None:
+                conn.execute(_SNAPSHOT_CHUNK, (snapshot_id, pieces[0], chunk))
+                pieces[0] += 1
+                pieces[1] += len(chunk)
+
+            produce(sink)
+            size = pieces[1]
             conn.execute("UPDATE field_snapshots SET size = %s WHERE id = %s", (size, snapshot_id))
         return snapshot_id, size
 
@@ -460,7 +467,7 @@ class PostgresEventLog(EventLog):
                 " ORDER BY position DESC, written_at DESC, id DESC LIMIT %s)",
                 (keep,),
             )
-            return deleted.rowcount
+            return int(deleted.rowcount)
 
 
 class _InUse(OperationalError):

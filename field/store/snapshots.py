@@ -25,7 +25,7 @@ import abc
 import contextlib
 import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -42,6 +42,10 @@ DIRECTORY = "snapshots"
 
 _NAME = re.compile(r"^snapshot-(\d{20})-(\d{16})\.fsnap$")
 _TEMPORARY = re.compile(r"^\.snapshot-(\d+)-[0-9a-f]{8}\.tmp$")
+
+
+#: What writes a snapshot: called with a sink, it hands it the snapshot's bytes in order.
+Produce = Callable[[Callable[[bytes], object]], object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +76,9 @@ class SnapshotStore(abc.ABC):
         """The whole of ``snapshot``; raises OperationalError if it is gone or unreadable."""
 
     @abc.abstractmethod
-    def write(self, position: int, written_at: float, chunks: Iterable[bytes]) -> StoredSnapshot:
-        """Store the snapshot made of ``chunks`` atomically: all of it or nothing."""
+    def write(self, position: int, written_at: float, produce: Produce) -> StoredSnapshot:
+        """Store the snapshot whose bytes ``produce`` hands, in order, to the sink it is
+        called with; atomically: all of it once ``produce`` returns, nothing if it raises."""
 
     @abc.abstractmethod
     def prune(self, keep: int = KEEP) -> int:
@@ -114,19 +119,17 @@ class FileSnapshots(SnapshotStore):
         except OSError as exc:
             raise OperationalError(f"cannot read the snapshot {snapshot.key}: {exc}") from None
 
-    def write(self, position: int, written_at: float, chunks: Iterable[bytes]) -> StoredSnapshot:
+    def write(self, position: int, written_at: float, produce: Produce) -> StoredSnapshot:
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         name = f"snapshot-{position:020d}-{round(written_at * 1e6):016d}.fsnap"
         temporary = self.directory / f".snapshot-{os.getpid()}-{os.urandom(4).hex()}.tmp"
-        size = 0
         try:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with open(fd, "wb") as out:
-                for chunk in chunks:
-                    out.write(chunk)
-                    size += len(chunk)
+                produce(out.write)
                 out.flush()
                 os.fsync(out.fileno())
+                size = out.tell()
             os.replace(temporary, self.directory / name)
             _sync_directory(self.directory)
         except BaseException:
@@ -184,8 +187,8 @@ class PostgresSnapshots(SnapshotStore):
     def read(self, snapshot: StoredSnapshot) -> bytes:
         return self._log.snapshot_read(int(snapshot.key))
 
-    def write(self, position: int, written_at: float, chunks: Iterable[bytes]) -> StoredSnapshot:
-        key, size = self._log.snapshot_write(position, written_at, chunks)
+    def write(self, position: int, written_at: float, produce: Produce) -> StoredSnapshot:
+        key, size = self._log.snapshot_write(position, written_at, produce)
         return StoredSnapshot(str(key), position, written_at, size)
 
     def prune(self, keep: int = KEEP) -> int:

@@ -1,0 +1,204 @@
+"""Start-up from a snapshot against a full replay of the log: time and memory.
+
+For each size it builds a SQLite log of that many units straight through the log
+API (what RECORD writes: 12-word contents from the vocabulary, by 100 agents, with
+the clock reservations a server makes), writes a snapshot with ``field snapshot``
+(a process of its own, as the server starts it: its time, peak memory and the
+snapshot's size), then starts ``field serve`` on the log, from the snapshot and
+with the snapshots moved away (the whole log replayed). For each start: seconds
+from the command to its "listening on" line (interpreter and imports included),
+the seconds the fold itself took (the server's own log line), and the server's
+resident memory then, in all and per unit.
+
+    python benchmarks/startup.py                      # 100,000 units
+    python benchmarks/startup.py --units 100000 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _common import ROLES, ROOT, VOCABULARY, bracketed, progress
+
+from field.model import LogEntry
+from field.store import SQLiteEventLog
+
+AGENTS = 100
+BATCH = 10_000
+#: Epochs a clock reservation covers (field.core.clock.RESERVATION_BLOCK).
+BLOCK = 1024
+
+
+def build(directory: Path, units: int) -> float:
+    """A log of ``units`` units in ``directory``; returns the seconds it took."""
+    started = time.perf_counter()
+    log = SQLiteEventLog(directory / "field.db", synchronous="normal")
+    ts = 1_780_000_000.0
+    first = [
+        LogEntry(0, "field.created", {"field_id": "field-0123456789abcdef0123"}, ts=ts),
+        LogEntry(0, "clock.reserved", {"until": BLOCK}, ts=ts),
+    ]
+    for i in range(AGENTS):
+        record = {
+            "id": f"agent-{i}",
+            "role": ROLES[i % len(ROLES)],
+            "interests": [VOCABULARY[i % len(VOCABULARY)]],
+            "current_task_id": None,
+            "registered_epoch": i + 1,
+            "authority": 4,
+        }
+        data = {"agent": record, "token_hash": f"{i:064x}"}
+        first.append(LogEntry(i + 1, "agent.registered", data, f"agent-{i}", ts))
+    log.append(first)
+    epoch, reserved, batch = AGENTS, BLOCK, []
+    for n in range(units):
+        epoch += 1
+        ts += 0.001
+        if epoch >= reserved:
+            reserved += BLOCK
+            batch.append(LogEntry(epoch, "clock.reserved", {"until": reserved}, ts=ts))
+        agent = n % AGENTS
+        words = [VOCABULARY[(n * 7 + k * 13) % len(VOCABULARY)] for k in range(12)]
+        unit: dict[str, Any] = {
+            "id": f"mem-{n:020x}",
+            "mode": "committed",
+            "type": ("finding", "decision", "observation")[n % 3],
+            "content": " ".join(words),
+            "intent": {"purpose": "benchmark", "task_id": None, "question": None},
+            "confidence": {"score": 0.5 + (n % 50) / 100, "reasoning": "generated"},
+            "relations": [],
+            "source": {
+                "agent_id": f"agent-{agent}",
+                "agent_role": ROLES[agent % len(ROLES)],
+                "session_id": None,
+                "timestamp": "2026-05-28T20:26:40.000Z",
+            },
+            "status": "active",
+            "epoch": epoch,
+        }
+        batch.append(LogEntry(epoch, "memory.recorded", {"unit": unit}, f"agent-{agent}", ts))
+        if len(batch) >= BATCH:
+            log.append(batch)
+            batch = []
+            progress(n + 1, units, "log")
+    log.append(batch)
+    progress(units, units, "log")
+    log.close()
+    return time.perf_counter() - started
+
+
+def snapshot(directory: Path) -> tuple[float, float, str]:
+    """Run ``field snapshot``: its seconds, its peak memory (MB) and what it printed."""
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "field", "snapshot", "--data-dir", str(directory)],
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert process.stdout is not None
+    report = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    seconds = time.perf_counter() - started
+    if status != 0:
+        raise SystemExit(f"field snapshot failed ({status})")
+    return seconds, usage.ru_maxrss / 1024, report.strip()
+
+
+def start(directory: Path) -> tuple[float, float, float, str]:
+    """Start ``field serve`` until it listens: (seconds, seconds of the fold, RSS MB,
+    its start-up line), then stop it."""
+    started = time.perf_counter()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "field",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(directory),
+            "--snapshot-entries",
+            "0",
+            "--snapshot-seconds",
+            "0",
+        ],  # fmt: skip
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
+    assert process.stderr is not None
+    told = ""
+    for line in process.stderr:
+        if "started from" in line:
+            told = line.split(": ", 1)[-1].strip()
+        if "listening on" in line:
+            break
+    seconds = time.perf_counter() - started
+    rss = _rss_mb(process.pid)
+    process.send_signal(signal.SIGTERM)
+    process.stderr.read()
+    process.wait(timeout=60)
+    folded = re.search(r"in ([0-9.]+) s$", told)
+    return seconds, float(folded.group(1)) if folded else float("nan"), rss, told
+
+
+def _rss_mb(pid: int) -> float:
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def run(units: int, keep: Path | None) -> None:
+    directory = Path(tempfile.mkdtemp(prefix="field-startup-", dir=keep))
+    try:
+        built = build(directory, units)
+        size = (directory / "field.db").stat().st_size
+        print(f"\n{units:,} units: log built in {built:.1f} s ({size / 1e6:.0f} MB)")
+        seconds, peak, report = snapshot(directory)
+        print(f"  field snapshot: {seconds:.1f} s, peak RSS {peak:.0f} MB: {report}")
+        hidden = directory / "snapshots.away"
+        for label, away in (("from the snapshot", False), ("whole log", True)):
+            if away:
+                os.rename(directory / "snapshots", hidden)
+            results = [start(directory) for _ in range(2 if units <= 200_000 else 1)]
+            if away:
+                os.rename(hidden, directory / "snapshots")
+            for total, fold, rss, told in results:
+                print(
+                    f"  start, {label:>17}: {total:6.2f} s to listening, fold {fold:6.2f} s, "
+                    f"RSS {rss:7.0f} MB ({rss * 1024 * 1024 / units:,.0f} bytes/unit); {told}"
+                )
+    finally:
+        if keep is None:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--keep", type=Path, help="build the logs under this directory")
+    args = parser.parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    print(f"python {sys.version.split()[0]}, open files {soft}")
+    for units in args.units:
+        run(units, args.keep)
+
+
+if __name__ == "__main__":
+    bracketed(main)
