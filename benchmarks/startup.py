@@ -11,12 +11,17 @@ the seconds the fold itself took (the server's own log line), and the server's
 resident memory then, in all and per unit.
 
     python benchmarks/startup.py                      # 100,000 units
-    python benchmarks/startup.py --units 100000 1000000
+    python benchmarks/startup.py --units 100000 1000000 --live 1000
+
+With ``--live N`` it then serves the largest log with ``--snapshot-entries N`` and times
+RECORDs (100 a second) before, while and after the server writes its next snapshot in
+its own process: what writing one costs the live server.
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import re
 import resource
@@ -25,11 +30,13 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROLES, ROOT, VOCABULARY, bracketed, progress
+import aiohttp
+from _common import LOAD_RATES, ROLES, ROOT, VOCABULARY, bracketed, envelope, pct, progress
 
 from field.model import LogEntry
 from field.store import SQLiteEventLog
@@ -156,6 +163,103 @@ def start(directory: Path) -> tuple[float, float, float, str]:
     return seconds, float(folded.group(1)) if folded else float("nan"), rss, told
 
 
+def live(directory: Path, every: int, seconds: float, rate: float) -> None:
+    """RECORD latency before, while and after the server writes a snapshot beside itself:
+    ``field serve`` with ``--snapshot-entries every`` and one agent recording ``rate``
+    times a second for ``seconds``; the server's log lines tell when the snapshot process
+    started and ended."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "field",
+            "serve",
+            "--port",
+            "0",
+            "--data-dir",
+            str(directory),
+            "--snapshot-entries",
+            str(every),
+            "--snapshot-seconds",
+            "0",
+            *LOAD_RATES,
+        ],  # fmt: skip
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
+        cwd=ROOT,
+    )
+    assert process.stderr is not None
+    url = ""
+    for line in process.stderr:
+        found = re.search(r"listening on (http://\S+):", line)
+        if found:
+            url = found.group(1)
+            break
+    marks: dict[str, list[float]] = {"writing a snapshot": [], "snapshot written": []}
+
+    def follow() -> None:
+        assert process.stderr is not None
+        for line in process.stderr:
+            for mark, times in marks.items():
+                if mark in line:
+                    times.append(time.perf_counter())
+
+    threading.Thread(target=follow, daemon=True).start()
+    samples = asyncio.run(_record_paced(url, seconds, rate))
+    process.send_signal(signal.SIGTERM)
+    process.wait(timeout=60)
+    runs = list(zip(marks["writing a snapshot"], marks["snapshot written"], strict=False))
+    if not runs:
+        print(f"  live: no snapshot was written in {seconds:.0f} s")
+        return
+
+    def writing(at: float) -> bool:
+        return any(began <= at < ended for began, ended in runs)
+
+    phases = {
+        "no snapshot": [lat for at, lat in samples if not writing(at)],
+        "writing one": [lat for at, lat in samples if writing(at)],
+    }
+    took = ", ".join(f"{ended - began:.1f}" for began, ended in runs)
+    print(f"  live, {rate:.0f} RECORD/s for {seconds:.0f} s; snapshot processes ran {took} s:")
+    for name, lats in phases.items():
+        if lats:
+            print(
+                f"    {name:>11}: {len(lats):5d} RECORDs, p50 {pct(lats, 0.5) * 1e3:6.2f} ms, "
+                f"p99 {pct(lats, 0.99) * 1e3:7.2f} ms, max {max(lats) * 1e3:7.2f} ms"
+            )
+
+
+async def _record_paced(url: str, seconds: float, rate: float) -> list[tuple[float, float]]:
+    """(time sent, seconds to the acknowledgement) of RECORDs sent ``rate`` a second."""
+    samples: list[tuple[float, float]] = []
+    async with aiohttp.ClientSession() as session:
+        async with session.post(
+            url + "/v1/register",
+            json=envelope("REGISTER", "live-writer", {"id": "live-writer", "role": "analyst"}),
+        ) as r:
+            token = (await r.json())["token"]
+        headers = {"Authorization": f"Bearer {token}"}
+        started = time.perf_counter()
+        n = 0
+        while (now := time.perf_counter()) - started < seconds:
+            payload = {
+                "type": "finding",
+                "content": f"live unit {n} on {VOCABULARY[n % len(VOCABULARY)]}",
+                "intent": {"purpose": "benchmark"},
+                "confidence": {"score": 0.7, "reasoning": "generated"},
+            }
+            body = envelope("RECORD", "live-writer", payload)
+            async with session.post(url + "/v1/record", json=body, headers=headers) as r:
+                await r.read()
+                assert r.status == 200, r.status
+            samples.append((now, time.perf_counter() - now))
+            n += 1
+            await asyncio.sleep(max(0.0, started + n / rate - time.perf_counter()))
+    return samples
+
+
 def _rss_mb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as status:
         for line in status:
@@ -164,7 +268,7 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def run(units: int, keep: Path | None) -> None:
+def run(units: int, keep: Path | None, live_every: int | None) -> None:
     directory = Path(tempfile.mkdtemp(prefix="field-startup-", dir=keep))
     try:
         built = build(directory, units)
@@ -184,6 +288,8 @@ def run(units: int, keep: Path | None) -> None:
                     f"  start, {label:>17}: {total:6.2f} s to listening, fold {fold:6.2f} s, "
                     f"RSS {rss:7.0f} MB ({rss * 1024 * 1024 / units:,.0f} bytes/unit); {told}"
                 )
+        if live_every:
+            live(directory, live_every, seconds=90.0, rate=100.0)
     finally:
         if keep is None:
             shutil.rmtree(directory, ignore_errors=True)
@@ -193,11 +299,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=int, nargs="+", default=[100_000])
     parser.add_argument("--keep", type=Path, help="build the logs under this directory")
+    parser.add_argument(
+        "--live",
+        type=int,
+        metavar="N",
+        help="then serve the largest log with --snapshot-entries N and time RECORDs before, "
+        "while and after the server writes the snapshot",
+    )
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     print(f"python {sys.version.split()[0]}, open files {soft}")
     for units in args.units:
-        run(units, args.keep)
+        run(units, args.keep, args.live if units == max(args.units) else None)
 
 
 if __name__ == "__main__":

@@ -378,8 +378,12 @@ class Snapshotter:
         self._store = store
         self.policy = policy
         self._argv, self._env = list(command[0]), dict(command[1])
-        #: the newest snapshot the store holds, as last listed or written
+        #: the newest snapshot the store holds, as last listed (for the status page)
         self.newest: StoredSnapshot | None = None
+        #: the position of the newest snapshot known to be usable (the one start-up read,
+        #: or the last one written): what the policy counts entries from. One listed but
+        #: never read may be of another version of the server, and prove nothing
+        self._base = 0
         #: the snapshot process running, if any
         self.process: asyncio.subprocess.Process | None = None
         #: snapshots this server had written, and processes that failed
@@ -424,8 +428,11 @@ class Snapshotter:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        self.newest = self._service.started_from
+        started = self._service.started_from
+        self.newest, self._base = started, 0 if started is None else started.position
         await self._list()
+        if not self.policy.enabled:
+            return
         last = listed = loop.time()
         retry_at = 0.0
         while True:
@@ -434,8 +441,7 @@ class Snapshotter:
             if now - listed >= LIST_SECONDS:
                 await self._list()
                 listed = now
-            newest = 0 if self.newest is None else self.newest.position
-            since = self._service.log.last_position() - newest
+            since = self._service.log.last_position() - self._base
             if now < retry_at or not self.policy.due(entries_since=since, seconds_since=now - last):
                 continue
             if not await self._write():
@@ -463,6 +469,11 @@ class Snapshotter:
         )
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, process.pid, NICENESS)
+        logger.info(
+            "writing a snapshot of the log up to position %d or after (process %d)",
+            self._service.log.last_position(),
+            process.pid,
+        )
         assert process.stdout is not None and process.stderr is not None
         out, err = await asyncio.gather(
             _bounded(process.stdout, MAX_DIAGNOSTICS), _bounded(process.stderr, MAX_DIAGNOSTICS)
@@ -481,6 +492,7 @@ class Snapshotter:
                 RETRY_SECONDS,
             )
             return False
+        self._base = report["position"]
         if report.get("skipped") is None:
             self.written += 1
             logger.info(

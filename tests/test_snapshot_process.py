@@ -123,11 +123,22 @@ async def test_a_damaged_snapshot_is_passed_over_for_the_whole_log(
     damaged[len(damaged) // 2] ^= 0xFF
     only.write_bytes(bytes(damaged))
 
-    second = server_process(data, "--snapshot-entries", "0", "--snapshot-seconds", "0")
+    # nothing is written after the start: the time writes a snapshot the next start can use
+    second = server_process(data, "--snapshot-entries", "0", "--snapshot-seconds", "1")
     told = [line for line in second.lines if "is not used" in line]
     assert len(told) == 1 and "checksum" in told[0], "\n".join(second.lines)
     assert any("started from the whole log" in line for line in second.lines)
     async with FieldClient(second.url) as field:
-        assert (await field.status())["snapshot"]["started_from"] is None
+        status = await field.status()
+        assert status["snapshot"]["started_from"] is None
         assert await _all_units(_agent(field, "writer", token, "market_researcher")) == before
+
+        async def rewritten() -> bool:
+            now = await _snapshot_of(field)
+            return now["written_at"] != status["snapshot"]["written_at"]
+
+        await _until(rewritten, "a snapshot in place of the damaged one")
     assert second.stop(signal.SIGTERM) == 0
+    third = server_process(data, "--snapshot-entries", "0", "--snapshot-seconds", "0")
+    assert any("started from the snapshot" in line for line in third.lines)
+    assert third.stop(signal.SIGTERM) == 0

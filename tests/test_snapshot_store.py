@@ -29,7 +29,7 @@ from field.core.field import Field
 from field.core.snapshot import FORMAT
 from field.errors import LogWriteError, OperationalError
 from field.model import LogEntry
-from field.snapshots import Written, load, write_snapshot
+from field.snapshots import SnapshotPolicy, Written, load, write_snapshot
 from field.store import EventLog, SQLiteEventLog
 from field.store.snapshots import KEEP, FileSnapshots, SnapshotStore, StoredSnapshot
 
@@ -413,3 +413,23 @@ def test_the_cli_writes_a_snapshot_and_says_so(tmp_path: Path) -> None:
         check=False,
     )
     assert empty.returncode == 2 and "no event log" in empty.stderr
+
+
+@pytest.mark.parametrize(
+    ("entries", "seconds", "since", "elapsed", "due"),
+    [
+        (100, 600.0, 0, 10_000.0, False),  # nothing appended: never
+        (100, 600.0, 99, 599.0, False),
+        (100, 600.0, 100, 0.0, True),  # enough entries
+        (100, 600.0, 1, 600.0, True),  # some entries, long enough
+        (0, 600.0, 10**6, 599.0, False),  # the count is off
+        (100, 0.0, 99, 10**6, False),  # the time is off
+        (0, 0.0, 10**6, 10**6, False),  # both off
+    ],
+)
+def test_when_a_snapshot_is_due(
+    entries: int, seconds: float, since: int, elapsed: float, due: bool
+) -> None:
+    policy = SnapshotPolicy(entries=entries, seconds=seconds)
+    assert policy.due(entries_since=since, seconds_since=elapsed) is due
+    assert policy.enabled is bool(entries or seconds)
