@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 import pytest
 
+from field.config import Config
 from field.core import snapshot
 from field.core.embedding import HashingEmbedder
 from field.core.field import Field
@@ -433,3 +434,16 @@ def test_when_a_snapshot_is_due(
     policy = SnapshotPolicy(entries=entries, seconds=seconds)
     assert policy.due(entries_since=since, seconds_since=elapsed) is due
     assert policy.enabled is bool(entries or seconds)
+
+
+def test_the_snapshot_settings_are_read_and_bounded() -> None:
+    default = Config.from_env({})
+    assert (default.snapshot_entries, default.snapshot_seconds) == (100_000, 600.0)
+    config = Config.from_env({"FIELD_SNAPSHOT_ENTRIES": "0", "FIELD_SNAPSHOT_SECONDS": "30"})
+    assert config.snapshot_policy() == SnapshotPolicy(entries=0, seconds=30.0)
+    assert Config.from_env({}, snapshot_entries=5).snapshot_entries == 5  # a flag wins
+    for bad in ({"snapshot_entries": -1}, {"snapshot_seconds": -1.0}, {"snapshot_seconds": 1e9}):
+        with pytest.raises(ValueError, match="snapshot_"):
+            Config.from_env({}, **bad)
+    with pytest.raises(ValueError, match="FIELD_SNAPSHOT_ENTRIES"):
+        Config.from_env({"FIELD_SNAPSHOT_ENTRIES": "many"})
