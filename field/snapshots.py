@@ -53,6 +53,7 @@ from . import __version__
 from .core.clock import iso_timestamp
 from .core.embedding import Embedder
 from .core.snapshot import FORMAT, Header, UnusableSnapshot, anchor_of, compact, decode, encode
+from .core.state import FieldState
 from .errors import FieldError, OperationalError
 from .model import StoredEntry
 from .store.base import EventLog
@@ -116,7 +117,20 @@ def load(field: Field, log: EventLog) -> StoredSnapshot | None:
     started = time.perf_counter()
     snapshot = restore(field, log)
     after = field.state.last_position
-    field.replay(log.iterate(after))
+    try:
+        field.replay(log.iterate(after))
+    except Exception:
+        if snapshot is None:
+            raise
+        # the entries after it do not fold on the snapshot's state: never trust it further
+        logger.exception(
+            "the log after the snapshot at position %d does not fold on it: replaying the "
+            "whole log",
+            snapshot.position,
+        )
+        snapshot, after = None, 0
+        field.restore(FieldState(field.limits, embedder=field.embedder))
+        field.replay(log.iterate())
     seconds = time.perf_counter() - started
     replayed = field.state.last_position - after
     if snapshot is not None:
@@ -199,7 +213,7 @@ def _fits_log(
     """Raise UnusableSnapshot unless ``header`` is of this log, as the module docstring says."""
     if header.field_id != field_id:
         raise UnusableSnapshot(
-            f"it is of the Field {header.field_id}, not of this log's {field_id}"
+            f"it is of the Field {header.field_id[:64]!r}, not of this log's {field_id!r}"
         )
     if header.position != stored.position:
         raise UnusableSnapshot(

@@ -218,6 +218,22 @@ def refused(data: bytes, fingerprint: str = FINGERPRINT) -> str:
     return caught.value.message
 
 
+def test_a_snapshot_is_handed_over_in_chunks(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(snapshot, "CHUNK_BYTES", 1000)
+    h = played([("register", i, i, i) for i in range(3)] + [("record", i, i, 1) for i in range(40)])
+    state = replayed(h, h.stored()).state
+    pieces: list[bytes] = []
+    header = snapshot.read_header(snapshot_of(replayed(h, h.stored())))
+    snapshot.encode(state, header, pieces.append)
+    body = pieces[1:-1]  # between the header and the trailer
+    assert len(body) > 10 and all(len(piece) == 1000 for piece in body[:-1])
+    assert 0 < len(body[-1]) <= 1000
+    decoded = snapshot.decode(
+        b"".join(pieces), FINGERPRINT, limits=Limits(), embedder=HashingEmbedder()
+    )
+    assert cases.canonical(decoded[1]) == cases.canonical(replayed(h, h.stored()).state)
+
+
 def test_a_good_snapshot_is_read(good: bytes) -> None:
     header, state = snapshot.decode(good, FINGERPRINT, limits=Limits(), embedder=HashingEmbedder())
     assert (header.position, header.units) == (state.last_position, len(state.units))

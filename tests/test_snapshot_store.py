@@ -234,6 +234,30 @@ class SnapshotContract:
         assert used is None
         assert "another history" in warnings(caplog)[0]
 
+    def test_a_tail_that_does_not_fold_on_the_snapshot_means_the_whole_log(
+        self, logs: Logs, caplog: pytest.LogCaptureFixture
+    ) -> None:
+        one, other = logs("a"), logs("b")
+        h = cases.harness()
+        for i in range(6):
+            h.record("lead", f"finding {i}")
+        entries = list(h.entries)
+        one.append(entries)
+        ours = snap(one)
+        # the other log: the same entries but an earlier unit's id, then an entry about it;
+        # ours has the same Field, position and last entry, and not that unit
+        at = next(i for i, e in enumerate(entries) if e.kind == "memory.recorded")
+        unit = {**entries[at].data["unit"], "id": "mem-elsewhere"}
+        entries[at] = dataclasses.replace(entries[at], data={"unit": unit})
+        archived = {"memory_unit_id": "mem-elsewhere", "reason": "compacted"}
+        other.append([*entries, LogEntry(10**4, "memory.archived", archived, "lead")])
+        data = self.read(one, ours.position)
+        self.store(other).write(ours.position, ours.written_at, lambda sink: sink(data))
+        field, used = started(other)
+        assert used is None
+        assert "does not fold on it" in warnings(caplog)[0]
+        assert cases.canonical(field.state) == cases.canonical(full_replay(other).state)
+
     def test_the_snapshot_is_of_the_log_as_it_was_when_it_began(self, logs: Logs) -> None:
         log = logs("a")
         filled(log, seed=13)

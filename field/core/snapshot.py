@@ -18,7 +18,9 @@ determines the projection besides the log (the code that folds entries,
 the embedder and its width: see :func:`field.snapshots.fingerprint`), and
 the *anchor*, the entry at its position, by which a log that was replaced
 or rewound under the snapshot is recognized. The body is the state in
-pickle's protocol 5.
+pickle's protocol 5, as :class:`_Pickler` writes it: without the reader's
+configuration (embedder, limits), columns without their spare room, the
+embeddings as int8 (they are small integers: a quarter of their size).
 
 Nothing in a snapshot is trusted before it is checked, in this order
 (:func:`decode`): the digest over the whole of it (so a truncated or
@@ -31,9 +33,9 @@ never an arbitrary callable.
 What the state holds only to answer faster, or for readers that may never
 come, is left out or made smaller first (:func:`compact`): the cancelled
 subscriptions' rows in the matcher's registry, empty per-agent sets, the
-allow lists' cached prefixes. The state read back
-answers every read and folds every later entry as the state it was made
-from does (``tests/test_snapshot.py`` checks it on random histories).
+allow lists' cached prefixes. The state read back answers every read and
+folds every later entry as the state it was made from does
+(``tests/test_snapshot.py`` checks it on random histories).
 """
 
 from __future__ import annotations
@@ -208,9 +210,13 @@ class _Chunks(io.RawIOBase):
         self._digest.update(view)
         self._buffer += view
         self.size += len(view)
-        if len(self._buffer) >= CHUNK_BYTES:
-            self._sink(bytes(self._buffer))
-            self._buffer.clear()
+        whole = len(self._buffer) - len(self._buffer) % CHUNK_BYTES
+        if whole:  # one write may be large (an array): pass it on in chunks too
+            buffered = memoryview(self._buffer)
+            for start in range(0, whole, CHUNK_BYTES):
+                self._sink(bytes(buffered[start : start + CHUNK_BYTES]))
+            buffered.release()
+            del self._buffer[:whole]
         return len(view)
 
     def flush_rest(self) -> None:
