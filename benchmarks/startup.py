@@ -1,27 +1,29 @@
 """Start-up from a snapshot against a full replay of the log: time and memory.
 
-For each size it builds a SQLite log of that many units straight through the log
-API (what RECORD writes: 12-word contents from the vocabulary, by 100 agents, with
-the clock reservations a server makes), writes a snapshot with ``field snapshot``
-(a process of its own, as the server starts it: its time, peak memory and the
-snapshot's size), then starts ``field serve`` on the log, from the snapshot and
-with the snapshots moved away (the whole log replayed). For each start: seconds
-from the command to its "listening on" line (interpreter and imports included),
-the seconds the fold itself took (the server's own log line), and the server's
-resident memory then, in all and per unit.
+For each size it builds a log of that many units straight through the log API
+(what RECORD writes: 12-word contents from the vocabulary, by 100 agents, with the
+clock reservations a server makes), in SQLite or, with ``--postgres``, in a new
+PostgreSQL database. It starts ``field serve`` on the whole log, writes a snapshot
+with ``field snapshot`` (a process of its own, as the server starts it: its time,
+peak memory and the snapshot's size), and starts ``field serve`` again, from the
+snapshot. For each start: seconds from the command to its "listening on" line
+(interpreter and imports included), the seconds the fold itself took (the server's
+own log line), and the server's resident memory then, in all and per unit.
 
     python benchmarks/startup.py                      # 100,000 units
     python benchmarks/startup.py --units 100000 1000000 --live 1000
+    python benchmarks/startup.py --postgres postgresql://postgres@127.0.0.1:5432/test
 
 With ``--live N`` it then serves the largest log with ``--snapshot-entries N`` and times
-RECORDs (100 a second) before, while and after the server writes its next snapshot in
-its own process: what writing one costs the live server.
+RECORDs (100 a second) while the server writes snapshots in a process of its own and
+while it does not: what writing one costs the live server.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import resource
@@ -32,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +42,7 @@ import aiohttp
 from _common import LOAD_RATES, ROLES, ROOT, VOCABULARY, bracketed, envelope, pct, progress
 
 from field.model import LogEntry
-from field.store import SQLiteEventLog
+from field.store import EventLog, SQLiteEventLog
 
 AGENTS = 100
 BATCH = 10_000
@@ -47,10 +50,9 @@ BATCH = 10_000
 BLOCK = 1024
 
 
-def build(directory: Path, units: int) -> float:
-    """A log of ``units`` units in ``directory``; returns the seconds it took."""
+def build(log: EventLog, units: int) -> float:
+    """Append a log of ``units`` units to the empty ``log``; returns the seconds it took."""
     started = time.perf_counter()
-    log = SQLiteEventLog(directory / "field.db", synchronous="normal")
     ts = 1_780_000_000.0
     first = [
         LogEntry(0, "field.created", {"field_id": "field-0123456789abcdef0123"}, ts=ts),
@@ -101,15 +103,19 @@ def build(directory: Path, units: int) -> float:
             progress(n + 1, units, "log")
     log.append(batch)
     progress(units, units, "log")
-    log.close()
     return time.perf_counter() - started
 
 
-def snapshot(directory: Path) -> tuple[float, float, str]:
+def where(directory: Path, url: str | None) -> list[str]:
+    """The flags that name the log: the data directory's SQLite, or the database."""
+    return ["--data-dir", str(directory)] + ([] if url is None else ["--log", url])
+
+
+def snapshot(directory: Path, url: str | None) -> tuple[float, float, str]:
     """Run ``field snapshot``: its seconds, its peak memory (MB) and what it printed."""
     started = time.perf_counter()
     process = subprocess.Popen(
-        [sys.executable, "-m", "field", "snapshot", "--data-dir", str(directory)],
+        [sys.executable, "-m", "field", "snapshot", *where(directory, url)],
         stdout=subprocess.PIPE,
         text=True,
         cwd=ROOT,
@@ -123,7 +129,7 @@ def snapshot(directory: Path) -> tuple[float, float, str]:
     return seconds, usage.ru_maxrss / 1024, report.strip()
 
 
-def start(directory: Path) -> tuple[float, float, float, str]:
+def start(directory: Path, url: str | None) -> tuple[float, float, float, str]:
     """Start ``field serve`` until it listens: (seconds, seconds of the fold, RSS MB,
     its start-up line), then stop it."""
     started = time.perf_counter()
@@ -135,13 +141,12 @@ def start(directory: Path) -> tuple[float, float, float, str]:
             "serve",
             "--port",
             "0",
-            "--data-dir",
-            str(directory),
+            *where(directory, url),
             "--snapshot-entries",
             "0",
             "--snapshot-seconds",
             "0",
-        ],  # fmt: skip
+        ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -163,7 +168,7 @@ def start(directory: Path) -> tuple[float, float, float, str]:
     return seconds, float(folded.group(1)) if folded else float("nan"), rss, told
 
 
-def live(directory: Path, every: int, seconds: float, rate: float) -> None:
+def live(directory: Path, url: str | None, every: int, seconds: float, rate: float) -> None:
     """RECORD latency before, while and after the server writes a snapshot beside itself:
     ``field serve`` with ``--snapshot-entries every`` and one agent recording ``rate``
     times a second for ``seconds``; the server's log lines tell when the snapshot process
@@ -176,14 +181,13 @@ def live(directory: Path, every: int, seconds: float, rate: float) -> None:
             "serve",
             "--port",
             "0",
-            "--data-dir",
-            str(directory),
+            *where(directory, url),
             "--snapshot-entries",
             str(every),
             "--snapshot-seconds",
             "0",
             *LOAD_RATES,
-        ],  # fmt: skip
+        ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
@@ -268,31 +272,52 @@ def _rss_mb(pid: int) -> float:
     return float("nan")
 
 
-def run(units: int, keep: Path | None, live_every: int | None) -> None:
+def run(units: int, keep: Path | None, live_every: int | None, postgres: str | None) -> None:
     directory = Path(tempfile.mkdtemp(prefix="field-startup-", dir=keep))
-    try:
-        built = build(directory, units)
-        size = (directory / "field.db").stat().st_size
-        print(f"\n{units:,} units: log built in {built:.1f} s ({size / 1e6:.0f} MB)")
-        seconds, peak, report = snapshot(directory)
-        print(f"  field snapshot: {seconds:.1f} s, peak RSS {peak:.0f} MB: {report}")
-        hidden = directory / "snapshots.away"
-        for label, away in (("from the snapshot", False), ("whole log", True)):
-            if away:
-                os.rename(directory / "snapshots", hidden)
-            results = [start(directory) for _ in range(2 if units <= 200_000 else 1)]
-            if away:
-                os.rename(hidden, directory / "snapshots")
-            for total, fold, rss, told in results:
+    with contextlib.ExitStack() as stack:
+        if keep is None:
+            stack.callback(shutil.rmtree, directory, ignore_errors=True)
+        url = None if postgres is None else stack.enter_context(_database(postgres))
+        log: EventLog
+        if url is None:
+            log = SQLiteEventLog(directory / "field.db", synchronous="normal")
+        else:
+            from field.store.postgres import PostgresEventLog
+
+            log = PostgresEventLog(url)
+        built = build(log, units)
+        log.close()
+        backend = "SQLite" if url is None else "PostgreSQL"
+        print(f"\n{units:,} units: {backend} log built in {built:.1f} s")
+        runs = 2 if units <= 200_000 else 1
+        for label in ("whole log", "from the snapshot"):
+            if label == "from the snapshot":
+                seconds, peak, report = snapshot(directory, url)
+                print(f"  field snapshot: {seconds:.1f} s, peak RSS {peak:.0f} MB: {report}")
+            for total, fold, rss, told in [start(directory, url) for _ in range(runs)]:
                 print(
                     f"  start, {label:>17}: {total:6.2f} s to listening, fold {fold:6.2f} s, "
                     f"RSS {rss:7.0f} MB ({rss * 1024 * 1024 / units:,.0f} bytes/unit); {told}"
                 )
         if live_every:
-            live(directory, live_every, seconds=90.0, rate=100.0)
+            live(directory, url, live_every, seconds=90.0, rate=100.0)
+
+
+@contextlib.contextmanager
+def _database(admin: str) -> Iterator[str]:
+    """A new database on the server ``admin`` names (a postgresql:// URL of a database to
+    connect to meanwhile), dropped afterwards."""
+    import psycopg
+
+    name = f"field_startup_{os.urandom(6).hex()}"
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        scheme, _, rest = admin.partition("://")
+        yield f"{scheme}://{rest.split('/', 1)[0]}/{name}"
     finally:
-        if keep is None:
-            shutil.rmtree(directory, ignore_errors=True)
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def main() -> None:
@@ -306,11 +331,18 @@ def main() -> None:
         help="then serve the largest log with --snapshot-entries N and time RECORDs before, "
         "while and after the server writes the snapshot",
     )
+    parser.add_argument(
+        "--postgres",
+        metavar="URL",
+        help="keep each log in a new database on this PostgreSQL server (URL of a database "
+        "to connect to while creating and dropping it), not in SQLite",
+    )
     args = parser.parse_args()
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     print(f"python {sys.version.split()[0]}, open files {soft}")
     for units in args.units:
-        run(units, args.keep, args.live if units == max(args.units) else None)
+        live_every = args.live if units == max(args.units) else None
+        run(units, args.keep, live_every, args.postgres)
 
 
 if __name__ == "__main__":
