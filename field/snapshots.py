@@ -465,8 +465,8 @@ class Snapshotter:
     async def _list(self) -> None:
         try:
             listing = await asyncio.to_thread(self._store.list)
-        except FieldError as error:
-            logger.warning("cannot list the snapshots in %s: %s", self._store.where, error.message)
+        except (FieldError, OSError) as error:
+            logger.warning("cannot list the snapshots in %s: %s", self._store.where, error)
             return
         if listing:
             self.newest = listing[0]
@@ -474,13 +474,20 @@ class Snapshotter:
     async def _write(self) -> bool:
         """Run one snapshot process to its end; whether it succeeded."""
         started = time.perf_counter()
-        process = self.process = await asyncio.create_subprocess_exec(
-            *self._argv,
-            env=self._env,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        try:
+            process = self.process = await asyncio.create_subprocess_exec(
+                *self._argv,
+                env=self._env,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+            )
+        except OSError as exc:  # no memory, no process slot left: try again later
+            self.failed += 1
+            logger.error(
+                "cannot start a snapshot process (%s); the next try is in %d s", exc, RETRY_SECONDS
+            )
+            return False
         with contextlib.suppress(OSError):
             os.setpriority(os.PRIO_PROCESS, process.pid, NICENESS)
         logger.info(
@@ -500,9 +507,9 @@ class Snapshotter:
         if report is None:
             self.failed += 1
             logger.error(
-                "the snapshot process %d failed (exit status %s); the next try is in %d s",
+                "the snapshot process %d failed (%s); the next try is in %d s",
                 process.pid,
-                status,
+                f"exit status {status}" if status else "it printed no report",
                 RETRY_SECONDS,
             )
             return False

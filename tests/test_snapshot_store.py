@@ -10,6 +10,7 @@ why, for the one before it or for a replay of the whole log.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -30,7 +31,7 @@ from field.core.field import Field
 from field.core.snapshot import FORMAT
 from field.errors import LogWriteError, OperationalError
 from field.model import LogEntry
-from field.snapshots import SnapshotPolicy, Written, load, write_snapshot
+from field.snapshots import SnapshotPolicy, Snapshotter, Written, load, write_snapshot
 from field.store import EventLog, SQLiteEventLog
 from field.store.snapshots import KEEP, FileSnapshots, SnapshotStore, StoredSnapshot
 
@@ -471,3 +472,65 @@ def test_the_snapshot_settings_are_read_and_bounded() -> None:
             Config.from_env({}, **bad)
     with pytest.raises(ValueError, match="FIELD_SNAPSHOT_ENTRIES"):
         Config.from_env({"FIELD_SNAPSHOT_ENTRIES": "many"})
+
+
+# -- the server's side: the snapshot process --------------------------------------------
+
+
+class _Service:
+    """What a Snapshotter reads of the service: the log's end, the snapshot started from."""
+
+    def __init__(self, log: EventLog) -> None:
+        self.log = log
+        self.started_from: StoredSnapshot | None = None
+
+
+def _snapshotter(tmp_path: Path, code: str) -> tuple[Snapshotter, SQLiteEventLog]:
+    """A Snapshotter whose snapshot process is ``python -c code``."""
+    log = SQLiteEventLog(tmp_path / "field.db")
+    filled(log, length=20)
+    command = ([sys.executable, "-c", code], dict(os.environ))
+    return Snapshotter(_Service(log), log.snapshots(), SnapshotPolicy(), command), log  # type: ignore[arg-type]
+
+
+async def test_a_snapshot_process_reports_what_it_wrote(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    report = {"position": 7, "size": 10, "units": 1, "started_from": None, "replayed": 7}
+    code = f"import sys; sys.stderr.write('a warning\\n'); print({orjson.dumps(report).decode()!r})"
+    snapshotter, log = _snapshotter(tmp_path, code)
+    try:
+        caplog.set_level(logging.INFO, "field.snapshots")
+        assert await snapshotter._write()
+        assert (snapshotter.written, snapshotter.failed, snapshotter._base) == (1, 0, 7)
+        assert "field snapshot: a warning" in caplog.messages
+        assert any("snapshot written at position 7" in m for m in caplog.messages)
+        assert snapshotter.status() is None  # the store holds none: nothing to show
+    finally:
+        log.close()
+
+
+async def test_a_failed_snapshot_process_is_logged_and_counted(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    snapshotter, log = _snapshotter(tmp_path, "import sys; sys.exit(3)")
+    try:
+        assert not await snapshotter._write()
+        assert (snapshotter.written, snapshotter.failed, snapshotter._base) == (0, 1, 0)
+        assert any("exit status 3" in m for m in caplog.messages)
+    finally:
+        log.close()
+
+
+async def test_stopping_ends_a_snapshot_process_under_way(tmp_path: Path) -> None:
+    snapshotter, log = _snapshotter(tmp_path, "import time; time.sleep(60)")
+    try:
+        writing = asyncio.create_task(snapshotter._write())
+        while snapshotter.process is None:  # started on the loop: a turn or two
+            await asyncio.sleep(0)
+        process = snapshotter.process
+        await snapshotter.stop()
+        assert process.returncode is not None and process.returncode < 0  # terminated
+        assert not await writing
+    finally:
+        log.close()

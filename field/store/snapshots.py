@@ -106,7 +106,7 @@ class FileSnapshots(SnapshotStore):
                 continue
             try:
                 size = (self.directory / name).stat().st_size
-            except FileNotFoundError:  # pruned meanwhile
+            except OSError:  # pruned meanwhile, or unreadable: not a snapshot to offer
                 continue
             position, micros = int(match.group(1)), int(match.group(2))
             found.append(StoredSnapshot(name, position, micros / 1e6, size))
