@@ -323,7 +323,7 @@ def _prefix(data: bytes) -> tuple[bytes, int]:
     return magic, size
 
 
-def verify(data: bytes | memoryview, fingerprint: str) -> Header:
+def verify(data: bytes | bytearray | memoryview, fingerprint: str) -> Header:
     """The header of the snapshot ``data``, once its digest, format and fingerprint are
     checked; raises :class:`UnusableSnapshot` saying what is wrong."""
     view = memoryview(data)
@@ -349,7 +349,7 @@ def verify(data: bytes | memoryview, fingerprint: str) -> Header:
 
 
 def decode(
-    data: bytes | memoryview,
+    data: bytes | bytearray | memoryview,
     fingerprint: str,
     *,
     limits: Limits,
@@ -363,10 +363,9 @@ def decode(
     header = verify(data, fingerprint)
     if expect is not None:
         expect(header)
-    # the body is read in place (a BytesIO of bytes shares them): the pickle ends with its
-    # STOP before the trailer, and the digest vouched for every byte
-    file = io.BytesIO(data)
-    file.seek(header_size(bytes(data[: _PREFIX.size])))
+    # the body is read in place: the pickle ends with its STOP before the trailer, and
+    # the digest vouched for every byte
+    file = _Reader(data, header_size(bytes(data[: _PREFIX.size])))
     try:
         state = _Unpickler(file, limits=limits, embedder=embedder).load()
     except UnusableSnapshot:
@@ -378,6 +377,33 @@ def decode(
     state.clock.max_skew = limits.max_epoch_skew
     state.clock.rate = limits.max_epoch_rate
     return header, state
+
+
+class _Reader:
+    """A file over the bytes of a snapshot, from ``start``, for the unpickler: each read
+    copies what it returns, never the whole (which may be most of a gigabyte)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview, start: int) -> None:
+        self._data = data if isinstance(data, bytes | bytearray) else bytes(data)
+        self._view = memoryview(self._data)
+        self._at = start
+
+    def read(self, size: int = -1) -> bytes:
+        end = len(self._view) if size < 0 else min(len(self._view), self._at + size)
+        chunk = bytes(self._view[self._at : end])
+        self._at = end
+        return chunk
+
+    def readinto(self, buffer: Any) -> int:
+        target = memoryview(buffer).cast("B")
+        count = min(len(target), len(self._view) - self._at)
+        target[:count] = self._view[self._at : self._at + count]
+        self._at += count
+        return count
+
+    def readline(self) -> bytes:
+        end = self._data.find(b"\n", self._at)
+        return self.read(-1 if end < 0 else end + 1 - self._at)
 
 
 #: What a snapshot's body may name, by module: every class the state is made of, and

@@ -72,7 +72,7 @@ class SnapshotStore(abc.ABC):
         """Every snapshot held, newest position first (then newest written)."""
 
     @abc.abstractmethod
-    def read(self, snapshot: StoredSnapshot) -> bytes:
+    def read(self, snapshot: StoredSnapshot) -> bytes | bytearray:
         """The whole of ``snapshot``; raises OperationalError if it is gone or unreadable."""
 
     @abc.abstractmethod
@@ -184,7 +184,7 @@ class PostgresSnapshots(SnapshotStore):
     def list(self) -> list[StoredSnapshot]:
         return [StoredSnapshot(str(i), p, w, s) for i, p, w, s in self._log.snapshot_list()]
 
-    def read(self, snapshot: StoredSnapshot) -> bytes:
+    def read(self, snapshot: StoredSnapshot) -> bytearray:
         return self._log.snapshot_read(int(snapshot.key))
 
     def write(self, position: int, written_at: float, produce: Produce) -> StoredSnapshot:
