@@ -275,6 +275,13 @@ def _parser() -> argparse.ArgumentParser:
         "postgres extra); the data directory still holds the webhook key (default: SQLite "
         "in the data directory)",
     )
+    serve.add_argument(
+        "--cluster-interval",
+        type=float,
+        help="with several servers on one --log database: seconds between a server's "
+        "presence flushes and delivery-lease tries (1); deliveries move off a dead server "
+        "within about twice this",
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -402,6 +409,7 @@ def _config(args: argparse.Namespace) -> Config:
         log_format=args.log_format,
         access_log=args.access_log,
         log=args.log,
+        cluster_interval=args.cluster_interval,
     )
     if args.in_memory:
         config = replace(config, data_dir=None)
