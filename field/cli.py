@@ -275,6 +275,11 @@ def _parser() -> argparse.ArgumentParser:
         "postgres extra); the data directory still holds the webhook key (default: SQLite "
         "in the data directory)",
     )
+    serve.add_argument(
+        "--node-id",
+        help="this server's name among the nodes of one Field on a --log database, shown "
+        "by GET /v1/field/status (or set FIELD_NODE_ID; default <host name>:<port>)",
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -402,6 +407,7 @@ def _config(args: argparse.Namespace) -> Config:
         log_format=args.log_format,
         access_log=args.access_log,
         log=args.log,
+        node_id=args.node_id,
     )
     if args.in_memory:
         config = replace(config, data_dir=None)

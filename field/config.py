@@ -166,6 +166,9 @@ class Config:
     #: The event log in PostgreSQL (``postgresql://user@host/db``); None: SQLite in
     #: ``data_dir``. Kept out of repr: the URL may carry a password.
     log: str | None = field(default=None, repr=False)
+    #: This process's name among the nodes of a Field on a shared log (status, logs);
+    #: None: ``<host name>:<port>``.
+    node_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_subscription_timeout is not None:

@@ -14,6 +14,7 @@ import importlib.util
 import logging
 import math
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -256,6 +257,12 @@ class HTTPBinding:
         }
         body["sources"] = {} if self.sources is None else self.sources.status(field)
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
+        body["node"] = {
+            "id": service.node_id,
+            "position": field.state.last_position,
+            "log_head": max(service.log_head, field.state.last_position),
+            "lag": service.lag,
+        }
         return body
 
     async def subscription_events(self, request: Request) -> ASGIApp:
@@ -548,6 +555,7 @@ def create_app(
             max_queue=config.max_queue,
             max_batch=config.max_batch,
             admission=config.admission_policy(),
+            node_id=config.node_id or f"{socket.gethostname()}:{config.port}",
         )
         await service.start()
         binding.service = service
