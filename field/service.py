@@ -157,6 +157,8 @@ class FieldService:
         self._follower: asyncio.Task[None] | None = None
         #: a wake-up job is queued (the follower queues at most one at a time)
         self._woken = False
+        #: the last catch-up failed: reads are served from this node's state as it is
+        self._stale = False
 
     def _load(self) -> Field:
         """A Field rebuilt from the whole log."""
@@ -516,8 +518,13 @@ class FieldService:
         except FieldError as error:
             if lock:
                 self._refuse_writes(error)  # this batch's writes are refused up front
-            else:
+            elif not self._stale:
                 logger.warning("reads are served without catching up: %s", error.message)
+            self._stale = True
+        else:
+            if self._stale:
+                logger.warning("caught up with the log again")
+            self._stale = False
 
     def _follow_entries(self, entries: list[StoredEntry]) -> None:
         """Apply entries other nodes appended (in log order) and publish them."""

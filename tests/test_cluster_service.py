@@ -189,3 +189,42 @@ async def test_a_node_joining_later_catches_up(nodes: list[Node], database: str)
         assert unit["memory_unit_id"] in a.state.units
     finally:
         await late.service.stop()
+
+
+async def test_a_node_cut_off_from_the_database_serves_reads_and_refuses_writes(
+    nodes: list[Node], database: str
+) -> None:
+    """While its database cannot be reached, a node answers reads from what it holds and
+    refuses writes up front (LOG_UNAVAILABLE, recoverable); once the database answers
+    again, writes resume by themselves, after whatever other nodes wrote meanwhile."""
+    a, b, _ = nodes
+    token = await a.register("erin")
+    await a.record("erin", token, "before the cut")
+    log = a.service.log
+    assert isinstance(log, PostgresEventLog)
+    log.url = "postgresql://postgres@127.0.0.1:1/unreachable"  # new connections fail
+    for conn in (log._writer, log._reader):
+        if conn is not None:
+            conn.close()  # and the open ones are gone
+    error = await _refused(a.record("erin", token, "during the cut"))
+    assert error.code == "LOG_UNAVAILABLE" and error.recoverable
+    attuned = await a.send(
+        "ATTUNE", "erin", {"scope": {"role": "researcher", "max_units": 10}}, token
+    )
+    assert "record" in attuned  # served from the node's state
+    elsewhere = await b.record("erin", token, "written elsewhere meanwhile")
+    log.url = database
+    async with asyncio.timeout(10):  # the probe (every second) finds the database again
+        while a.service.refusing is not None:
+            await asyncio.sleep(0.05)
+    after = await a.record("erin", token, "after the cut")
+    assert elsewhere["memory_unit_id"] in a.state.units
+    assert after["memory_unit_id"] in a.state.units
+
+
+async def _refused(call: Any) -> FieldError:
+    try:
+        await call
+    except FieldError as error:
+        return error
+    raise AssertionError("the write was accepted")
