@@ -320,3 +320,21 @@ def test_the_log_url_comes_from_the_environment_and_is_checked() -> None:
     assert Config.from_env({"FIELD_LOG": ""}).log is None
     with pytest.raises(ValueError, match="postgresql://"):
         Config.from_env({"FIELD_LOG": "sqlite:///tmp/x"})
+
+
+def test_a_lease_left_hanging_is_taken_back(database: str, monkeypatch: Any) -> None:
+    """A node that locks and then never appends (hung, or cut off) holds the others up for
+    LEASE_TIMEOUT_MS at most: the database ends its session, and its next call reports
+    the log unavailable (and connects again)."""
+    monkeypatch.setattr(pg_module, "LEASE_TIMEOUT_MS", 300)
+    hung, other = PostgresEventLog(database), PostgresEventLog(database)
+    try:
+        hung.lock(0)
+        assert other.append([entry(1)]) == [1]  # waited for the lease to be taken back
+        with pytest.raises(LogUnavailable):
+            hung.append([entry(2)])
+        assert positions(hung.lock(0)) == [1]
+        assert hung.append([entry(2)]) == [2]
+    finally:
+        hung.close()
+        other.close()

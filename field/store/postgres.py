@@ -29,7 +29,9 @@ those, runs its batch, and :meth:`~PostgresEventLog.append` stores the
 batch right after them and commits (or :meth:`~PostgresEventLog.unlock`
 rolls back an empty one). So every write is validated against a state that
 holds every earlier entry, whichever node wrote it: the head row is a
-writer lease taken per batch. Every commit also sends
+writer lease taken per batch. A node that hangs or loses the database while
+holding it loses it after :data:`LEASE_TIMEOUT_MS` (the database ends the
+session), so the others wait no longer than that. Every commit also sends
 ``NOTIFY field_log, '<head>'``; :meth:`PostgresEventLog.follow` listens on
 its own connection and tells the node of new entries (and polls the head
 now and then, should a notification be lost with its connection).
@@ -103,6 +105,10 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 CONNECT_TIMEOUT = 2
 #: How long an append waits for the head row held by another appender (ms).
 LOCK_TIMEOUT_MS = 2000
+#: How long a node may hold the head row between :meth:`PostgresEventLog.lock` and its
+#: append (ms): the database ends a session idle that long in its transaction, so a node
+#: that hangs or is cut off while holding the lease holds up the others no longer than this.
+LEASE_TIMEOUT_MS = 5000
 #: Advisory lock key of creating or migrating the schema.
 _SCHEMA_LOCK = 0x6669656C6401
 #: The channel every commit notifies with its head position.
@@ -232,6 +238,7 @@ class PostgresEventLog(EventLog):
         conn = self._connect()
         try:
             conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
+            conn.execute(f"SET idle_in_transaction_session_timeout = {LEASE_TIMEOUT_MS}")
         except BaseException:
             conn.close()
             raise
