@@ -45,8 +45,8 @@ while a node's event loop runs late) is counted and shown, and is not a failure:
 was told. What fails the run (exit status 1) is a unit lost or delivered twice, or a node
 that does not count what the log holds.
 
-``--rounds`` runs every case that many times (the throughput configurations in the reverse
-order every other round) and prints the range of each figure over the rounds. The nodes,
+``--rounds`` runs every case that many times (a case's configurations in the reverse order
+every other round) and prints the range of each figure over the rounds. The nodes,
 PostgreSQL and the load generator all share this machine's CPUs, which the output states;
 benchmarks/README.md ("Several nodes") says what that means for the figures.
 """
@@ -58,6 +58,7 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -156,11 +157,14 @@ def cluster(url: str, count: int, backend: str = "postgresql") -> Iterator[list[
     default SQLite log); stopped, and the database dropped, when the block ends."""
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="field-cluster-")))
-        log = [] if backend == "sqlite" else ["--log", stack.enter_context(Database(url))]
+        if backend == "sqlite":
+            log = ["--sync", "full"]
+        else:
+            log = ["--log", stack.enter_context(Database(url))]
         nodes: list[FieldServer] = []
         stack.callback(lambda: [node.stop() for node in nodes])
         for name in NODE_NAMES[:count]:
-            flags = [*log, "--node-id", name, "--sync", "full", *ONE_CLIENT_ADDRESS]
+            flags = [*log, "--node-id", name, *ONE_CLIENT_ADDRESS]
             nodes.append(FieldServer(tmp / name, *flags).start())
         yield nodes
 
@@ -808,6 +812,7 @@ def main() -> None:
         parser.error("--subscribers must be in [1, 10000], --failover-subscribers [1, 1000]")
     if not 0 < args.rate <= 1000 or not 0 < args.failover_rate <= 1000:
         parser.error("--rate and --failover-rate must be in (0, 1000]")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the nodes on the way out
     limit = raise_nofile()
     if limit < args.subscribers + 200:
         parser.error(f"the open-file limit is {limit}; {args.subscribers + 200} are needed")
