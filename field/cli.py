@@ -282,6 +282,11 @@ def _parser() -> argparse.ArgumentParser:
         "presence flushes and delivery-lease tries (1); deliveries move off a dead server "
         "within about twice this",
     )
+    serve.add_argument(
+        "--node-id",
+        help="this server's name among the nodes of one Field on a --log database, shown "
+        "by GET /v1/field/status (or set FIELD_NODE_ID; default <host name>:<port>)",
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -410,6 +415,7 @@ def _config(args: argparse.Namespace) -> Config:
         access_log=args.access_log,
         log=args.log,
         cluster_interval=args.cluster_interval,
+        node_id=args.node_id,
     )
     if args.in_memory:
         config = replace(config, data_dir=None)

@@ -170,6 +170,9 @@ class Config:
     #: servers share one ``log`` database; a dead node's deliveries move within about
     #: twice this, its connections stop counting after five times this.
     cluster_interval: float = 1.0
+    #: This process's name among the nodes of a Field on a shared log (status, logs);
+    #: None: ``<host name>:<port>``.
+    node_id: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_subscription_timeout is not None:

@@ -260,7 +260,13 @@ class HTTPBinding:
         }
         body["sources"] = {} if self.sources is None else self.sources.status(field)
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
-        body["delivery_owner"] = self.deliveries is not None and self.deliveries.owner
+        body["node"] = {
+            "id": service.node_id,
+            "position": field.state.last_position,
+            "log_head": max(service.log_head, field.state.last_position),
+            "lag": service.lag,
+        }
+        body["node"]["delivery_owner"] = self.deliveries is not None and self.deliveries.owner
         return body
 
     async def subscription_events(self, request: Request) -> ASGIApp:
@@ -585,6 +591,7 @@ def create_app(
             max_queue=config.max_queue,
             max_batch=config.max_batch,
             admission=config.admission_policy(),
+            node_id=config.node_id or f"{socket.gethostname()}:{config.port}",
         )
         await service.start()
         binding.service = service
