@@ -220,3 +220,50 @@ async def test_the_sdk_moves_to_another_node_when_one_dies(
         after["memory_unit_id"],
     ]
     assert received[0].cursor != received[1].cursor
+
+
+async def test_an_agent_connected_to_one_node_is_live_on_every_node(
+    server_process: SpawnServer, tmp_path: Path, database: str
+) -> None:
+    """Liveness counts connections on every node: an agent holding a stream to node b
+    only is not failed by node a (which decides, its id being the smaller), however long
+    it stays silent; once its stream closes, it is failed after its grace."""
+    quick = ("--heartbeat-timeout", "3", "--failure-grace", "1", "--cluster-interval", "0.2")
+    first = server_process(tmp_path / "a", "--log", database, "--node-id", "a", *quick)
+    second = server_process(tmp_path / "b", "--log", database, "--node-id", "b", *quick)
+    async with FieldClient(first.url) as one, FieldClient(second.url) as two:
+        observer = await one.register("observer", "lead")
+        watched = await observer.subscribe(["agent.failed"], min_relevance=0.0)
+        held_failed = asyncio.Event()
+
+        async def watch() -> None:  # others fail meanwhile: the writer is never heard again
+            async for notification in observer.notifications(watched, since=watched.cursor):
+                if notification.agent_id == "held":
+                    held_failed.set()
+
+        watching = asyncio.ensure_future(watch())
+        held = await two.register("held", "analyst")
+        listening = await held.subscribe(["memory.recorded"], min_relevance=0.0)
+        opened = asyncio.Event()
+
+        async def hold() -> None:
+            async for _ in held.notifications(listening, since=listening.cursor):
+                opened.set()
+
+        holding = asyncio.ensure_future(hold())
+        try:
+            writer = await one.register("writer", "analyst")
+            await _record(writer, "finding", "proof that the stream is open", purpose="live")
+            async with asyncio.timeout(30):
+                await opened.wait()  # held's connection to b is open
+            # two heartbeat timeouts of silence: connected to b, held stays live
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(held_failed.wait(), 6)
+            holding.cancel()  # the stream closes
+            async with asyncio.timeout(15):
+                await held_failed.wait()
+        finally:
+            for task in (holding, watching):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
