@@ -277,6 +277,18 @@ def _parser() -> argparse.ArgumentParser:
         "in the data directory)",
     )
     serve.add_argument(
+        "--cluster-interval",
+        type=float,
+        help="with several servers on one --log database: seconds between a server's "
+        "presence flushes and delivery-lease tries (1); deliveries move off a dead server "
+        "within about twice this",
+    )
+    serve.add_argument(
+        "--node-id",
+        help="this server's name among the nodes of one Field on a --log database, shown "
+        "by GET /v1/field/status (or set FIELD_NODE_ID; default <host name>:<port>)",
+    )
+    serve.add_argument(
         "--snapshot-entries",
         type=int,
         metavar="N",
@@ -484,6 +496,8 @@ def _config(args: argparse.Namespace) -> Config:
         log_format=args.log_format,
         access_log=args.access_log,
         log=args.log,
+        cluster_interval=args.cluster_interval,
+        node_id=args.node_id,
         snapshot_entries=args.snapshot_entries,
         snapshot_seconds=args.snapshot_seconds,
     )

@@ -169,6 +169,13 @@ class Config:
     #: The event log in PostgreSQL (``postgresql://user@host/db``); None: SQLite in
     #: ``data_dir``. Kept out of repr: the URL may carry a password.
     log: str | None = field(default=None, repr=False)
+    #: Seconds between a node's presence flushes and delivery-lease tries when several
+    #: servers share one ``log`` database; a dead node's deliveries move within about
+    #: twice this, its connections stop counting after five times this.
+    cluster_interval: float = 1.0
+    #: This process's name among the nodes of a Field on a shared log (status, logs);
+    #: None: ``<host name>:<port>``.
+    node_id: str | None = None
     #: A snapshot of the state is written (by a process of its own) once this many entries
     #: were appended since the newest one, or once this many seconds passed since the last
     #: one if any were; start-up then folds only the entries after it. 0 turns either off.
@@ -244,6 +251,10 @@ class Config:
         object.__setattr__(self, "cors_origin", parse_origins(self.cors_origin))
         if self.log is not None and not self.log.startswith(("postgresql://", "postgres://")):
             raise ValueError("log must be a postgresql:// URL")
+        if not (math.isfinite(self.cluster_interval) and 0.05 <= self.cluster_interval <= 60):
+            raise ValueError(
+                f"cluster_interval must be between 0.05 and 60 seconds, not {self.cluster_interval}"
+            )
         if self.snapshot_entries < 0:
             raise ValueError(
                 f"snapshot_entries must be 0 (off) or more, not {self.snapshot_entries}"
@@ -398,6 +409,7 @@ _FLOATS = (
     "agent_rate",
     "notify_rate",
     "mcp_idle_timeout",
+    "cluster_interval",
     "snapshot_seconds",
 )
 

@@ -31,6 +31,23 @@ before anything changes, and serves every read; a probe task appends a
 the writer (which appends nothing meanwhile), and its success makes the
 log writable again.
 
+**Several nodes, one Field.** On a shared log (PostgreSQL) other
+processes append too. Before each batch the writer brings the Field up to
+the log: a batch that may write first takes the log's lock
+(:meth:`EventLog.lock`), applies what the other nodes appended since, then
+runs, and its append releases the lock; so every write is validated
+against every earlier entry, whichever node wrote it, and epochs in the
+log never go back. A batch of reads only reads the log's head and applies
+what is new, without the lock: a read sees every write acknowledged, on
+any node, before its batch began. Should such a batch still write (a
+clock reservation) and another node have appended meanwhile, the
+reservation, which commutes with everything, is stored after their
+entries. A follower task (:meth:`EventLog.follow`: ``LISTEN/NOTIFY``)
+wakes the writer when another node commits, so an idle node applies and
+pushes what others wrote within milliseconds. Every entry a node applies,
+its own or another's, is published to the listeners in log order: push
+streams, deliveries and the console see the one log on every node.
+
 The queue is bounded (``max_queue``), and so is the wait: admission
 control (:mod:`field.admission`) samples how late the event loop runs and
 how long the oldest queued job has waited, and while that delay stands
@@ -65,6 +82,13 @@ Job = Callable[[Field], Outcome]
 PROBE_SECONDS = 1.0
 #: Error codes of an append that make the log *refusing* (the others are bugs).
 _UNWRITABLE = frozenset({Code.STORAGE_FULL, Code.LOG_UNAVAILABLE})
+#: Entries read from a shared log per step when catching up with other nodes.
+CATCH_UP_PAGE = 1000
+#: Entries behind past which a node catches up before taking the log's lock, not under it.
+CATCH_UP_UNLOCKED = 256
+#: Entry kinds that commute with every other entry: a batch of reads that wrote only these
+#: may store them after what another node appended meanwhile.
+_COMMUTING = frozenset({"clock.reserved"})
 
 
 @dataclass(slots=True)
@@ -74,6 +98,8 @@ class _Pending:
     operation: str | None
     #: the loop's time when it was queued
     queued_at: float
+    #: whether the job may write (on a shared log, its batch runs under the log's lock)
+    locks: bool = True
 
 
 class _JobQueue(asyncio.Queue[_Pending]):
@@ -95,8 +121,11 @@ class FieldService:
         max_queue: int = 10_000,
         max_batch: int = 512,
         admission: AdmissionPolicy | None = None,
+        node_id: str = "node-1",
     ) -> None:
         self.log = log
+        #: this process's name among the nodes of the Field (status, logs)
+        self.node_id = node_id
         self._field_factory = field_factory
         #: entries of the batch being processed that are applied but not yet stored
         self._unstored: list[LogEntry] = []
@@ -122,6 +151,15 @@ class FieldService:
         self.refusing: FieldError | None = None
         #: how many times the state was rebuilt from the log since start-up
         self.rebuilds = 0
+        #: the newest log position known to exist (other nodes' appends included)
+        self.log_head = self.field.state.last_position
+        #: whether this writer holds the shared log's lock (between lock and append)
+        self._locked = False
+        self._follower: asyncio.Task[None] | None = None
+        #: a wake-up job is queued (the follower queues at most one at a time)
+        self._woken = False
+        #: the last catch-up failed: reads are served from this node's state as it is
+        self._stale = False
 
     def _load(self) -> Field:
         """A Field rebuilt from the log: from its newest usable snapshot, if it has one, and
@@ -140,6 +178,7 @@ class FieldService:
         the writer answers every job with an internal error and tries again
         before each batch.
         """
+        await self._release()
         self.rebuilds += 1
         try:
             if self._blocking_log:
@@ -164,7 +203,7 @@ class FieldService:
         are applied but not yet stored, and follow the log's last position.
         ``max_bytes`` bounds what is read from the log (see ``read_positions``).
         """
-        stored_up_to = self.log.last_position()
+        stored_up_to = self.field.state.last_position
         wanted = [p for p in positions if p <= stored_up_to]
         found = self.log.read_positions(wanted, max_bytes=max_bytes)
         if len(found) < len(set(wanted)):
@@ -186,12 +225,25 @@ class FieldService:
         """Jobs waiting for the writer."""
         return self._queue.qsize()
 
+    @property
+    def lag(self) -> int:
+        """Entries in the log this node has not applied yet (0 but on a shared log)."""
+        return max(0, self.log_head - self.field.state.last_position)
+
     async def start(self) -> None:
+        if self.log.shared:
+            # two nodes starting on an empty log: the lock lets one create the Field
+            await self._catch_up(lock=True)
         genesis = self.field.genesis()
         if genesis:
             await self._append(genesis)
+        elif self._locked:
+            await asyncio.to_thread(self.log.unlock)
+            self._locked = False
         self._start_writer()
         self._sampler = asyncio.create_task(self._sample_delay(), name="field-admission")
+        if self.log.shared:
+            self._follower = asyncio.create_task(self._follow(), name="field-follower")
 
     def _start_writer(self) -> None:
         self._writer = asyncio.create_task(self._run(), name="field-writer")
@@ -219,11 +271,12 @@ class FieldService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sampler
             self._sampler = None
-        if self._probe is not None:
-            self._probe.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._probe
-            self._probe = None
+        for task in (self._probe, self._follower):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        self._probe = self._follower = None
         self.log.close()
 
     async def execute(
@@ -236,11 +289,13 @@ class FieldService:
         """
         if self._writer is None or self._stopping:
             raise Overloaded("the Field is not running", operation=operation)
-        self.admission.admit(work or work_of(operation), operation)
+        work = work or work_of(operation)
+        self.admission.admit(work, operation)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
+        pending = _Pending(job, future, operation, loop.time(), work is not Work.READ)
         try:
-            self._queue.put_nowait(_Pending(job, future, operation, loop.time()))
+            self._queue.put_nowait(pending)
         except asyncio.QueueFull:
             raise Overloaded("the Field's request queue is full", operation=operation) from None
         outcome = await future
@@ -278,6 +333,8 @@ class FieldService:
             try:
                 if self.field.broken:
                     await self._rebuild()
+                if not self.field.broken:
+                    await self._prepare(batch)
                 if self.field.broken:
                     self._answer_rest(batch)
                 else:
@@ -295,6 +352,7 @@ class FieldService:
                 self.busy = False
                 for _ in batch:
                     self._queue.task_done()
+                await self._release()
             # Let the connections run between batches: with a log that never
             # blocks, a busy queue would otherwise keep the loop to itself.
             await asyncio.sleep(0)
@@ -311,8 +369,10 @@ class FieldService:
                 # The projection is half-applied: make what ran before it
                 # durable, rebuild from the log, and run the rest afresh.
                 await self._settle(batch[: i + 1], results, entries, first_write)
+                await self._release()
                 await self._rebuild()
                 if i + 1 < len(batch):
+                    await self._prepare(batch[i + 1 :])
                     await self._process(batch[i + 1 :])
                 return
             if isinstance(result, Outcome) and result.entries:
@@ -349,6 +409,13 @@ class FieldService:
         if entries:
             try:
                 positions = await self._append(entries)
+            except _Moved:
+                # the reads' answers stand; what they wrote is not stored: start afresh
+                logger.warning(
+                    "another node appended while a batch of reads wrote %s; rebuilding",
+                    sorted({e.kind for e in entries}),
+                )
+                await self._rebuild()
             except FieldError as error:
                 await self._append_failed(error)
                 assert first_write is not None  # entries imply a write
@@ -407,12 +474,136 @@ class FieldService:
                     result.on_durable(mine)
 
     async def _append(self, entries: list[LogEntry]) -> list[int]:
-        if self._blocking_log:
-            positions = await asyncio.to_thread(self.log.append, entries)
-        else:
-            positions = self.log.append(entries)
-        self.field.state.last_position = positions[-1]
+        state = self.field.state
+        if self.log.shared and not self._locked:
+            entries[:] = await self._relock(entries)
+        try:
+            if self._blocking_log:
+                positions = await asyncio.to_thread(self.log.append, entries)
+            else:
+                positions = self.log.append(entries)
+        finally:
+            self._locked = False  # the append released the lock, or failed and dropped it
+        state.last_position = state.applied_position = positions[-1]
+        self.log_head = max(self.log_head, positions[-1])
         return positions
+
+    # -- several nodes on a shared log ------------------------------------------
+
+    async def _prepare(self, batch: list[_Pending]) -> None:
+        """On a shared log, bring the Field up to the log before ``batch`` runs: under
+        the log's lock when one of its jobs may write. While writes are refused, reads
+        are served from what this node holds."""
+        if self.log.shared and self.refusing is None:
+            await self._catch_up(lock=any(p.locks for p in batch))
+
+    async def _catch_up(self, *, lock: bool) -> None:
+        """Apply what other nodes appended; with ``lock``, end holding the log's lock.
+
+        A node far behind reads most of the way without the lock, so that it
+        holds the lock only for the last few entries.
+        """
+        state = self.field.state
+        try:
+            if not lock or self.lag > CATCH_UP_UNLOCKED:
+                self.log_head = max(self.log_head, await asyncio.to_thread(self.log.head))
+                while state.last_position < self.log_head:
+                    entries = await asyncio.to_thread(
+                        self.log.read, state.last_position, CATCH_UP_PAGE
+                    )
+                    if not entries:
+                        break
+                    self._follow_entries(entries)
+            if lock:
+                entries = await asyncio.to_thread(self.log.lock, state.last_position)
+                self._locked = True
+                self._follow_entries(entries)
+        except FieldError as error:
+            if lock:
+                self._refuse_writes(error)  # this batch's writes are refused up front
+            elif not self._stale:
+                logger.warning("reads are served without catching up: %s", error.message)
+            self._stale = True
+        else:
+            if self._stale:
+                logger.warning("caught up with the log again")
+            self._stale = False
+
+    def _follow_entries(self, entries: list[StoredEntry]) -> None:
+        """Apply entries other nodes appended (in log order) and publish them."""
+        state = self.field.state
+        fresh = [e for e in entries if e.position > state.last_position]
+        for entry in fresh:
+            if entry.position != state.last_position + 1:
+                self.field.broken = True
+                raise RuntimeError(
+                    f"the log went from position {state.last_position} to {entry.position}"
+                )
+            try:
+                state.apply(entry)
+            except Exception:
+                self.field.broken = True
+                raise
+        if fresh:
+            self.log_head = max(self.log_head, fresh[-1].position)
+            self._publish(fresh)
+
+    async def _relock(self, entries: list[LogEntry]) -> list[LogEntry]:
+        """Take the lock for a batch that ran without it (reads) but wrote ``entries``.
+
+        When no other node appended since the batch began, they go next as
+        they are. Otherwise, entries that commute (a clock reservation) go
+        after the others' entries, which are applied first, with an epoch and
+        a time no earlier than theirs; any other kind raises :class:`_Moved`.
+        """
+        state = self.field.state
+        others = await asyncio.to_thread(self.log.lock, state.last_position)
+        self._locked = True
+        if not others:
+            return entries
+        if any(e.kind not in _COMMUTING for e in entries):
+            raise _Moved
+        self._follow_entries(others)
+        epoch, ts = state.clock.value, state.last_ts
+        return [
+            LogEntry(max(e.epoch, epoch), e.kind, e.data, e.agent_id, max(e.ts, ts))
+            for e in entries
+        ]
+
+    async def _release(self) -> None:
+        """Release the shared log's lock if a batch took it and stored nothing."""
+        if not self._locked:
+            return
+        self._locked = False
+        try:
+            await asyncio.to_thread(self.log.unlock)
+        except FieldError as error:  # the connection is gone, and the lock with it
+            logger.warning("releasing the log's lock: %s", error.message)
+
+    async def _follow(self) -> None:
+        """Wake the writer whenever the log's head passes what this node applied."""
+        async for head in self.log.follow():
+            self.log_head = max(self.log_head, head)
+            if head > self.field.state.last_position:
+                self._wake()
+
+    def _wake(self) -> None:
+        """Queue one job that does nothing (at most one at a time): its batch catches up."""
+        if self._woken or not self.running or self._stopping:
+            return
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Outcome] = loop.create_future()
+        try:
+            self._queue.put_nowait(_Pending(_nothing, future, None, loop.time(), locks=False))
+        except asyncio.QueueFull:
+            return  # a full queue's next batch catches up anyway
+        self._woken = True
+        future.add_done_callback(self._woke)
+
+    def _woke(self, future: asyncio.Future[Outcome]) -> None:
+        self._woken = False
+        if not future.cancelled():
+            future.exception()  # retrieved: a wake-up's failure matters to no one
 
     # -- a log that refuses writes ---------------------------------------------
 
@@ -444,14 +635,27 @@ class FieldService:
             except Exception:
                 logger.exception("probing the log failed")
                 continue
+            self.refusing = None
+            self.field.writes_refused = None
+            logger.warning("the log can be written again; writes resume")
+            if self.log.shared:
+                self._wake()  # other nodes may have appended first: read it in order
+                return
             # This runs on the loop between the writer's jobs, and the writer
             # appends nothing while writes are refused: the position is next.
             stored = StoredEntry(positions[0], entry.epoch, entry.kind, entry.data, None, ts)
             self.field.state.apply(stored)
-            self.refusing = None
-            self.field.writes_refused = None
-            logger.warning("the log can be written again; writes resume")
             self._publish([stored])
+
+
+def _nothing(field: Field) -> Outcome:
+    """The follower's wake-up: a job that does nothing, so that a batch catches up."""
+    return Outcome({})
+
+
+class _Moved(Exception):
+    """A batch that ran without the shared log's lock wrote entries that do not commute
+    with what another node appended meanwhile (see :meth:`FieldService._relock`)."""
 
 
 @dataclass(slots=True)

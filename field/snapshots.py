@@ -166,7 +166,7 @@ def restore(field: Field, log: EventLog) -> StoredSnapshot | None:
         logger.warning("%d snapshot(s) in %s not read: the log is empty", len(listing), store.where)
         return None
     check = functools.partial(
-        _fits_log, log=log, field_id=first[0].data["field_id"], last=log.last_position()
+        _fits_log, log=log, field_id=first[0].data["field_id"], last=log.head()
     )
     expected = fingerprint(field.embedder)
     for stored in listing:
@@ -277,7 +277,7 @@ def write_snapshot(log: EventLog, field: Field) -> Written:
     started = time.perf_counter()
     snapshot = restore(field, log)
     after = field.state.last_position
-    upto = log.last_position()
+    upto = log.head()
     field.replay(_entries(log, after, upto))
     state = field.state
     if state.last_position == 0:
@@ -405,8 +405,14 @@ class Snapshotter:
         self.failed = 0
         self._task: asyncio.Task[None] | None = None
 
-    def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="field-snapshots")
+    async def start(self) -> None:
+        """Read what the store holds (the status shows it from the start), then look every
+        :data:`CHECK_SECONDS` whether a snapshot is due."""
+        started = self._service.started_from
+        self.newest, self._base = started, 0 if started is None else started.position
+        await self._list()
+        if self.policy.enabled:
+            self._task = asyncio.create_task(self._run(), name="field-snapshots")
 
     async def stop(self) -> None:
         """Stop looking, and end a snapshot process under way (it leaves no snapshot)."""
@@ -442,11 +448,6 @@ class Snapshotter:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
-        started = self._service.started_from
-        self.newest, self._base = started, 0 if started is None else started.position
-        await self._list()
-        if not self.policy.enabled:
-            return
         last = listed = loop.time()
         retry_at = 0.0
         while True:

@@ -15,7 +15,9 @@ import aiohttp
 import pytest
 
 from field.client import FieldClient
+from field.core.context import Outcome
 from field.core.field import Field
+from field.errors import FieldError
 from field.liveness import Liveness
 from field.service import FieldService
 from field.store.memory import MemoryEventLog
@@ -245,3 +247,19 @@ async def test_what_is_known_of_departed_agents_is_forgotten(service: FieldServi
     liveness.forget_departed()
     assert set(liveness._heard) == {"alice", "bob"}
     assert set(liveness._dropped) == {"bob"}
+
+
+async def test_the_monitors_jobs_are_admitted_while_requests_are_shed(
+    service: FieldService,
+) -> None:
+    """The Field's own work is never refused for load (protocol/README.md, Overload)."""
+    clock = Clock()
+    liveness = Liveness(service, failure_grace=30, heartbeat_timeout=300, clock=clock)
+    for i in range(100):  # a standing delay of 1 s: writes and reads are shed
+        service.admission.observe(1.0, now=i * 0.01)
+    with pytest.raises(FieldError, match="overloaded"):
+        await service.execute(lambda field: Outcome({}), operation="ATTUNE")
+    clock.now += 400
+    await liveness._fail_silent()
+    failed = {a: r.status for a, r in service.field.state.agents.items()}
+    assert failed == {"alice": "failed", "bob": "failed"}

@@ -144,6 +144,7 @@ async def test_operations_push_and_state_move_the_numbers(field_server: Threaded
     assert moved("field_push_match_seconds_count") >= 3
     # the state as the status page says it
     assert value(after, "field_log_position") == state["log"]["last_position"]
+    assert value(after, "field_node_lag") == 0
     assert value(after, "field_epoch") == state["epoch"]
     assert value(after, "field_log_writable") == 1
     assert value(after, "field_writer_running") == 1

@@ -28,7 +28,6 @@ from .test_process import (
     _agent,
     _all_units,
     _record,
-    _run_field,
     _write_until_killed,
 )
 
@@ -122,29 +121,24 @@ async def test_group_commit_on_postgres(
     assert await asyncio.to_thread(proc.stop, signal.SIGTERM) == 0
 
 
-def test_a_second_server_on_the_same_database_fails_fast(
+async def test_a_second_server_on_the_same_database_joins_the_field(
     server_process: SpawnServer, tmp_path: Path, database: str
 ) -> None:
-    first = server_process(tmp_path / "one", "--log", with_password(database))
-    started = time.monotonic()
-    second = _run_field(
-        "serve",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "0",
-        "--data-dir",
-        str(tmp_path / "two"),
-        "--log",
-        with_password(database),
-        timeout=30,
-    )
-    assert second.returncode == 2, second.stderr
-    assert time.monotonic() - started < 10
-    assert "in use by another field process" in second.stderr
-    assert "Traceback" not in second.stderr and "hunter2" not in second.stderr
-    assert "listening on" not in second.stderr
-    assert first.process.poll() is None  # the owner goes on
+    first = server_process(tmp_path / "one", "--log", with_password(database), "--node-id", "a")
+    second = server_process(tmp_path / "two", "--log", with_password(database), "--node-id", "b")
+    async with FieldClient(first.url) as one, FieldClient(second.url) as two:
+        agent = await one.register("writer", "tester")
+        through_two = _agent(two, "writer", agent.token, "tester")
+        unit = await _record(through_two, "finding", "written through b", purpose="join")
+        statuses = [await one.status(), await two.status()]
+    assert statuses[0]["field_id"] == statuses[1]["field_id"]
+    assert [s["node"]["id"] for s in statuses] == ["a", "b"]
+    for status in statuses:
+        assert_valid("field-status.response", status)
+        assert status["node"]["log_head"] >= status["node"]["position"] >= 1
+        assert status["node"]["lag"] == status["node"]["log_head"] - status["node"]["position"]
+    assert unit["epoch"] > 0
+    assert first.process.poll() is None and second.process.poll() is None
 
 
 async def test_a_locked_log_refuses_writes_keeps_reads_and_resumes(

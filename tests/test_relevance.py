@@ -244,3 +244,27 @@ def test_role_factors_are_kept_for_a_bounded_number_of_roles() -> None:
     assert index.role_factor("senior_researcher").tolist() == [0.5]
     index.add(_unit(1, {**spec, "role": "senior_researcher"}))
     assert index.role_factor("senior_researcher").tolist() == [0.5, 1.0]
+
+
+_WORDS = st.sampled_from(["market", "size", "office", "coffee", "churn", "price", "deploy"])
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    rows=st.lists(st.frozensets(_WORDS, max_size=6), max_size=12),
+    query=st.sets(st.one_of(_WORDS, st.just("unknown")), max_size=5),
+    picked=st.lists(st.integers(0, 11), max_size=8),
+)
+def test_keyword_rows_hold_each_rows_words_and_count_as_sets_do(
+    rows: list[frozenset[str]], query: set[str], picked: list[int]
+) -> None:
+    """The flat keyword column gives back every row's words, and counts a query's words in
+    any rows (repeated, in any order) as a frozenset per row would."""
+    keywords = relevance.KeywordRows()
+    for words in rows:
+        keywords.append(sorted(words))
+    assert len(keywords) == len(rows)
+    assert [keywords[row] for row in range(len(rows))] == rows
+    chosen = np.array([row for row in picked if row < len(rows)], dtype=np.intp)
+    expected = [len(query & rows[row]) for row in chosen.tolist()]
+    assert keywords.count(query, chosen).tolist() == expected

@@ -6,6 +6,7 @@ Each test gets a database of its own, created for it and dropped after it
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -140,13 +141,56 @@ class TestPostgresEventLog(EventLogContract):
         assert writer is not None
         assert writer.execute("SHOW synchronous_commit").fetchone() == ("on",)
 
-    def test_a_second_owner_is_refused(self, opener: Callable[..., PostgresEventLog]) -> None:
-        owner = opener(exclusive=True)
-        with pytest.raises(OperationalError) as info:
-            opener(exclusive=True)
-        assert "in use by another field process" in info.value.message
-        owner.close()  # closing the connection releases the lock
-        opener(exclusive=True).close()
+    def test_the_lock_returns_what_others_appended_and_holds_them_off(
+        self, opener: Callable[..., PostgresEventLog]
+    ) -> None:
+        """A node locks at its position: it gets the entries another node appended since,
+        and the other's next append waits until this node's append has committed, then
+        goes after it."""
+        mine, other = opener(), opener()
+        mine.append([entry(1)])
+        other.append([entry(2), entry(3)])
+        assert positions(mine.lock(1)) == [2, 3]
+        assert mine.lock(3) == []  # locking again starts afresh
+        done = threading.Event()
+        got: list[list[int]] = []
+
+        def append_elsewhere() -> None:
+            got.append(other.append([entry(5)]))
+            done.set()
+
+        thread = threading.Thread(target=append_elsewhere)
+        thread.start()
+        assert not done.wait(0.3)  # held off by the lock (a bounded wait, not a sleep)
+        assert mine.append([entry(4)]) == [4]  # right after what the lock returned
+        thread.join()
+        assert got == [[5]]
+        assert [e.data["n"] for e in mine.read()] == [1, 2, 3, 4, 5]
+        assert mine.head() == 5
+
+    def test_unlock_appends_nothing_and_frees_the_head(
+        self, opener: Callable[..., PostgresEventLog]
+    ) -> None:
+        mine, other = opener(), opener()
+        assert mine.lock(0) == []
+        mine.unlock()
+        assert other.append([entry(1)]) == [1]
+        assert positions(mine.lock(0)) == [1]
+        mine.unlock()
+        mine.unlock()  # idempotent
+
+    async def test_follow_reports_each_commit(
+        self, opener: Callable[..., PostgresEventLog]
+    ) -> None:
+        """The head each commit announces reaches a follower on another connection."""
+        follower, writer = opener(), opener()
+        heads = follower.follow()
+        assert await anext(heads) == 0  # the head as it is when following starts
+        writer.append([entry(1)])
+        assert await asyncio.wait_for(anext(heads), 5) == 1
+        writer.append([entry(2), entry(3)])
+        assert await asyncio.wait_for(anext(heads), 5) == 3
+        await heads.aclose()
 
     def test_two_appenders_never_share_a_position(
         self, opener: Callable[..., PostgresEventLog]
@@ -202,7 +246,7 @@ class TestPostgresEventLog(EventLogContract):
     def test_a_lost_connection_is_opened_again(
         self, opener: Callable[..., PostgresEventLog], database: str
     ) -> None:
-        log = opener(exclusive=True)
+        log = opener()
         log.append([entry(1)])
         assert positions(log.read()) == [1]
         killed = sql(
@@ -215,10 +259,8 @@ class TestPostgresEventLog(EventLogContract):
             log.append([entry(2)])  # the writer finds out
         with pytest.raises(LogUnavailable):
             log.read()  # and so does the reader
-        assert log.append([entry(2)]) == [2]  # both connect again, the lock is retaken
+        assert log.append([entry(2)]) == [2]  # both connect again
         assert positions(log.read()) == [1, 2]
-        with pytest.raises(OperationalError):
-            opener(exclusive=True)
 
     def test_an_unreachable_server_is_refused_at_opening(self) -> None:
         require_postgres()
@@ -238,7 +280,7 @@ class TestPostgresEventLog(EventLogContract):
     def test_killed_process_loses_no_entry(self, database: str) -> None:
         acknowledged = acknowledged_before_kill(_APPENDER, database)
         assert acknowledged == list(range(1, 91))
-        log = PostgresEventLog(database, exclusive=True)  # the dead process's lock is gone
+        log = PostgresEventLog(database)
         try:
             stored = {e.position: e for e in log.iterate()}
             assert set(acknowledged) <= set(stored)
@@ -255,7 +297,7 @@ import sys
 from field.store import LogEntry
 from field.store.postgres import PostgresEventLog
 
-log = PostgresEventLog(sys.argv[1], exclusive=True)
+log = PostgresEventLog(sys.argv[1])
 for i in range(int(sys.argv[2])):
     batch = [LogEntry(epoch=i, kind="k", data={"i": i, "j": j}) for j in range(3)]
     print(" ".join(map(str, log.append(batch))), flush=True)
@@ -263,10 +305,10 @@ for i in range(int(sys.argv[2])):
 
 
 class TestOpenLogPostgres:
-    def test_a_url_opens_an_owned_postgres_log(self, database: str) -> None:
+    def test_a_url_opens_a_shared_postgres_log(self, database: str) -> None:
         log = open_log(None, url=database)
         try:
-            assert isinstance(log, PostgresEventLog) and log.exclusive
+            assert isinstance(log, PostgresEventLog) and log.shared
             assert log.location() == {
                 "host": "127.0.0.1",
                 "port": 5432,
@@ -293,3 +335,21 @@ def test_the_log_url_comes_from_the_environment_and_is_checked() -> None:
     assert Config.from_env({"FIELD_LOG": ""}).log is None
     with pytest.raises(ValueError, match="postgresql://"):
         Config.from_env({"FIELD_LOG": "sqlite:///tmp/x"})
+
+
+def test_a_lease_left_hanging_is_taken_back(database: str, monkeypatch: Any) -> None:
+    """A node that locks and then never appends (hung, or cut off) holds the others up for
+    LEASE_TIMEOUT_MS at most: the database ends its session, and its next call reports
+    the log unavailable (and connects again)."""
+    monkeypatch.setattr(pg_module, "LEASE_TIMEOUT_MS", 300)
+    hung, other = PostgresEventLog(database), PostgresEventLog(database)
+    try:
+        hung.lock(0)
+        assert other.append([entry(1)]) == [1]  # waited for the lease to be taken back
+        with pytest.raises(LogUnavailable):
+            hung.append([entry(2)])
+        assert positions(hung.lock(0)) == [1]
+        assert hung.append([entry(2)]) == [2]
+    finally:
+        hung.close()
+        other.close()

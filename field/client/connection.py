@@ -5,6 +5,16 @@ are built here (``envelope``) with message ids of this client. A request the
 Field turns away before running it (``503 OVERLOADED``, ``429 RATE_LIMITED``,
 each with ``Retry-After``) is sent again after the wait it names.
 
+A Field of several nodes (several servers on one PostgreSQL log) is one
+client with ``nodes``: the other nodes' base URLs. Requests and push streams
+go to one node at a time; when a connection to it fails, the client moves
+to the next. A request that could not connect (nothing was sent) is sent to
+the next node at once, and so is a ``GET``; an operation whose connection
+broke after it was sent is not (a write's outcome is then unknown: the error
+is raised), but the next request goes elsewhere.
+Streams resume on the next node from their cursors, which are valid on
+every node.
+
 :meth:`FieldClient.connect` is register-or-reuse: the first run registers
 and keeps the token in a :class:`~field.client.tokens.TokenStore`, later runs
 use it again after checking it with the Field.
@@ -17,6 +27,7 @@ import itertools
 import logging
 import os
 import random
+from collections.abc import Sequence
 from types import TracebackType
 from typing import Any
 
@@ -61,10 +72,16 @@ class FieldClient:
         timeout: float | None = None,
         retries: int = 3,
         max_retry_wait: float = 30.0,
+        nodes: Sequence[str] = (),
     ) -> None:
         """``timeout`` bounds each request in seconds (``None``: aiohttp's default);
-        ``retries`` and ``max_retry_wait`` say how a refused request is sent again."""
-        self.base_url = base_url.rstrip("/")
+        ``retries`` and ``max_retry_wait`` say how a refused request is sent again;
+        ``nodes`` are the base URLs of the Field's other nodes, tried in turn when
+        ``base_url`` cannot be reached."""
+        if isinstance(nodes, str):
+            raise TypeError("nodes is a list of base URLs, not one string")
+        self.urls = tuple(dict.fromkeys(u.rstrip("/") for u in (base_url, *nodes)))
+        self._node = 0
         self.timeout = timeout
         self.retries = retries
         self.max_retry_wait = max_retry_wait
@@ -82,6 +99,18 @@ class FieldClient:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+    @property
+    def base_url(self) -> str:
+        """The base URL of the node requests and streams go to now."""
+        return self.urls[self._node]
+
+    def failed(self, url: str) -> None:
+        """A connection to the node at ``url`` failed: from now on, use the next one
+        (unless another failure already moved on from it)."""
+        if url == self.base_url and len(self.urls) > 1:
+            self._node = (self._node + 1) % len(self.urls)
+            logger.warning("the Field's node at %s failed; moving to %s", url, self.base_url)
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -133,9 +162,26 @@ class FieldClient:
         if token is not None:
             headers["Authorization"] = f"Bearer {token}"
         data = None if body is None else orjson.dumps(body)
+        unreached = 0  # nodes tried in a row that could not be connected to
         for attempt in itertools.count():
+            url = self.base_url
             try:
                 return await self._exchange(method, path, data, headers)
+            except aiohttp.ClientConnectorError:
+                # nothing was sent: any request may go to the next node at once
+                self.failed(url)
+                unreached += 1
+                if unreached >= len(self.urls):
+                    raise
+                continue
+            except (aiohttp.ClientConnectionError, OSError):
+                # sent, maybe run: only a GET (which changes nothing) is sent again at once;
+                # the next request goes elsewhere anyway
+                self.failed(url)
+                unreached += 1
+                if method != "GET" or unreached >= len(self.urls):
+                    raise
+                continue
             except FieldClientError as error:
                 wait = error.retry_after
                 if (

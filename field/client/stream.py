@@ -295,6 +295,7 @@ class NotificationStream(Generic[EventT]):
         following = set(self.only or ())
         attempt, failing_since = 0, 0.0
         while True:
+            node = self.agent.field.base_url
             try:
                 if self.only is not None:
                     for ended in await self._gone(following, position):
@@ -327,6 +328,7 @@ class NotificationStream(Generic[EventT]):
                 failure = error
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
                 failure = error
+                self.agent.field.failed(node)  # the next attempt goes to the next node
             if attempt == 0:
                 failing_since = time.monotonic()
             attempt += 1
@@ -444,7 +446,7 @@ class NotificationStream(Generic[EventT]):
     async def _sse(self, subscription_id: str) -> AsyncGenerator[StreamEvent, None]:
         """One subscription's SSE stream, reconnected with ``Last-Event-ID``."""
         position: dict[str, str] = {}
-        url = f"{self.agent.field.base_url}/v1/subscriptions/{quote(subscription_id)}/events"
+        path = f"/v1/subscriptions/{quote(subscription_id)}/events"
         timeout = aiohttp.ClientTimeout(
             total=None,
             connect=CONNECT_TIMEOUT,
@@ -456,8 +458,9 @@ class NotificationStream(Generic[EventT]):
             cursor = self._start_cursor(subscription_id, position)
             if cursor is not None:
                 headers["Last-Event-ID"] = cursor
+            node = self.agent.field.base_url
             try:
-                async with self.http.get(url, headers=headers, timeout=timeout) as response:
+                async with self.http.get(node + path, headers=headers, timeout=timeout) as response:
                     if response.status != 200:
                         ended = await self._sse_refused(response, subscription_id, position)
                         yield ended
@@ -476,6 +479,8 @@ class NotificationStream(Generic[EventT]):
                 failure: BaseException = retry
             except (aiohttp.ClientError, OSError, TimeoutError, SSEError) as error:
                 failure = error
+                if not isinstance(error, SSEError):
+                    self.agent.field.failed(node)  # the next attempt goes to the next node
             if attempt == 0:
                 failing_since = time.monotonic()
             attempt += 1

@@ -44,9 +44,9 @@ def open_log(
     synchronous: str = "full",
     url: str | None = None,
 ) -> EventLog:
-    """The event log: the PostgreSQL database ``url`` names when given (owned by this
-    process: a second server on it refuses to start); else in memory for a ``data_dir``
-    of ``None``, or ``<data_dir>/field.db``."""
+    """The event log: the PostgreSQL database ``url`` names when given (shared by every
+    server opened on it: the nodes of one Field); else in memory for a ``data_dir`` of
+    ``None``, or ``<data_dir>/field.db``."""
     if synchronous not in ("full", "normal"):
         raise ValueError(f"synchronous must be 'full' or 'normal', got {synchronous!r}")
     if url is not None:
@@ -54,7 +54,7 @@ def open_log(
             raise ValueError("the log URL must begin with postgresql:// or postgres://")
         from field.store.postgres import PostgresEventLog  # the driver is an optional extra
 
-        return PostgresEventLog(url, exclusive=True)
+        return PostgresEventLog(url)
     if data_dir is None:
         return MemoryEventLog()
     directory = Path(data_dir)

@@ -19,12 +19,22 @@ Invariants every backend keeps:
   ``max_bytes`` it returns the longest prefix of them whose stored data fits
   (at least one entry).
 * The log is never rewritten: there is no update and no delete.
+
+**A shared log** (``shared``: PostgreSQL) is appended to by several
+processes, the nodes of one Field. Each node's projection must include
+every earlier entry before it validates a write, so a node appends only
+under the log's lock: :meth:`EventLog.lock` waits for the lock and returns
+the entries the other nodes appended since the node's own position; the
+next :meth:`EventLog.append` stores the batch right after them and
+releases the lock, and :meth:`EventLog.unlock` releases it when the
+batch wrote nothing. Logs that only this process appends to keep the
+default no-op lock.
 """
 
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -44,6 +54,8 @@ class EventLog(abc.ABC):
     persistent: bool = False
     #: A short name for status reports ("sqlite", "memory").
     backend: str = "abstract"
+    #: True when other processes append to this log too (several nodes, one Field).
+    shared: bool = False
 
     @abc.abstractmethod
     def append(self, entries: Sequence[LogEntry]) -> list[int]:
@@ -82,6 +94,29 @@ class EventLog(abc.ABC):
     @abc.abstractmethod
     def last_position(self) -> int:
         """The position of the newest entry, or 0 for an empty log."""
+
+    def head(self) -> int:
+        """The newest position in the log now, other appenders' entries included."""
+        return self.last_position()
+
+    def lock(self, after: int) -> list[StoredEntry]:
+        """Take the log's append lock; return the entries after ``after`` (ascending).
+
+        Until the next :meth:`append` or :meth:`unlock`, no other process
+        appends, so a batch validated against a projection at the last of
+        these entries is appended right after them. A log only this process
+        appends to has nothing to lock and returns what it holds after ``after``.
+        """
+        return list(self.iterate(after)) if after < self.last_position() else []
+
+    def unlock(self) -> None:  # noqa: B027 - optional hook
+        """Release the append lock :meth:`lock` took, appending nothing."""
+
+    async def follow(self) -> AsyncIterator[int]:
+        """The log's head each time another process may have moved it (shared logs);
+        a log only this process appends to has nothing to follow."""
+        return
+        yield
 
     def iterate(self, after: int = 0, page: int = 1000) -> Iterator[StoredEntry]:
         """Every entry after ``after``, read page by page."""

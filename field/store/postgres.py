@@ -13,26 +13,34 @@ Layout (in the schema the connection's ``search_path`` names first):
   itself (:data:`MIGRATIONS`), under a transaction-scoped advisory lock;
   a database whose version is newer than this server knows is refused.
 
-**Positions are assigned by the database.** An append is one transaction:
-``UPDATE field_log_head SET position = position + n ... RETURNING`` takes
-the head row's lock and hands out ``n`` positions, the rows are inserted,
-and ``COMMIT``. A second appender (another instance, another process, one
-day another node) blocks on the head row until the first commits, then
-takes the positions after it: two appenders never commit the same
-position, never leave a gap, and commit in position order, so a reader
-that sees position ``p`` has every position before it. Contention is
-waited out, not reported as a conflict; only a wait longer than
-:data:`LOCK_TIMEOUT_MS` fails the append (``LOG_UNAVAILABLE``).
+**Positions are assigned by the database.** An append is one transaction
+that takes the head row's lock, inserts the rows after the head, moves the
+head and commits. A second appender (another node) blocks on the head row
+until the first commits, then takes the positions after it: two appenders
+never commit the same position, never leave a gap, and commit in position
+order, so a reader that sees position ``p`` has every position before it.
+Contention is waited out, not reported as a conflict; only a wait longer
+than :data:`LOCK_TIMEOUT_MS` fails the append (``LOG_UNAVAILABLE``).
+
+**Several nodes, one Field** (``shared``). Any number of servers may open
+one database. A node validates a batch against its projection, so before
+it runs a batch that may write, :meth:`PostgresEventLog.lock` begins the
+transaction, takes the head row (``SELECT ... FOR UPDATE``) and returns
+what the other nodes appended since the node's position; the node applies
+those, runs its batch, and :meth:`~PostgresEventLog.append` stores the
+batch right after them and commits (or :meth:`~PostgresEventLog.unlock`
+rolls back an empty one). So every write is validated against a state that
+holds every earlier entry, whichever node wrote it: the head row is a
+writer lease taken per batch. A node that hangs or loses the database while
+holding it loses it after :data:`LEASE_TIMEOUT_MS` (the database ends the
+session), so the others wait no longer than that. Every commit also sends
+``NOTIFY field_log, '<head>'``; :meth:`PostgresEventLog.follow` listens on
+its own connection and tells the node of new entries (and polls the head
+now and then, should a notification be lost with its connection).
 
 **Durable before acknowledged.** Every connection sets
 ``synchronous_commit = on``: ``append`` returns after the commit's WAL is
 flushed, as durable as the server's own ``fsync`` setting makes it.
-
-**One Field per database.** A server opens the log with ``exclusive=True``
-(see :func:`field.store.open_log`): its write connection holds a session
-advisory lock, so a second Field on the same database refuses to start
-(the lock is taken again after a reconnect; while another holds it,
-appends are refused with ``LOG_UNAVAILABLE``).
 
 **Failures.** A database that cannot be reached, a lost connection or a
 lock wait that times out make ``append`` raise
@@ -44,15 +52,18 @@ unknown: the append reports ``LOG_UNAVAILABLE`` (nothing was acknowledged)
 and the Field rebuilds its state from what the log holds.
 
 The interface is synchronous, as SQLite's is: the Field calls ``append``
-in a worker thread and reads from its threads and its event loop. One
-write connection and one read connection, each under its own lock.
+and ``lock`` in a worker thread and reads from its threads and its event
+loop. One write connection and one read connection, each under its own
+lock; :meth:`~PostgresEventLog.follow` has a third, asynchronous one.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -63,6 +74,8 @@ from field.store.memory import encode_batch, within
 
 if TYPE_CHECKING:
     from field.store.snapshots import PostgresSnapshots
+
+logger = logging.getLogger("field.store")
 
 try:
     import psycopg
@@ -114,12 +127,22 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 CONNECT_TIMEOUT = 2
 #: How long an append waits for the head row held by another appender (ms).
 LOCK_TIMEOUT_MS = 2000
-#: Advisory lock keys: creating/migrating the schema, and a Field owning the log.
+#: How long a node may hold the head row between :meth:`PostgresEventLog.lock` and its
+#: append (ms): the database ends a session idle that long in its transaction, so a node
+#: that hangs or is cut off while holding the lease holds up the others no longer than this.
+LEASE_TIMEOUT_MS = 5000
+#: Advisory lock key of creating or migrating the schema.
 _SCHEMA_LOCK = 0x6669656C6401
-_OWNER_LOCK = 0x6669656C6402
+#: The channel every commit notifies with its head position.
+CHANNEL = "field_log"
+#: Seconds between two polls of the head by :meth:`PostgresEventLog.follow`.
+FOLLOW_POLL_SECONDS = 1.0
 _INSTALL = "pip install 'akashik-field[postgres]'"
 
 _HEAD = "UPDATE field_log_head SET position = position + %s WHERE id = 1 RETURNING position"
+_LOCK = "SELECT position FROM field_log_head WHERE id = 1 FOR UPDATE"
+_MOVE = "UPDATE field_log_head SET position = %s WHERE id = 1"
+_NOTIFY = f"SELECT pg_notify('{CHANNEL}', %s)"
 #: The batch goes in with one binary COPY: for 128 entries, half the time of an INSERT of
 #: unnest()ed arrays or of executemany (benchmarks/README.md, "The log in PostgreSQL").
 _COPY = "COPY field_log (position, epoch, kind, agent_id, ts, data) FROM STDIN (FORMAT BINARY)"
@@ -191,16 +214,19 @@ class PostgresEventLog(EventLog):
 
     persistent = True
     backend = "postgresql"
+    shared = True
 
-    def __init__(self, url: str, *, exclusive: bool = False) -> None:
+    def __init__(self, url: str) -> None:
         _require_driver()
         self.url = url
         self.where = redact(url)
-        self.exclusive = exclusive
         self._write_lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._closed = False
+        #: the newest position this log appended, read or found at opening
         self._last = 0
+        #: the head while :meth:`lock` holds the head row, else None
+        self._locked: int | None = None
         self._writer: Any = None
         self._reader: Any = None
         try:
@@ -235,17 +261,33 @@ class PostgresEventLog(EventLog):
         conn = self._connect()
         try:
             conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
-            if self.exclusive:
-                held = conn.execute("SELECT pg_try_advisory_lock(%s)", (_OWNER_LOCK,)).fetchone()
-                if not held[0]:
-                    raise _InUse(
-                        f"The event log {self.where} is in use by another field process.",
-                        suggested_action="Stop the other field process or choose another database.",
-                    )
+            conn.execute(f"SET idle_in_transaction_session_timeout = {LEASE_TIMEOUT_MS}")
         except BaseException:
             conn.close()
             raise
         return conn
+
+    def _writer_conn(self) -> Any:
+        """The write connection, opened again when lost; the caller holds the write lock."""
+        if self._closed:
+            raise LogWriteError("The event log is closed.", recoverable=False)
+        if not self._usable(self._writer):
+            self._drop(self._writer)
+            self._writer = None
+            self._writer = self._open_writer()
+        return self._writer
+
+    def _write_failed(self, exc: Exception) -> OperationalError:
+        """Forget a transaction and a connection a failed statement left unusable."""
+        self._locked = None
+        conn = self._writer
+        if self._usable(conn):
+            with contextlib.suppress(psycopg.Error):
+                conn.execute("ROLLBACK")
+        if not self._usable(conn):
+            self._drop(conn)
+            self._writer = None
+        return _write_error(exc, self.where)
 
     def _init_schema(self, conn: Any) -> None:
         """Create the tables in a new database, or migrate an older schema; refuse a newer."""
@@ -281,7 +323,11 @@ class PostgresEventLog(EventLog):
     # -- appends -------------------------------------------------------------------
 
     def append(self, entries: Sequence[LogEntry]) -> list[int]:
-        """Store ``entries`` in one transaction; return the positions the database gave them."""
+        """Store ``entries`` in one transaction; return the positions the database gave them.
+
+        Under :meth:`lock`, they go right after the head it returned, in its
+        transaction, which this commits; else in a transaction of their own.
+        """
         if not entries:
             return []
         blobs = encode_batch(entries)
@@ -294,30 +340,93 @@ class PostgresEventLog(EventLog):
         )
         count = len(entries)
         with self._write_lock:
-            if self._closed:
-                raise LogWriteError("The event log is closed.", recoverable=False)
             try:
-                if not self._usable(self._writer):
-                    self._drop(self._writer)
-                    self._writer = None
-                    self._writer = self._open_writer()
-                conn = self._writer
-                with conn.transaction():
+                conn = self._writer_conn()
+                if self._locked is None:
+                    conn.execute("BEGIN")
                     last = conn.execute(_HEAD, (count,)).fetchone()[0]
-                    first = last - count + 1
-                    with conn.cursor().copy(_COPY) as copy:
-                        copy.set_types(_COPY_TYPES)
-                        for row in zip(range(first, last + 1), *columns, strict=True):
-                            copy.write_row(row)
-            except _InUse as exc:
-                raise LogUnavailable(exc.message, suggested_action=exc.suggested_action) from None
+                else:
+                    last = self._locked + count
+                    conn.execute(_MOVE, (last,))
+                first = last - count + 1
+                with conn.cursor().copy(_COPY) as copy:
+                    copy.set_types(_COPY_TYPES)
+                    for row in zip(range(first, last + 1), *columns, strict=True):
+                        copy.write_row(row)
+                conn.execute(_NOTIFY, (str(last),))
+                conn.execute("COMMIT")
             except psycopg.Error as exc:
-                if not self._usable(self._writer):
-                    self._drop(self._writer)
-                    self._writer = None
-                raise _write_error(exc, self.where) from exc
+                raise self._write_failed(exc) from exc
+            self._locked = None
             self._last = max(self._last, last)
         return list(range(first, last + 1))
+
+    def lock(self, after: int) -> list[StoredEntry]:
+        """Begin the next append: hold the head row, and return the entries after
+        ``after`` (what other nodes appended); :meth:`append` or :meth:`unlock` ends it."""
+        with self._write_lock:
+            try:
+                conn = self._writer_conn()
+                if self._locked is not None:
+                    conn.execute("ROLLBACK")
+                    self._locked = None
+                conn.execute("BEGIN")
+                head = conn.execute(_LOCK).fetchone()[0]
+                rows = []
+                if head > after:
+                    rows = conn.execute(_SELECT, (after, head - after)).fetchall()
+            except psycopg.Error as exc:
+                raise self._write_failed(exc) from exc
+            self._locked = head
+            self._last = max(self._last, head)
+        return _entries(rows)
+
+    def unlock(self) -> None:
+        """Release the head row :meth:`lock` holds, appending nothing."""
+        with self._write_lock:
+            if self._locked is None:
+                return
+            self._locked = None
+            try:
+                self._writer_conn().execute("ROLLBACK")
+            except psycopg.Error as exc:
+                raise self._write_failed(exc) from exc
+
+    def head(self) -> int:
+        """The newest position in the database now (one query on the read connection)."""
+        with self._read_lock:
+            head = self._query(_LAST, ())[0][0]
+        self._last = max(self._last, head)
+        return head
+
+    async def follow(self) -> AsyncIterator[int]:
+        """The log's head each time it may have moved: on every ``NOTIFY`` of a commit
+        (from any node) and every :data:`FOLLOW_POLL_SECONDS`; after a lost connection,
+        once more as soon as it is back. Never ends; the caller cancels it."""
+        backoff = 0.1
+        while not self._closed:
+            conn = None
+            try:
+                conn = await psycopg.AsyncConnection.connect(
+                    self.url,
+                    autocommit=True,
+                    connect_timeout=CONNECT_TIMEOUT,
+                    application_name="field-follow",
+                )
+                await conn.execute(f"LISTEN {CHANNEL}")
+                backoff = 0.1
+                while True:
+                    yield (await (await conn.execute(_LAST)).fetchone())[0]
+                    async for notify in conn.notifies(timeout=FOLLOW_POLL_SECONDS):
+                        yield int(notify.payload)
+            except psycopg.Error as exc:
+                logger.warning("following the event log %s: %s", self.where, _reason(exc))
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 2.0)
 
     # -- reads ---------------------------------------------------------------------
 
@@ -365,7 +474,8 @@ class PostgresEventLog(EventLog):
         return _entries(rows)
 
     def last_position(self) -> int:
-        """The position of the newest entry this log appended or found at opening."""
+        """The newest position this log appended, locked or read the head at (other
+        nodes may have appended since: :meth:`head` asks the database)."""
         if self._closed:
             raise OperationalError("The event log is closed.")
         return self._last
@@ -375,7 +485,7 @@ class PostgresEventLog(EventLog):
         return describe(self.url)
 
     def close(self) -> None:
-        """Close both connections (which releases the advisory lock); idempotent."""
+        """Close both connections (rolling back a lock still held); idempotent."""
         with self._write_lock, self._read_lock:
             self._closed = True
             for conn in (self._reader, self._writer):
@@ -485,10 +595,6 @@ class PostgresEventLog(EventLog):
                 (keep,),
             )
             return int(deleted.rowcount)
-
-
-class _InUse(OperationalError):
-    """Another Field holds the log's owner lock."""
 
 
 def _reason(exc: Exception) -> str:

@@ -24,6 +24,14 @@ and cursors.
   connection. A receiver that is slow, dead or refusing holds only its own
   sink: never the writer, another sink or a stream.
 
+* **One sender.** When several nodes serve one Field, one of them owns
+  the deliveries (:meth:`DeliveryEngine.own`: a lease,
+  :mod:`field.store.lease`) and runs the sinks; the others follow the log
+  like everyone else, their engines without a sink, until the lease moves
+  to them and they resume every delivery from its acknowledged cursor.
+  Losing the lease stops every sink at once (:meth:`DeliveryEngine.disown`),
+  and the lease is checked again before each POST (:attr:`DeliveryEngine.sending`).
+
 The RAP framing (:class:`RapFrames`) sends the subscribing call's
 ``tool_result`` first, each notification as a ``subscription_event``, and,
 when the subscription ends, one ``final`` event, after which nothing is
@@ -47,6 +55,7 @@ import aiohttp
 import orjson
 
 from .. import __version__
+from ..admission import Work
 from ..client import retry_after_seconds
 from ..core.clock import iso_timestamp
 from ..core.egress import EgressPolicy
@@ -573,6 +582,9 @@ class Sink:
         policy = engine.settings.retry
         while not self.closed:
             await self._take_token()
+            if not engine.may_send():
+                engine.disown()  # the lease is gone: another node sends from now on
+                return False
             body, headers = message(engine.clock())
             self.in_flight = True
             try:
@@ -681,21 +693,58 @@ class DeliveryEngine:
         #: (``GET /metrics``)
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.changes: Counter[tuple[str, str]] = Counter()
+        #: whether this node runs the sinks (several nodes: while it holds the lease)
+        self.owner = False
+        #: whether the lease still allows sending (checked before each POST); None: one node
+        self.sending: Callable[[], bool] | None = None
 
     @property
     def field(self) -> Field:
         return self.service.field
 
-    async def start(self) -> None:
-        """Resume every delivery the log has not seen end; follow the log from now on."""
+    async def start(self, *, own: bool = True) -> None:
+        """Follow the log from now on and, with ``own``, resume every delivery the log has
+        not seen end (else they wait for :meth:`own`)."""
         await self.poster.start()
         self.field.delivery_status = self.status
-        for subscription_id, record in list(self.field.state.deliveries.items()):
-            if record["state"] != "ended":
-                self._add(subscription_id, record)
+        if own:
+            self.own()
         # before the hub routes a batch: a delivery created in it can wait dormant for it
         self.service.listeners.insert(0, self.observe)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
+
+    def own(self) -> None:
+        """Run the sinks: resume every delivery the log holds and has not seen end, each
+        from its acknowledged cursor (a delivery still being stored comes with its entry,
+        through :meth:`observe`)."""
+        if self.owner:
+            return
+        self.owner = True
+        state = self.field.state
+        for subscription_id, record in list(state.deliveries.items()):
+            stored = record["created_position"] <= state.last_position
+            if record["state"] != "ended" and stored and subscription_id not in self.sinks:
+                self._add(subscription_id, record)
+        logger.info("this node sends the Field's deliveries: %d resumed", len(self.sinks))
+
+    def disown(self) -> None:
+        """Stop every sink at once: another node sends from now on. Acknowledgements
+        already made are still written (they are true, and only ever move forward)."""
+        if not self.owner:
+            return
+        self.owner = False
+        for timer in self._timers:
+            timer.cancel()
+        self._timers.clear()
+        for sink in list(self.sinks.values()):
+            sink.close()
+        self.sinks.clear()
+        logger.info("this node no longer sends the Field's deliveries")
+
+    def may_send(self) -> bool:
+        """Whether a sink may POST now: this node owns the deliveries, and its lease (if
+        any) is still valid."""
+        return self.owner and (self.sending is None or self.sending())
 
     async def _sweep(self) -> None:
         """Every half ``rest_after``: deliveries idle and caught up since the last sweep
@@ -721,7 +770,10 @@ class DeliveryEngine:
         await self.poster.close()
 
     def observe(self, entries: list[StoredEntry]) -> None:
-        """New durable deliveries start; a resumed one starts over (the writer calls this)."""
+        """New durable deliveries start; a resumed one starts over (the writer calls this).
+        A node that does not own the deliveries only follows the log."""
+        if not self.owner:
+            return
         for entry in entries:
             if entry.kind == "subscription.created" and "delivery" in entry.data:
                 subscription_id = entry.data["subscription"]["id"]
@@ -774,6 +826,8 @@ class DeliveryEngine:
         self._timers.add(timer)
 
     # -- what the sinks report, made durable --------------------------------------------
+    # (jobs of the server's own, Work.INTERNAL: never refused for load, and on a log
+    # shared by several nodes they take its lock as writes do)
 
     def ack(self, subscription_id: str, position: int) -> None:
         """``position`` was delivered: acknowledge it with the next write."""
@@ -789,6 +843,7 @@ class DeliveryEngine:
                     await self.service.execute(
                         functools.partial(Field.ack_deliveries, cursors=batch),
                         operation="DELIVERY",
+                        work=Work.INTERNAL,
                     )
                 except FieldError as error:  # the log refuses writes, or is overloaded
                     logger.warning("acknowledging deliveries failed: %s", error.message)
@@ -809,6 +864,7 @@ class DeliveryEngine:
             await self.service.execute(
                 lambda field: field.change_delivery(sink.subscription_id, action, reason),
                 operation="DELIVERY",
+                work=Work.INTERNAL,
             )
         except FieldError as error:
             logger.warning(
@@ -827,6 +883,7 @@ class DeliveryEngine:
                     sink.agent_id, record["group_id"], record["tool_call_id"], reason
                 ),
                 operation="DELIVERY",
+                work=Work.INTERNAL,
             )
         except FieldError as error:
             logger.warning("cancelling %s failed: %s", sink.subscription_id, error.message)

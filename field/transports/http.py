@@ -13,7 +13,9 @@ import functools
 import importlib.util
 import logging
 import math
+import os
 import secrets
+import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -69,6 +71,8 @@ from .sse import sse_endpoint, subscription_of
 from .streaming import absolute_urls, deny_websocket, ws_endpoint
 
 if TYPE_CHECKING:
+    from ..store.lease import Lease
+    from ..store.presence import Presence
     from .mcp_http import McpHttpBinding
     from .registration import RegisterLimit
     from .sources import SourcesBinding
@@ -259,6 +263,13 @@ class HTTPBinding:
         }
         body["sources"] = {} if self.sources is None else self.sources.status(field)
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
+        body["node"] = {
+            "id": service.node_id,
+            "position": field.state.last_position,
+            "log_head": max(service.log_head, field.state.last_position),
+            "lag": service.lag,
+        }
+        body["node"]["delivery_owner"] = self.deliveries is not None and self.deliveries.owner
         body["snapshot"] = None if self.snapshotter is None else self.snapshotter.status()
         return body
 
@@ -494,6 +505,38 @@ class _CORSFieldApp(_FieldApp):
             await super().__call__(scope, receive, send)
 
 
+def _shared_presence(log: EventLog, service: FieldService, config: Config) -> Presence | None:
+    """Presence shared with the other nodes of the Field on a PostgreSQL log; else None."""
+    if log.backend != "postgresql":
+        return None
+    from ..store.presence import Presence  # the driver is an optional extra
+
+    node_id = getattr(service, "node_id", None) or f"{socket.gethostname()}:{os.getpid()}"
+    return Presence(
+        log.url,  # type: ignore[attr-defined]
+        node_id,
+        interval=config.cluster_interval,
+        forget_after=max(3600.0, 2 * (config.heartbeat_timeout + config.failure_grace)),
+    )
+
+
+def _delivery_lease(log: EventLog, deliveries: DeliveryEngine, config: Config) -> Lease:
+    """The lease that makes this node the one sending the deliveries, started."""
+    from ..store.lease import DELIVERY_LEASE, Lease
+
+    lease = Lease(
+        log.url,  # type: ignore[attr-defined]
+        key=DELIVERY_LEASE,
+        name="deliveries",
+        gained=deliveries.own,
+        lost=deliveries.disown,
+        interval=config.cluster_interval,
+    )
+    deliveries.sending = lease.valid
+    lease.start()
+    return lease
+
+
 def create_app(
     config: Config,
     *,
@@ -552,6 +595,7 @@ def create_app(
             max_queue=config.max_queue,
             max_batch=config.max_batch,
             admission=config.admission_policy(),
+            node_id=config.node_id or f"{socket.gethostname()}:{config.port}",
         )
         await service.start()
         binding.service = service
@@ -563,14 +607,18 @@ def create_app(
         )
         binding.hub.rate_limits = binding.rate_limits
         service.listeners.append(binding.rate_limits.published)
+        presence = _shared_presence(log, service, config)
         liveness = Liveness(
             service,
             failure_grace=config.failure_grace,
             heartbeat_timeout=config.heartbeat_timeout,
+            remote=presence,
         )
         service.on_seen = liveness.seen
         binding.hub.liveness = liveness
         binding.hub.register_limit = binding.register_limit
+        if presence is not None:
+            await presence.start(liveness.drain_changes)
         liveness.start()
         deliveries = DeliveryEngine(
             service,
@@ -579,8 +627,9 @@ def create_app(
             policy=binding.egress,
             secret_box=box,
         )
-        await deliveries.start()
+        await deliveries.start(own=presence is None)
         binding.deliveries = deliveries
+        lease = None if presence is None else _delivery_lease(log, deliveries, config)
         binding.hub.observer = binding.observer
         if binding.metrics is not None:
             binding.metrics.instrument()
@@ -601,7 +650,7 @@ def create_app(
                     data_dir=config.data_dir, log_url=config.log, embedder=config.embedder
                 ),
             )
-            binding.snapshotter.start()
+            await binding.snapshotter.start()
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(
@@ -622,8 +671,12 @@ def create_app(
             if binding.mcp is not None:
                 await binding.mcp.stop()
             await liveness.stop()
+            if presence is not None:
+                await presence.stop()
             await rap.stop()
             await deliveries.stop()
+            if lease is not None:  # let go only once no sink runs
+                await lease.stop()
             binding.hub.shutdown()
             binding.service = None
             await service.stop()

@@ -362,6 +362,11 @@ def _service_metrics(binding: HTTPBinding) -> Iterator[Metric]:
     yield _gauge("field_log_position", "The log's last durable position.", state.last_position)
     yield _gauge("field_epoch", "The Field's Lamport clock (its epoch).", state.clock.value)
     yield _gauge(
+        "field_node_lag",
+        "Log entries other nodes appended that this node has not applied yet (0 on one node).",
+        service.lag,
+    )
+    yield _gauge(
         "field_log_writable",
         "1 while the log takes writes; 0 while it refuses them (disk full, locked).",
         1 if service.refusing is None else 0,
