@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import orjson
 import uvicorn
 from starlette.applications import Starlette
 
@@ -27,7 +28,7 @@ from . import __version__, logs, redaction, sources_cli
 from .config import Config
 from .core.embedding import EmbedderError, load_embedder
 from .errors import FieldError
-from .store import open_log, redact_log_url
+from .store import DB_FILENAME, EventLog, open_log, redact_log_url
 from .transports.connections import ConnectionGuard, ConnectionLimits, FieldHttpProtocol
 from .transports.http import create_app, webhook_key_of
 from .transports.metrics import Metrics
@@ -287,6 +288,21 @@ def _parser() -> argparse.ArgumentParser:
         help="this server's name among the nodes of one Field on a --log database, shown "
         "by GET /v1/field/status (or set FIELD_NODE_ID; default <host name>:<port>)",
     )
+    serve.add_argument(
+        "--snapshot-entries",
+        type=int,
+        metavar="N",
+        help="write a snapshot of the state, in a process of its own, once N entries were "
+        "appended since the newest; start-up then replays only the entries after it; 0 never "
+        "(100000)",
+    )
+    serve.add_argument(
+        "--snapshot-seconds",
+        type=float,
+        metavar="M",
+        help="also write one M seconds after the last (or start-up) if any entry was "
+        "appended; 0 never (600)",
+    )
     sources_cli.add_parser(commands)
     mcp = commands.add_parser(
         "mcp",
@@ -314,7 +330,73 @@ def _parser() -> argparse.ArgumentParser:
         default="warning",
         help="log verbosity on stderr (default warning)",
     )
+    snapshot = commands.add_parser(
+        "snapshot",
+        help="write a snapshot of a log's state now (what field serve does every "
+        "--snapshot-entries entries); prints what it wrote as one JSON line",
+    )
+    snapshot.add_argument(
+        "--data-dir",
+        type=Path,
+        help="directory of the SQLite event log (default ./field-data); a running server "
+        "may be using it",
+    )
+    snapshot.add_argument(
+        "--log",
+        metavar="URL",
+        help="the event log in PostgreSQL instead (or set FIELD_LOG), as field serve takes it",
+    )
+    snapshot.add_argument("--embedder", help="the embedder the server runs with (default hashing)")
+    snapshot.add_argument(
+        "--log-level",
+        choices=["critical", "error", "warning", "info", "debug"],
+        default="warning",
+        help="log verbosity on stderr (default warning)",
+    )
     return parser
+
+
+def _snapshot(args: argparse.Namespace) -> int:
+    """``field snapshot``: the same start-up as the server's, then a snapshot written."""
+    from .core.field import Field
+    from .snapshots import write_snapshot
+    from .store.sqlite import SQLiteEventLog
+
+    redaction.install()
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,  # stdout carries the report
+    )
+    try:
+        config = Config.from_env(data_dir=args.data_dir, log=args.log, embedder=args.embedder)
+        embedder = load_embedder(config.embedder)
+    except (ValueError, OSError, EmbedderError) as exc:
+        print(f"field snapshot: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if config.log is not None:
+            from .store.postgres import PostgresEventLog  # the driver is an optional extra
+
+            log: EventLog = PostgresEventLog(config.log)  # beside the server that owns it
+        elif config.data_dir is not None:
+            log = SQLiteEventLog(config.data_dir / DB_FILENAME, readonly=True)
+        else:
+            print("field snapshot: a log kept in memory has no snapshots", file=sys.stderr)
+            return 2
+    except FieldError as exc:
+        print(f"field snapshot: {exc.message}", file=sys.stderr)
+        return 2
+    gc.set_threshold(*GC_THRESHOLDS)  # the server's: a fold makes millions of objects
+    try:
+        written = write_snapshot(log, Field(limits=config.limits, embedder=embedder))
+    except FieldError as exc:
+        print(f"field snapshot: {exc.message}", file=sys.stderr)
+        return 1
+    finally:
+        log.close()
+    sys.stdout.write(orjson.dumps(written.to_json()).decode() + "\n")
+    return 0
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -416,6 +498,8 @@ def _config(args: argparse.Namespace) -> Config:
         log=args.log,
         cluster_interval=args.cluster_interval,
         node_id=args.node_id,
+        snapshot_entries=args.snapshot_entries,
+        snapshot_seconds=args.snapshot_seconds,
     )
     if args.in_memory:
         config = replace(config, data_dir=None)
@@ -622,6 +706,8 @@ def main(argv: list[str] | None = None) -> int:
         return _mcp(args)
     if args.command == "source":
         return sources_cli.run(args)
+    if args.command == "snapshot":
+        return _snapshot(args)
     try:
         config = _config(args)
     except (ValueError, OSError) as exc:

@@ -21,6 +21,9 @@ from .core.ratelimit import Rate
 from .core.registration import POLICIES, REGISTER_BURST, REGISTER_RATE
 from .core.validation import duration_seconds
 from .model import Limits
+from .snapshots import DEFAULT_ENTRIES as DEFAULT_SNAPSHOT_ENTRIES
+from .snapshots import DEFAULT_SECONDS as DEFAULT_SNAPSHOT_SECONDS
+from .snapshots import SnapshotPolicy
 from .subscriptions.delivery import RetryPolicy
 from .subscriptions.outbox import PushLimits
 from .transports.cors import parse_origins
@@ -173,6 +176,11 @@ class Config:
     #: This process's name among the nodes of a Field on a shared log (status, logs);
     #: None: ``<host name>:<port>``.
     node_id: str | None = None
+    #: A snapshot of the state is written (by a process of its own) once this many entries
+    #: were appended since the newest one, or once this many seconds passed since the last
+    #: one if any were; start-up then folds only the entries after it. 0 turns either off.
+    snapshot_entries: int = DEFAULT_SNAPSHOT_ENTRIES
+    snapshot_seconds: float = DEFAULT_SNAPSHOT_SECONDS
 
     def __post_init__(self) -> None:
         if self.max_subscription_timeout is not None:
@@ -247,6 +255,19 @@ class Config:
             raise ValueError(
                 f"cluster_interval must be between 0.05 and 60 seconds, not {self.cluster_interval}"
             )
+        if self.snapshot_entries < 0:
+            raise ValueError(
+                f"snapshot_entries must be 0 (off) or more, not {self.snapshot_entries}"
+            )
+        seconds = self.snapshot_seconds
+        if not (math.isfinite(seconds) and 0 <= seconds <= MAX_SNAPSHOT_SECONDS):
+            raise ValueError(
+                f"snapshot_seconds must be 0 (off) to {MAX_SNAPSHOT_SECONDS:g}, not {seconds!r}"
+            )
+
+    def snapshot_policy(self) -> SnapshotPolicy:
+        """When the server writes a snapshot of the state."""
+        return SnapshotPolicy(entries=self.snapshot_entries, seconds=self.snapshot_seconds)
 
     def admission_policy(self) -> AdmissionPolicy:
         """The targets of admission control."""
@@ -356,6 +377,8 @@ _OVERLOAD_TARGETS = ("overload_write_target", "overload_read_target")
 _TIMEOUTS = ("header_timeout", "body_timeout", "idle_timeout")
 #: Longest connection deadline (a day): a larger one is no deadline at all.
 MAX_TIMEOUT = 86_400.0
+#: Longest time between snapshots (a week).
+MAX_SNAPSHOT_SECONDS = 604_800.0
 _INTEGERS = (
     "port",
     "max_queue",
@@ -370,6 +393,7 @@ _INTEGERS = (
     "agent_burst",
     "notify_burst",
     "mcp_max_sessions",
+    "snapshot_entries",
 )
 _FLOATS = (
     "failure_grace",
@@ -386,6 +410,7 @@ _FLOATS = (
     "notify_rate",
     "mcp_idle_timeout",
     "cluster_interval",
+    "snapshot_seconds",
 )
 
 

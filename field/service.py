@@ -65,6 +65,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from . import snapshots
 from .admission import Admission, AdmissionPolicy, Work, work_of
 from .core.clock import RESERVATION_BLOCK
 from .core.context import Outcome
@@ -161,9 +162,11 @@ class FieldService:
         self._stale = False
 
     def _load(self) -> Field:
-        """A Field rebuilt from the whole log."""
+        """A Field rebuilt from the log: from its newest usable snapshot, if it has one, and
+        the entries after it (:mod:`field.snapshots`)."""
         field = self._field_factory()
-        field.replay(self.log.iterate())
+        #: the snapshot the state was last rebuilt from (None: the whole log)
+        self.started_from = snapshots.load(field, self.log)
         field.read_entries = self._read_entries
         field.sliced_reads = True  # execute() builds large pages in steps
         return field

@@ -40,6 +40,7 @@ FIELD_STATUS = {
     "sources": {},
     "limits": {"max_body_bytes": 1048576},
     "uptime_seconds": 12.5,
+    "snapshot": None,
 }
 FAILED = "not heard from for 300 s (heartbeat_timeout 300 s) and no push connection open"
 AGENTS = [

@@ -19,11 +19,11 @@ class Harness:
         counter = itertools.count(1)
         tokens = itertools.count(1)
         self.time = 1_780_000_000.0
-        self.field = Field(
-            now=lambda: self.time,
-            ids=Ids(token=lambda: f"token-{next(tokens)}", suffix=lambda: f"{next(counter):020x}"),
-            **kwargs,
+        #: the Field's ids: a Field that takes over (a restart) goes on with them
+        self.ids = Ids(
+            token=lambda: f"token-{next(tokens)}", suffix=lambda: f"{next(counter):020x}"
         )
+        self.field = Field(now=lambda: self.time, ids=self.ids, **kwargs)
         self.field.read_entries = self.read_positions
         self.entries: list[LogEntry] = list(self.field.genesis())
         self.tokens: dict[str, str] = {}

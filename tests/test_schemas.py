@@ -494,6 +494,13 @@ FIELD_STATUS = {
     "sources": {"github": {"scheme": "github", "accepted": 3, "filtered": 1, "refused": 0}},
     "limits": {"max_body_bytes": 1048576},
     "uptime_seconds": 12.5,
+    "snapshot": None,
+}
+SNAPSHOT = {
+    "position": 17,
+    "written_at": "2026-11-24T09:05:47.713Z",
+    "size": 18982,
+    "started_from": None,
 }
 SOURCE = {
     "name": "github",
@@ -1228,6 +1235,12 @@ VALID = [
         ),
         "refusing-writes",
     ),
+    case("field-status.response", put(FIELD_STATUS, "snapshot", SNAPSHOT), "snapshot"),
+    case(
+        "field-status.response",
+        put(FIELD_STATUS, "snapshot", {**SNAPSHOT, "started_from": 17}),
+        "started-from-snapshot",
+    ),
     case("agents.response", {"status": "ok", "agents": [AGENT], "next": None, "epoch": 4}, "basic"),
     case("agents.response", {"status": "ok", "agents": [], "next": None, "epoch": 0}, "empty"),
     case(
@@ -1808,6 +1821,17 @@ INVALID = [
     ),
     case("field-status.response", put(FIELD_STATUS, "uptime_seconds", -1), "uptime--1"),
     case("field-status.response", put(FIELD_STATUS, "log.path", "/data"), "log-extra"),
+    case("field-status.response", drop(FIELD_STATUS, "snapshot"), "snapshot-missing"),
+    case(
+        "field-status.response",
+        put(FIELD_STATUS, "snapshot", {**SNAPSHOT, "path": "/data/snapshots"}),
+        "snapshot-extra",
+    ),
+    case(
+        "field-status.response",
+        put(FIELD_STATUS, "snapshot", drop(SNAPSHOT, "size")),
+        "snapshot-incomplete",
+    ),
     case(
         "field-status.response",
         put(FIELD_STATUS, "log.refusing", {"code": "INTERNAL_ERROR", "message": "x"}),

@@ -106,15 +106,30 @@ class TestPostgresEventLog(EventLogContract):
         self, opener: Callable[..., PostgresEventLog], database: str, monkeypatch: Any
     ) -> None:
         opener().close()
-        # a version 2 that adds a column: the server takes a version 1 database there
-        monkeypatch.setattr(pg_module, "SCHEMA_VERSION", 2)
+        # a next version that adds a column: the server takes today's database there
+        later = SCHEMA_VERSION + 1
+        monkeypatch.setattr(pg_module, "SCHEMA_VERSION", later)
         monkeypatch.setitem(
-            pg_module.MIGRATIONS, 2, ("ALTER TABLE field_log ADD COLUMN note TEXT",)
+            pg_module.MIGRATIONS, later, ("ALTER TABLE field_log ADD COLUMN note TEXT",)
         )
         log = opener()
         assert log.append([entry(1)]) == [1]
-        assert sql(database, "SELECT version FROM field_schema") == [(2,)]
+        assert sql(database, "SELECT version FROM field_schema") == [(later,)]
         assert sql(database, "SELECT count(*) FROM field_log WHERE note IS NULL") == [(1,)]
+
+    def test_a_version_1_database_gains_the_snapshot_tables(
+        self, opener: Callable[..., PostgresEventLog], database: str, monkeypatch: Any
+    ) -> None:
+        with monkeypatch.context() as first:
+            first.setattr(pg_module, "SCHEMA_VERSION", 1)
+            old = opener()
+            assert old.append([entry(1)]) == [1]
+            old.close()
+        assert sql(database, "SELECT to_regclass('field_snapshots')") == [(None,)]
+        log = opener()
+        assert sql(database, "SELECT version FROM field_schema") == [(2,)]
+        assert log.snapshot_list() == []
+        assert [e.data["n"] for e in log.read()] == [1]
 
     def test_durability_is_asked_of_every_commit(
         self, opener: Callable[..., PostgresEventLog], database: str

@@ -165,6 +165,12 @@ class Field:
         """Rebuild the state from a stored log (start-up and recovery)."""
         self.state.replay(entries)
 
+    def restore(self, state: FieldState) -> None:
+        """Take ``state`` (read from a snapshot of this Field's log) as the Field's own; the
+        entries after its ``last_position`` are then replayed as usual."""
+        self.state = state
+        self.filters = FilterStage(state, lambda position: format_cursor(self.field_tag, position))
+
     def genesis(self) -> list[LogEntry]:
         """The entries that start a new log: the Field's identity."""
         if self.state.field_id is not None:

@@ -162,6 +162,14 @@ class Column:
         self._data = np.zeros(capacity, dtype=dtype)
         self.size = 0
 
+    @classmethod
+    def of(cls, values: npt.NDArray[Any]) -> Column:
+        """A column holding ``values`` (copied once, with an eighth more room to grow)."""
+        column = cls(values.dtype, capacity=max(2, len(values) + len(values) // 8))
+        column._data[: len(values)] = values
+        column.size = len(values)
+        return column
+
     def append(self, value: Any) -> None:
         if self.size == len(self._data):
             self._data = np.concatenate([self._data, np.zeros_like(self._data)])
@@ -189,6 +197,17 @@ class Matrix:
     def __init__(self, width: int) -> None:
         self._data = np.zeros((64, width), dtype=np.float32)
         self.size = 0
+
+    @classmethod
+    def of(cls, rows: npt.NDArray[Any], width: int) -> Matrix:
+        """A matrix holding ``rows`` (of any numeric type: converted as they are copied,
+        once, with an eighth more room to grow)."""
+        matrix = cls(width)
+        count = len(rows)
+        matrix._data = np.zeros((max(64, count + count // 8), width), dtype=np.float32)
+        matrix._data[:count] = rows
+        matrix.size = count
+        return matrix
 
     def extend(self, rows: Vectors) -> None:
         needed = self.size + len(rows)

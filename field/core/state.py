@@ -185,6 +185,11 @@ class FieldState:
         self.registry = SubscriptionRegistry(self.index.embedder)
         self.known_units = ChainMap(self.units, self.purged)
 
+    def registry_row(self, subscription_id: str) -> int:
+        """The subscription's row in ``registry``; a cancelled one a snapshot left out is
+        added again (see :meth:`SubscriptionRegistry.compact`)."""
+        return self.registry.row_of(self.subscriptions[subscription_id])
+
     def principal(self, agent_id: str) -> AgentRecord:
         """A registered agent, or the operator (who is no registered agent)."""
         if agent_id == OPERATOR_ID:

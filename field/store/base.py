@@ -35,11 +35,14 @@ from __future__ import annotations
 
 import abc
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from field.model import LogEntry, StoredEntry
+
+if TYPE_CHECKING:
+    from field.store.snapshots import SnapshotStore
 
 __all__ = ["EventLog", "LogEntry", "StoredEntry"]
 
@@ -123,6 +126,11 @@ class EventLog(abc.ABC):
                 return
             yield from batch
             after = batch[-1].position
+
+    def snapshots(self) -> SnapshotStore | None:
+        """Where snapshots of the state built from this log are kept; None: nowhere (a log
+        that does not outlive its process needs none)."""
+        return None
 
     def location(self) -> dict[str, Any] | None:
         """Where a networked log lives (host, port, name; never a credential); None here."""

@@ -6,6 +6,8 @@ Layout (in the schema the connection's ``search_path`` names first):
   ``data`` the orjson encoding of the entry's data (``bytea``: the bytes
   the other backends store, decoded the same way).
 * ``field_log_head``: one row holding the last position handed out.
+* ``field_snapshots`` and ``field_snapshot_chunks``: snapshots of the
+  state (version 2; see :meth:`PostgresEventLog.snapshot_write`).
 * ``field_schema``: one row holding the schema version
   (:data:`SCHEMA_VERSION`). The server creates and migrates the schema
   itself (:data:`MIGRATIONS`), under a transaction-scoped advisory lock;
@@ -61,14 +63,17 @@ import asyncio
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Iterable, Sequence
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from field.errors import LogUnavailable, LogWriteError, OperationalError, StorageFull
 from field.store.base import EventLog, LogEntry, StoredEntry
 from field.store.memory import encode_batch, within
+
+if TYPE_CHECKING:
+    from field.store.snapshots import PostgresSnapshots
 
 logger = logging.getLogger("field.store")
 
@@ -80,7 +85,7 @@ except ImportError:  # pragma: no cover - the postgres extra is not installed
     psycopg = None  # type: ignore[assignment]
 
 #: The schema version this server reads and writes.
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: Statements that take the schema from version ``v - 1`` to ``v``, by ``v``.
 MIGRATIONS: dict[int, tuple[str, ...]] = {
@@ -98,6 +103,23 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
             position BIGINT NOT NULL CHECK (position >= 0)
         )""",
         "INSERT INTO field_log_head (id, position) VALUES (1, 0)",
+    ),
+    2: (
+        """CREATE TABLE field_snapshots (
+            id         BIGSERIAL PRIMARY KEY,
+            position   BIGINT NOT NULL,
+            written_at DOUBLE PRECISION NOT NULL,
+            size       BIGINT NOT NULL
+        )""",
+        """CREATE TABLE field_snapshot_chunks (
+            snapshot_id BIGINT NOT NULL REFERENCES field_snapshots (id) ON DELETE CASCADE,
+            seq         INTEGER NOT NULL,
+            data        BYTEA NOT NULL,
+            PRIMARY KEY (snapshot_id, seq)
+        )""",
+        # a snapshot's bytes are as dense as pickle makes them: compressing them again
+        # costs time and saves little
+        "ALTER TABLE field_snapshot_chunks ALTER COLUMN data SET STORAGE EXTERNAL",
     ),
 }
 
@@ -138,6 +160,7 @@ _SIZES_AT = (
     " WHERE position = ANY(%s::bigint[]) ORDER BY position"
 )
 _LAST = "SELECT position FROM field_log_head WHERE id = 1"
+_SNAPSHOT_CHUNK = "INSERT INTO field_snapshot_chunks (snapshot_id, seq, data) VALUES (%s, %s, %b)"
 
 
 def describe(url: str) -> dict[str, Any]:
@@ -471,6 +494,107 @@ class PostgresEventLog(EventLog):
 
     def __repr__(self) -> str:
         return f"PostgresEventLog({self.where!r})"
+
+    # -- snapshots (field.store.snapshots) -----------------------------------------------
+
+    def snapshots(self) -> PostgresSnapshots:
+        """Snapshots of the state, kept in this database (any node finds them)."""
+        from field.store.snapshots import PostgresSnapshots
+
+        return PostgresSnapshots(self)
+
+    @contextlib.contextmanager
+    def _snapshot_connection(self) -> Iterator[Any]:
+        """A connection of its own: moving a snapshot never holds up appends or reads."""
+        if self._closed:
+            raise OperationalError("The event log is closed.")
+        try:
+            conn = self._connect()
+        except psycopg.Error as exc:
+            raise LogUnavailable(
+                f"Cannot reach the event log {self.where}: {_reason(exc)}"
+            ) from exc
+        try:
+            yield conn
+        except psycopg.Error as exc:
+            raise LogUnavailable(
+                f"Snapshots in the event log {self.where} failed: {_reason(exc)}"
+            ) from exc
+        finally:
+            self._drop(conn)
+
+    def snapshot_list(self) -> list[tuple[int, int, float, int]]:
+        """``(id, position, written_at, size)`` of every snapshot, newest position first."""
+        with self._snapshot_connection() as conn:
+            rows: list[tuple[int, int, float, int]] = conn.execute(
+                "SELECT id, position, written_at, size FROM field_snapshots"
+                " ORDER BY position DESC, written_at DESC, id DESC"
+            ).fetchall()
+            return rows
+
+    def snapshot_read(self, snapshot_id: int) -> bytearray:
+        """The bytes of one snapshot, its chunks in order, read one at a time through a
+        server-side cursor into one buffer of the size they add up to."""
+        with (
+            self._snapshot_connection() as conn,
+            conn.transaction(),
+            conn.cursor(name="field_snapshot") as cursor,
+        ):
+            size = conn.execute(
+                "SELECT COALESCE(sum(octet_length(data)), 0) FROM field_snapshot_chunks"
+                " WHERE snapshot_id = %s",
+                (snapshot_id,),
+            ).fetchone()[0]
+            out = bytearray(int(size))
+            at = 0
+            cursor.itersize = 1
+            cursor.execute(
+                "SELECT data FROM field_snapshot_chunks WHERE snapshot_id = %s ORDER BY seq",
+                (snapshot_id,),
+                binary=True,
+            )
+            for (chunk,) in cursor:
+                out[at : at + len(chunk)] = chunk
+                at += len(chunk)
+        del out[at:]  # pruned meanwhile: the reader's checks say it is truncated
+        return out
+
+    def snapshot_write(
+        self,
+        position: int,
+        written_at: float,
+        produce: Callable[[Callable[[bytes], object]], object],
+    ) -> tuple[int, int]:
+        """Store a snapshot in one transaction (readers see all of it or none): ``produce``
+        hands its bytes to a sink that stores each piece as a row (a bytea holds at most
+        1 GB); returns the snapshot's id and size."""
+        with self._snapshot_connection() as conn, conn.transaction():
+            snapshot_id = conn.execute(
+                "INSERT INTO field_snapshots (position, written_at, size) VALUES (%s, %s, 0)"
+                " RETURNING id",
+                (position, written_at),
+            ).fetchone()[0]
+            pieces = [0, 0]  # rows written, bytes written
+
+            def sink(chunk: bytes) -> None:
+                conn.execute(_SNAPSHOT_CHUNK, (snapshot_id, pieces[0], chunk))
+                pieces[0] += 1
+                pieces[1] += len(chunk)
+
+            produce(sink)
+            size = pieces[1]
+            conn.execute("UPDATE field_snapshots SET size = %s WHERE id = %s", (size, snapshot_id))
+        return snapshot_id, size
+
+    def snapshot_prune(self, keep: int) -> int:
+        """Delete all but the newest ``keep`` snapshots (their chunks go with them)."""
+        with self._snapshot_connection() as conn:
+            deleted = conn.execute(
+                "DELETE FROM field_snapshots WHERE id NOT IN (SELECT id FROM field_snapshots"
+                " ORDER BY position DESC, written_at DESC, id DESC LIMIT %s)",
+                (keep,),
+            )
+            return int(deleted.rowcount)
 
 
 def _reason(exc: Exception) -> str:

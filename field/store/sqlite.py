@@ -9,7 +9,12 @@ sibling ``<path>.lock`` enforces it) and that process has a single
 writer. Appends go through one write connection under a lock, each batch
 in one ``BEGIN IMMEDIATE`` transaction; reads go through a second
 connection under its own lock, and WAL lets them run while a write is in
-progress without ever seeing part of a batch.
+progress without ever seeing part of a batch. A log opened ``readonly``
+(``field snapshot`` beside a running server) takes no lock and only reads.
+
+Snapshots of the state are files in ``snapshots`` beside the log's file
+(:class:`~field.store.snapshots.FileSnapshots`): never in the log's file,
+whose write lock a large snapshot would hold for seconds.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import orjson
 from field.errors import LogUnavailable, LogWriteError, OperationalError, StorageFull
 from field.store.base import EventLog, LogEntry, StoredEntry
 from field.store.memory import encode_batch, within
+from field.store.snapshots import DIRECTORY, FileSnapshots
 
 #: The schema version stored in ``PRAGMA user_version``.
 SCHEMA_VERSION = 1
@@ -146,23 +152,46 @@ class SQLiteEventLog(EventLog):
     persistent = True
     backend = "sqlite"
 
-    def __init__(self, path: str | os.PathLike[str], *, synchronous: str = "full") -> None:
+    def __init__(
+        self, path: str | os.PathLike[str], *, synchronous: str = "full", readonly: bool = False
+    ) -> None:
         if synchronous not in _SYNCHRONOUS:
             raise ValueError(f"synchronous must be 'full' or 'normal', got {synchronous!r}")
         self.path = os.fspath(path)
         self.synchronous = synchronous
+        #: only reads, beside the process that owns the file (which may be appending)
+        self.readonly = readonly
         self._write_lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._closed = False
         self._last = 0
-        self._lock_file = _acquire_lock(self.path + ".lock")
+        self._lock_file = None if readonly else _acquire_lock(self.path + ".lock")
         self._writer: sqlite3.Connection | None = None
         self._reader: sqlite3.Connection | None = None
         try:
-            self._open_connections()
+            if readonly:
+                self._open_reader()
+            else:
+                self._open_connections()
         except BaseException:
             self.close()
             raise
+
+    def _open_reader(self) -> None:
+        """Open the read connection alone, on a log some other process made."""
+        if not os.path.isfile(self.path):
+            raise OperationalError(f"There is no event log at {self.path}.")
+        try:
+            self._reader = _connect(self.path)
+            self._reader.execute("PRAGMA query_only = ON")
+            version = self._reader.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.Error as exc:
+            raise OperationalError(f"Cannot open the event log {self.path}: {exc}") from exc
+        if version != SCHEMA_VERSION:
+            raise OperationalError(
+                f"{self.path} has event log schema version {version}; this server reads "
+                f"version {SCHEMA_VERSION}."
+            )
 
     def _open_connections(self) -> None:
         """Open both connections, set the PRAGMAs and load the last position."""
@@ -185,7 +214,8 @@ class SQLiteEventLog(EventLog):
         with self._write_lock:
             conn = self._writer
             if conn is None:
-                raise LogWriteError("The event log is closed.", recoverable=False)
+                state = "open for reading only" if self.readonly else "closed"
+                raise LogWriteError(f"The event log is {state}.", recoverable=False)
             first = self._last + 1
             rows = [
                 (first + i, e.epoch, e.kind, e.agent_id, float(e.ts), blob)
@@ -274,7 +304,20 @@ class SQLiteEventLog(EventLog):
         # so this never waits for an append's fsync.
         if self._closed:
             raise OperationalError("The event log is closed.")
+        if self.readonly:  # another process appends: ask the file
+            with self._read_lock:
+                conn = self._reader
+                if conn is None:
+                    raise OperationalError("The event log is closed.")
+                try:
+                    return int(conn.execute(_MAX_POSITION).fetchone()[0])
+                except sqlite3.Error as exc:
+                    raise OperationalError(f"Cannot read the event log: {exc}") from exc
         return self._last
+
+    def snapshots(self) -> FileSnapshots:
+        """Snapshot files in the ``snapshots`` directory beside the log's file."""
+        return FileSnapshots(os.path.join(os.path.dirname(self.path) or ".", DIRECTORY))
 
     def close(self) -> None:
         """Close both connections and release the directory lock; idempotent."""
@@ -286,8 +329,9 @@ class SQLiteEventLog(EventLog):
                 if conn is not None:
                     conn.close()
             self._reader = self._writer = None
-            fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
-            self._lock_file.close()
+            if self._lock_file is not None:
+                fcntl.flock(self._lock_file.fileno(), fcntl.LOCK_UN)
+                self._lock_file.close()
 
     def __repr__(self) -> str:
         return f"SQLiteEventLog({self.path!r}, synchronous={self.synchronous!r})"

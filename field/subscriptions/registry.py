@@ -14,6 +14,7 @@ is marked inactive and skipped by a mask.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import numpy as np
@@ -70,6 +71,9 @@ class SubscriptionRegistry:
         #: per profile, the quantized embedding of its interests and its squared norm
         self.vectors = Matrix(self.embedder.dim)
         self.squares = Column(np.float64)
+        #: cancelled subscriptions :meth:`compact` dropped, each with the agent as its
+        #: profile was made from (what :meth:`add` needs to add its row again)
+        self.retired: dict[str, dict[str, Any]] = {}
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -145,6 +149,86 @@ class SubscriptionRegistry:
         self.version += 1
         self.active[self.rows[subscription_id]] = False
 
+    def row_of(self, subscription: dict[str, Any]) -> int:
+        """The row of ``subscription``; one :meth:`compact` dropped is added again first
+        (cancelled, with the profile it had), so that a stream can be replayed to its end."""
+        row = self.rows.get(subscription["id"])
+        if row is None:
+            self.add(subscription, self.retired.pop(subscription["id"]))
+            row = self.rows[subscription["id"]]
+        return row
+
+    def compact(self, registrations: Collection[tuple[str, int]]) -> None:
+        """Drop the cancelled rows, and the profiles no active row uses unless their agent
+        is still registered as it was (``registrations``: ``(agent id, registered_epoch)``
+        of every registered agent, whose next subscription reuses its profile).
+
+        What is left matches every event exactly as before; a dropped row is kept
+        in ``retired`` until :meth:`row_of` asks for it.
+        """
+        active = self.active.view
+        kept_rows = np.flatnonzero(active)
+        if len(kept_rows) == len(self.ids):
+            return
+        key_of = {profile: key for key, profile in self.profiles.items()}
+        agents: dict[int, dict[str, Any]] = {}
+        for row in np.flatnonzero(~active).tolist():
+            profile = int(self.profile.view[row])
+            agent = agents.get(profile)
+            if agent is None:
+                agent = agents[profile] = self._profile_wire(profile, key_of[profile][1])
+            self.retired[self.ids[row]] = agent
+        used = set(self.profile.view[kept_rows].tolist())
+        used.update(p for key, p in self.profiles.items() if key in registrations)
+        kept_profiles = np.array(sorted(used), dtype=np.intp)
+        renumber = np.full(self.profile_count, -1, dtype=np.int32)
+        renumber[kept_profiles] = np.arange(len(kept_profiles), dtype=np.int32)
+        self._keep_rows(kept_rows, renumber)
+        self._keep_profiles(kept_profiles, key_of)
+        self.version += 1
+
+    def _profile_wire(self, profile: int, registered_epoch: int) -> dict[str, Any]:
+        """The agent (its wire form, as :meth:`add` takes it) ``profile`` was made from."""
+        agent = self.profile_agent[profile]
+        return {
+            "id": agent["id"],
+            "role": agent["role"],
+            "interests": list(agent["interests"]),
+            "current_task_id": agent["current_task"],
+            "registered_epoch": registered_epoch,
+            "authority": agent["authority"],
+        }
+
+    def _keep_rows(self, kept: npt.NDArray[np.intp], renumber: npt.NDArray[np.int32]) -> None:
+        self.ids = [self.ids[row] for row in kept.tolist()]
+        self.rows = {subscription_id: row for row, subscription_id in enumerate(self.ids)}
+        for name in _ROW_COLUMNS:
+            setattr(self, name, _taken(getattr(self, name), kept))
+        self.profile = _taken(self.profile, kept)
+        self.profile.view[:] = renumber[self.profile.view]
+
+    def _keep_profiles(
+        self, kept: npt.NDArray[np.intp], key_of: dict[int, tuple[str, int]]
+    ) -> None:
+        order = kept.tolist()
+        self.profiles = {key_of[old]: new for new, old in enumerate(order)}
+        for name in _PROFILE_COLUMNS:
+            setattr(self, name, _taken(getattr(self, name), kept))
+        for name in _PROFILE_LISTS:
+            values = getattr(self, name)
+            setattr(self, name, [values[old] for old in order])
+        vectors = Matrix(self.embedder.dim)
+        vectors.extend(self.vectors.view[kept])
+        self.vectors = vectors
+        self.role_words, self.interest_words = {}, {}
+        for profile, words in enumerate(self.profile_words):
+            for found, postings in zip(words, (self.role_words, self.interest_words), strict=True):
+                for word in found:
+                    column = postings.get(word)
+                    if column is None:
+                        column = postings[word] = Column(np.int32)
+                    column.append(profile)
+
     def hits(
         self, kind: str, words: frozenset[str], profiles: npt.NDArray[np.intp]
     ) -> npt.NDArray[np.float64]:
@@ -167,3 +251,24 @@ class SubscriptionRegistry:
             if column is not None:
                 counts[column.view] += 1.0
         return counts[profiles]
+
+
+#: The per-subscription columns (besides ``profile``) and the per-profile ones.
+_ROW_COLUMNS = (
+    "active",
+    "event_mask",
+    "min_relevance",
+    "include_own",
+    "created_epoch",
+    "agent",
+    "filter",
+)
+_PROFILE_COLUMNS = ("role", "task", "role_word_count", "interest_unit", "squares")
+_PROFILE_LISTS = ("profile_words", "profile_role", "profile_task", "profile_agent")
+
+
+def _taken(column: Column, rows: npt.NDArray[np.intp]) -> Column:
+    """A new column of ``column``'s values at ``rows``."""
+    taken = Column(column.view.dtype)
+    taken.extend(column.view[rows])
+    return taken

@@ -57,6 +57,7 @@ from ..model import (
     Limits,
 )
 from ..service import FieldService
+from ..snapshots import Snapshotter, snapshot_command
 from ..store import WEBHOOK_KEY_FILENAME, EventLog, open_log
 from ..store.keys import load_or_create_key
 from .cors import cors_middleware, websocket_refusal
@@ -166,6 +167,8 @@ class HTTPBinding:
         self.observer: Observer | None = None
         #: MCP over HTTP at /mcp (None: the mcp package is not installed)
         self.mcp: McpHttpBinding | None = None
+        #: writes snapshots of the state beside the server (None: a log in memory)
+        self.snapshotter: Snapshotter | None = None
 
     def _service(self) -> FieldService:
         if self.service is None:
@@ -267,6 +270,7 @@ class HTTPBinding:
             "lag": service.lag,
         }
         body["node"]["delivery_owner"] = self.deliveries is not None and self.deliveries.owner
+        body["snapshot"] = None if self.snapshotter is None else self.snapshotter.status()
         return body
 
     async def subscription_events(self, request: Request) -> ASGIApp:
@@ -636,6 +640,17 @@ def create_app(
         if binding.mcp is not None:
             await binding.mcp.start()
             app.state.mcp = binding.mcp
+        store = log.snapshots()
+        if store is not None:
+            binding.snapshotter = Snapshotter(
+                service,
+                store,
+                config.snapshot_policy(),
+                snapshot_command(
+                    data_dir=config.data_dir, log_url=config.log, embedder=config.embedder
+                ),
+            )
+            await binding.snapshotter.start()
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(
@@ -651,6 +666,8 @@ def create_app(
         try:
             yield
         finally:
+            if binding.snapshotter is not None:
+                await binding.snapshotter.stop()
             if binding.mcp is not None:
                 await binding.mcp.stop()
             await liveness.stop()

@@ -446,7 +446,7 @@ class PushHub:
             outbox = binding.connection.outbox
             start = await asyncio.to_thread(self._replay_start, stream, after)
             state = self.field.state
-            row = np.array([state.registry.rows[stream.subscription_id]])
+            row = np.array([state.registry_row(stream.subscription_id)])
             names = frozenset(state.subscriptions[stream.subscription_id]["events"])
             replayed = 0
             position = start
@@ -631,9 +631,9 @@ class PushHub:
             matcher = self._matcher()
             scope = self._scope
             if scope is None or not scope.fits(matcher.registry):
-                registry = matcher.registry
-                rows = [registry.rows[sid] for sid in self._by_subscription]
-                rows.extend(registry.rows[sid] for sid in self._dormant)  # some in both
+                state = self.field.state
+                rows = [state.registry_row(sid) for sid in self._by_subscription]
+                rows.extend(state.registry_row(sid) for sid in self._dormant)  # some in both
                 scope = self._scope = matcher.scope(np.unique(np.array(rows, dtype=np.intp)))
             for match in matcher.match(events, scope=scope):
                 self._route(match)
@@ -835,7 +835,7 @@ class PushHub:
         if not bindings:
             return
         state = self.field.state
-        row = np.array([state.registry.rows[subscription_id]])
+        row = np.array([state.registry_row(subscription_id)])
         names = frozenset(state.subscriptions[subscription_id]["events"])
         before = [e for e in entries if e.position < ended]
         for binding in bindings:
