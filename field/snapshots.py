@@ -42,7 +42,7 @@ import logging
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -404,6 +404,9 @@ class Snapshotter:
         self.written = 0
         self.failed = 0
         self._task: asyncio.Task[None] | None = None
+        #: whether this server is the one to write snapshots now: of several nodes on one
+        #: log, only the holder of the deliveries' lease does (the others would duplicate it)
+        self.may_write: Callable[[], bool] = lambda: True
 
     async def start(self) -> None:
         """Read what the store holds (the status shows it from the start), then look every
@@ -457,7 +460,9 @@ class Snapshotter:
                 await self._list()
                 listed = now
             since = self._service.log.last_position() - self._base
-            if now < retry_at or not self.policy.due(entries_since=since, seconds_since=now - last):
+            if now < retry_at or not self.may_write():
+                continue
+            if not self.policy.due(entries_since=since, seconds_since=now - last):
                 continue
             if not await self._write():
                 retry_at = loop.time() + RETRY_SECONDS

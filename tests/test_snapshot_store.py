@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 import pytest
 
+from field import snapshots as snapshots_module
 from field.config import Config
 from field.core import snapshot
 from field.core.embedding import HashingEmbedder
@@ -533,4 +534,39 @@ async def test_stopping_ends_a_snapshot_process_under_way(tmp_path: Path) -> Non
         assert process.returncode is not None and process.returncode < 0  # terminated
         assert not await writing
     finally:
+        log.close()
+
+
+async def test_a_node_that_may_not_write_snapshots_starts_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Of several nodes, only the one holding the deliveries' lease writes snapshots: while
+    ``may_write`` says no, a due snapshot is not started; once it says yes, it is."""
+    monkeypatch.setattr(snapshots_module, "CHECK_SECONDS", 0.001)
+    report = {"position": 20, "size": 10, "units": 1, "started_from": None, "replayed": 20}
+    snapshotter, log = _snapshotter(tmp_path, f"print({orjson.dumps(report).decode()!r})")
+    snapshotter.policy = SnapshotPolicy(entries=1, seconds=0)
+    asked = 0
+    allowed = False
+    checked = asyncio.Event()
+
+    def may_write() -> bool:
+        nonlocal asked
+        asked += 1
+        if asked >= 20:
+            checked.set()
+        return allowed
+
+    snapshotter.may_write = may_write
+    try:
+        await snapshotter.start()
+        async with asyncio.timeout(10):
+            await checked.wait()  # twenty checks of a due snapshot, each refused
+        assert snapshotter.process is None and snapshotter.written == 0
+        allowed = True
+        async with asyncio.timeout(30):
+            while snapshotter.written == 0:
+                await asyncio.sleep(0.01)
+    finally:
+        await snapshotter.stop()
         log.close()

@@ -650,6 +650,8 @@ def create_app(
                     data_dir=config.data_dir, log_url=config.log, embedder=config.embedder
                 ),
             )
+            if lease is not None:  # several nodes: one writes the snapshots
+                binding.snapshotter.may_write = lease.valid
             await binding.snapshotter.start()
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
