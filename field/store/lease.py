@@ -50,7 +50,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from field.store.link import Link, reason
+from field.store.link import Link
+from field.store.postgres import reason
 
 try:
     import psycopg

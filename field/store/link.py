@@ -110,9 +110,3 @@ class Link:
         if conn is not None:
             with contextlib.suppress(Exception):  # closing a broken connection
                 conn.close()
-
-
-def reason(exc: BaseException) -> str:
-    """The first line of a database error, for a log line or an error message."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -201,9 +201,9 @@ def _write_error(exc: Exception, where: str) -> OperationalError:
             suggested_action="Free disk space on the database server: the Field resumes "
             "writes by itself within seconds, so retry then. Reads keep working meanwhile.",
         )
-    reason = _reason(exc)
+    why = reason(exc)
     return LogUnavailable(
-        f"The event log's database {where} cannot be written now ({reason}); writes are refused",
+        f"The event log's database {where} cannot be written now ({why}); writes are refused",
         suggested_action="Retry in a few seconds: the Field resumes writes by itself once the "
         "database answers again. Reads keep working meanwhile.",
     )
@@ -237,7 +237,7 @@ class PostgresEventLog(EventLog):
         except psycopg.Error as exc:
             self.close()
             raise OperationalError(
-                f"Cannot open the event log {self.where}: {_reason(exc)}",
+                f"Cannot open the event log {self.where}: {reason(exc)}",
                 suggested_action="Check that the database server runs, that the database "
                 "exists and that the --log URL's user may create tables in it.",
             ) from None
@@ -420,7 +420,7 @@ class PostgresEventLog(EventLog):
                     async for notify in conn.notifies(timeout=FOLLOW_POLL_SECONDS):
                         yield int(notify.payload)
             except psycopg.Error as exc:
-                logger.warning("following the event log %s: %s", self.where, _reason(exc))
+                logger.warning("following the event log %s: %s", self.where, reason(exc))
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):
@@ -446,7 +446,7 @@ class PostgresEventLog(EventLog):
                 self._drop(self._reader)
                 self._reader = None
             raise LogUnavailable(
-                f"Cannot read the event log {self.where}: {_reason(exc)}",
+                f"Cannot read the event log {self.where}: {reason(exc)}",
                 suggested_action="Retry in a few seconds, once the database answers again.",
             ) from exc
 
@@ -511,14 +511,12 @@ class PostgresEventLog(EventLog):
         try:
             conn = self._connect()
         except psycopg.Error as exc:
-            raise LogUnavailable(
-                f"Cannot reach the event log {self.where}: {_reason(exc)}"
-            ) from exc
+            raise LogUnavailable(f"Cannot reach the event log {self.where}: {reason(exc)}") from exc
         try:
             yield conn
         except psycopg.Error as exc:
             raise LogUnavailable(
-                f"Snapshots in the event log {self.where} failed: {_reason(exc)}"
+                f"Snapshots in the event log {self.where} failed: {reason(exc)}"
             ) from exc
         finally:
             self._drop(conn)
@@ -597,7 +595,8 @@ class PostgresEventLog(EventLog):
             return int(deleted.rowcount)
 
 
-def _reason(exc: Exception) -> str:
+def reason(exc: BaseException) -> str:
+    """The first line of a database error, for a log line or an error message."""
     text = str(exc).strip()
     return text.splitlines()[0] if text else type(exc).__name__
 

@@ -61,7 +61,8 @@ from collections.abc import Callable
 from typing import Any
 
 from field.errors import OperationalError
-from field.store.link import Link, reason
+from field.store.link import Link
+from field.store.postgres import reason
 
 try:
     import psycopg
