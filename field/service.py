@@ -237,9 +237,7 @@ class FieldService:
         genesis = self.field.genesis()
         if genesis:
             await self._append(genesis)
-        elif self._locked:
-            await asyncio.to_thread(self.log.unlock)
-            self._locked = False
+        await self._release()
         self._start_writer()
         self._sampler = asyncio.create_task(self._sample_delay(), name="field-admission")
         if self.log.shared:
