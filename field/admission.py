@@ -59,6 +59,11 @@ WRITES = frozenset(
 REPORT_SECONDS = 60.0
 #: Operations never refused for load.
 NEVER_SHED = frozenset({"DEREGISTER"})
+#: The names the server's own jobs run under (failing silent agents, expiring
+#: subscriptions; acknowledging and moving deliveries): they write, are never refused for
+#: load, and on a log shared by several nodes take its lock as writes do. No client can
+#: name them: an operation is one of the protocol's before it reaches admission.
+SERVER_JOBS = frozenset({"LIVENESS", "DELIVERY"})
 
 
 class Work(enum.Enum):
@@ -72,7 +77,7 @@ class Work(enum.Enum):
 
 def work_of(operation: str | None) -> Work:
     """The class of a job by its operation (None: one of the server's own jobs)."""
-    if operation is None or operation in NEVER_SHED:
+    if operation is None or operation in NEVER_SHED or operation in SERVER_JOBS:
         return Work.INTERNAL
     return Work.WRITE if operation in WRITES else Work.READ
 

@@ -56,7 +56,6 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
-from .admission import Work
 from .core import subscribe
 from .core.field import Field
 from .errors import FieldError
@@ -244,16 +243,12 @@ class Liveness:
             self.forget_departed()
             await asyncio.sleep(tick)
 
-    # The monitor's jobs write: they are the server's own (Work.INTERNAL), never refused
-    # for load, and on a log shared by several nodes they take its lock as writes do.
-
     async def _fail_silent(self) -> None:
         for agent_id, reason in self.due():
             try:
                 outcome = await self.service.execute(
                     functools.partial(Field.fail_agent, agent_id=agent_id, reason=reason),
                     operation="LIVENESS",
-                    work=Work.INTERNAL,
                 )
             except FieldError as error:  # e.g. the log is full: try again next tick
                 logger.warning("could not declare %s failed: %s", agent_id, error.message)
@@ -267,7 +262,6 @@ class Liveness:
                 outcome = await self.service.execute(
                     functools.partial(Field.expire_subscriptions, agent_id=agent_id, idle=idle),
                     operation="LIVENESS",
-                    work=Work.INTERNAL,
                 )
             except FieldError as error:
                 logger.warning("could not expire %s's subscriptions: %s", agent_id, error)
@@ -329,7 +323,6 @@ class Liveness:
                     await self.service.execute(
                         lambda field: field.recover_agent(agent_id),
                         operation="LIVENESS",
-                        work=Work.INTERNAL,
                     )
             finally:
                 self._recovering.discard(agent_id)

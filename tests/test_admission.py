@@ -59,6 +59,8 @@ def test_classes_of_work() -> None:
     assert work_of("ATTUNE") is Work.READ
     assert work_of("REPLAY") is Work.READ
     assert work_of("DEREGISTER") is Work.INTERNAL  # leaving lightens the load
+    assert work_of("LIVENESS") is Work.INTERNAL  # the server's own jobs, which write
+    assert work_of("DELIVERY") is Work.INTERNAL
     assert work_of(None) is Work.INTERNAL  # the server's own jobs
 
 

@@ -55,7 +55,6 @@ import aiohttp
 import orjson
 
 from .. import __version__
-from ..admission import Work
 from ..client import retry_after_seconds
 from ..core.clock import iso_timestamp
 from ..core.egress import EgressPolicy
@@ -825,9 +824,7 @@ class DeliveryEngine:
         timer = asyncio.get_running_loop().call_later(delay, callback)
         self._timers.add(timer)
 
-    # -- what the sinks report, made durable --------------------------------------------
-    # (jobs of the server's own, Work.INTERNAL: never refused for load, and on a log
-    # shared by several nodes they take its lock as writes do)
+    # -- what the sinks report, made durable (server jobs: see admission.SERVER_JOBS) ----
 
     def ack(self, subscription_id: str, position: int) -> None:
         """``position`` was delivered: acknowledge it with the next write."""
@@ -843,7 +840,6 @@ class DeliveryEngine:
                     await self.service.execute(
                         functools.partial(Field.ack_deliveries, cursors=batch),
                         operation="DELIVERY",
-                        work=Work.INTERNAL,
                     )
                 except FieldError as error:  # the log refuses writes, or is overloaded
                     logger.warning("acknowledging deliveries failed: %s", error.message)
@@ -864,7 +860,6 @@ class DeliveryEngine:
             await self.service.execute(
                 lambda field: field.change_delivery(sink.subscription_id, action, reason),
                 operation="DELIVERY",
-                work=Work.INTERNAL,
             )
         except FieldError as error:
             logger.warning(
@@ -883,7 +878,6 @@ class DeliveryEngine:
                     sink.agent_id, record["group_id"], record["tool_call_id"], reason
                 ),
                 operation="DELIVERY",
-                work=Work.INTERNAL,
             )
         except FieldError as error:
             logger.warning("cancelling %s failed: %s", sink.subscription_id, error.message)
