@@ -34,7 +34,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,11 +129,12 @@ def snapshot(directory: Path, url: str | None) -> tuple[float, float, str]:
     return seconds, usage.ru_maxrss / 1024, report.strip()
 
 
-def start(directory: Path, url: str | None) -> tuple[float, float, float, str]:
-    """Start ``field serve`` until it listens: (seconds, seconds of the fold, RSS MB,
-    its start-up line), then stop it."""
-    started = time.perf_counter()
-    process = subprocess.Popen(
+def serve(
+    directory: Path, url: str | None, *, every: int, extra: Sequence[str] = ()
+) -> subprocess.Popen[str]:
+    """``field serve`` on a free port, writing a snapshot every ``every`` entries (0: never)
+    and none by time; its log lines on ``stderr``."""
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -143,15 +144,23 @@ def start(directory: Path, url: str | None) -> tuple[float, float, float, str]:
             "0",
             *where(directory, url),
             "--snapshot-entries",
-            "0",
+            str(every),
             "--snapshot-seconds",
             "0",
+            *extra,
         ],
         stderr=subprocess.PIPE,
         stdout=subprocess.DEVNULL,
         text=True,
         cwd=ROOT,
     )
+
+
+def start(directory: Path, url: str | None) -> tuple[float, float, float, str]:
+    """Start ``field serve`` until it listens: (seconds, seconds of the fold, RSS MB,
+    its start-up line), then stop it."""
+    started = time.perf_counter()
+    process = serve(directory, url, every=0)
     assert process.stderr is not None
     told = ""
     for line in process.stderr:
@@ -173,26 +182,7 @@ def live(directory: Path, url: str | None, every: int, seconds: float, rate: flo
     ``field serve`` with ``--snapshot-entries every`` and one agent recording ``rate``
     times a second for ``seconds``; the server's log lines tell when the snapshot process
     started and ended."""
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "field",
-            "serve",
-            "--port",
-            "0",
-            *where(directory, url),
-            "--snapshot-entries",
-            str(every),
-            "--snapshot-seconds",
-            "0",
-            *LOAD_RATES,
-        ],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        cwd=ROOT,
-    )
+    process = serve(directory, url, every=every, extra=LOAD_RATES)
     assert process.stderr is not None
     url = ""
     for line in process.stderr:
