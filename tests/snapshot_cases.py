@@ -506,7 +506,7 @@ def _plain(value: Any, owner: str = "") -> Any:
         return [_plain(v) for v in value]
     if isinstance(value, set | frozenset):
         return sorted((_plain(v) for v in value), key=repr)
-    if value is None or isinstance(value, str | int | float | bool):
+    if value is None or isinstance(value, str | int | float | bool | bytes):
         return value
     kind = type(value).__name__
     if dataclasses.is_dataclass(value):

@@ -96,7 +96,7 @@ def status(h: Harness, unit_id: str) -> str:
 def assert_replays(h: Harness) -> None:
     live, replayed = h.field.state, h.replayed().state
     assert replayed.units == live.units
-    assert replayed.unit_authority == live.unit_authority
+    assert replayed.unit_authority.view.tolist() == live.unit_authority.view.tolist()
     assert replayed.sessions == live.sessions
     assert replayed.invitations == live.invitations
     assert replayed.retired == live.retired
@@ -339,7 +339,7 @@ def test_superseding_needs_at_least_the_authors_level(h: Harness) -> None:
 
 def test_a_units_level_stays_with_it_when_its_author_leaves(h: Harness) -> None:
     seniors = record(h, "senior", "the budget is 2M")
-    assert h.field.state.unit_authority[seniors] == authority.SENIOR
+    assert h.field.state.authority_of(seniors) == authority.SENIOR
     h.send("DEREGISTER", "senior", {"agent_id": "senior"})
     attack = unit("the budget is 5M", **supersedes(seniors))
     refused(h, Code.INSUFFICIENT_AUTHORITY, "RECORD", "alice", attack)
@@ -359,7 +359,7 @@ def test_in_its_session_the_creator_moderates_but_its_own_units_weigh_its_own_le
     record(h, "alice", "launch in July", session_id=sid, **supersedes(seniors))
     assert status(h, seniors) == "superseded"
     # its own units weigh 4 (creating a session lifts no unit): bob, at 4, may supersede them
-    assert h.field.state.unit_authority[alices] == authority.STANDARD
+    assert h.field.state.authority_of(alices) == authority.STANDARD
     record(h, "bob", "launch in August", session_id=sid, **supersedes(alices))
     assert status(h, alices) == "superseded"
     assert_replays(h)

@@ -43,7 +43,6 @@ import orjson
 from ..model import Limits
 from . import pages, relevance, validation, visibility
 from .context import Context, Outcome
-from .relevance import STATUS_NAMES
 from .state import AgentRecord, FieldState
 from .text import first_sentence
 
@@ -109,9 +108,8 @@ def attune(field: Field, ctx: Context) -> Outcome:
         scope,
         rows=row_list,
         scores=scores.tolist(),
-        units=[state.units[index.ids[row]] for row in row_list],
-        # a unit changes only its status in place: a page built in steps shows it as now
-        statuses=[STATUS_NAMES[code] for code in index.status.view[rows].tolist()],
+        # each unit's encoding as it is now (decoded only if the page takes it)
+        units=[state.units.encoded(index.ids[row]) for row in row_list],
         recorded=len(index),
         room=pages.room(response, limits),
         available=available,
@@ -140,11 +138,10 @@ def _query(scope: dict[str, Any], agent: AgentRecord) -> relevance.Query:
 class _Page:
     """Takes the ranked units into ``response`` in order while the bounds allow.
 
-    It reads only what it was given when the ranking was made (the units
-    and their statuses then, how many units were recorded) and what never
-    changes once it exists (a unit's fields but its status, which the
-    projection sets in place; a row's keywords and place), so the Field may
-    go on changing while it is built in :meth:`steps`.
+    It reads only what it was given when the ranking was made (the units'
+    encodings then, how many units were recorded) and what never changes
+    once it exists (a row's keywords and place), so the Field may go on
+    changing while it is built in :meth:`steps`.
     """
 
     def __init__(
@@ -155,15 +152,14 @@ class _Page:
         *,
         rows: list[int],
         scores: list[float],
-        units: list[dict[str, Any]],
-        statuses: list[str],
+        units: list[bytes],
         recorded: int,
         room: int,
         available: int,
     ) -> None:
         self._response, self._query = response, query
         self._format, self._budget = scope["format"], scope["max_tokens"]
-        self._ranked = list(zip(rows, scores, units, statuses, strict=True))
+        self._ranked = list(zip(rows, scores, units, strict=True))
         self._recorded, self._room, self._available = recorded, room, available
         #: a poll always takes its first unit, so that polling cannot stall
         self._make_progress = scope["since_epoch"] is not None
@@ -177,12 +173,11 @@ class _Page:
         taken: list[tuple[float, dict[str, Any], dict[str, Any]]] = []  # score, unit, item
         stopped_by = None
         step_units = step_bytes = 0
-        for row, row_score, unit, status in self._ranked:
+        for row, row_score, encoded in self._ranked:
             if step_units >= STEP_UNITS or step_bytes >= STEP_BYTES:
                 yield
                 step_units = step_bytes = 0
-            if unit["status"] != status:  # changed since the ranking: show it as it was
-                unit = {**unit, "status": status}
+            unit = orjson.loads(encoded)  # as it was when ranked, status included
             form = self._form(unit, must=self._make_progress and not taken)
             if form is None:
                 stopped_by = "max_tokens"

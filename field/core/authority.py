@@ -100,12 +100,12 @@ def may_supersede(state: FieldState, agent: AgentRecord, unit: Mapping[str, Any]
 
     Its own units always; another agent's when its effective authority in
     the unit's session is at least the author's level when it recorded the
-    unit (``FieldState.unit_authority``).
+    unit (:meth:`FieldState.authority_of`).
     """
     if unit["source"]["agent_id"] == agent.id:
         return True
     level = effective_authority(state, agent, unit["source"].get("session_id"))
-    return level >= state.unit_authority.get(unit["id"], STANDARD)
+    return level >= state.authority_of(unit["id"])
 
 
 def require_supersede(
@@ -114,7 +114,7 @@ def require_supersede(
     """Refuse ``action`` on ``unit`` with INSUFFICIENT_AUTHORITY unless :func:`may_supersede`."""
     if may_supersede(state, agent, unit):
         return
-    need = state.unit_authority.get(unit["id"], STANDARD)
+    need = state.authority_of(unit["id"])
     have = effective_authority(state, agent, unit["source"].get("session_id"))
     raise AuthError(
         f"{action} unit {unit['id']} of agent {unit['source']['agent_id']!r} needs authority "

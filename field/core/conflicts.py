@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import numpy.typing as npt
+import orjson
 
 from ..errors import Code, InvalidPayload, NotFound, StateError
 from ..model import UNRESOLVED_CONFLICT_STATUSES, LogEntry
@@ -41,7 +42,7 @@ from . import authority, listing, sessions, validation, visibility
 from .clock import iso_timestamp
 from .context import Context, Outcome
 from .embedding import Vectors
-from .relevance import STATUS_CODE
+from .relevance import STATUS_CODE, TYPE_CODE
 from .text import shorten
 
 if TYPE_CHECKING:
@@ -403,13 +404,21 @@ def _confidence(unit: dict[str, Any]) -> float:
 
 def _supporters(state: FieldState, unit_id: str) -> int:
     """Standing units (other than itself) with a ``supports`` relation to ``unit_id``."""
-    return sum(
-        1
-        for unit in state.units.values()
-        if unit["status"] in STANDING
-        and unit["id"] != unit_id
-        and any(r["type"] == "supports" and r["target_id"] == unit_id for r in unit["relations"])
-    )
+    # units are held encoded: read only those whose bytes name the relation and the target
+    target = orjson.dumps(unit_id)
+    count = 0
+    for encoded in state.units.encodings():
+        if b'"supports"' not in encoded or target not in encoded:
+            continue
+        unit = orjson.loads(encoded)
+        count += (
+            unit["status"] in STANDING
+            and unit["id"] != unit_id
+            and any(
+                r["type"] == "supports" and r["target_id"] == unit_id for r in unit["relations"]
+            )
+        )
+    return count
 
 
 _MEASURES: dict[str, Callable[[FieldState, dict[str, Any]], float]] = {
@@ -485,6 +494,8 @@ MAX_NEW_CONFLICTS = 100
 BLOCK_ROWS = 256
 #: Types that make no claim to contradict.
 NON_CLAIM_TYPES = frozenset({"question", "intention", "contradiction"})
+_STANDING_CODES = np.array([STATUS_CODE[s] for s in sorted(STANDING)], dtype=np.int8)
+_NON_CLAIM_CODES = np.array([TYPE_CODE[t] for t in sorted(NON_CLAIM_TYPES)], dtype=np.int8)
 DETECTION_AUTHORITY = authority.STANDARD
 
 _NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
@@ -614,22 +625,15 @@ def _scope(state: FieldState, viewer: AgentRecord, *, exclude: str | None) -> tu
     """The newest standing claims ``viewer`` may see (at most MAX_SCAN_UNITS), oldest first,
     and how many exist."""
     index = state.index
-    codes = np.array([STATUS_CODE[s] for s in STANDING], dtype=np.int8)
-    rows = np.flatnonzero(np.isin(index.status.view, codes))
-    chosen: list[str] = []
-    in_scope = 0
-    for row in rows[::-1].tolist():  # newest first; stops once the cap is filled
-        unit_id = index.ids[row]
-        unit = state.units[unit_id]
-        if unit_id == exclude or unit["type"] in NON_CLAIM_TYPES:
-            continue
-        if not visibility.unit_visible(state, viewer, unit):
-            continue
-        in_scope += 1
-        if len(chosen) < MAX_SCAN_UNITS:
-            chosen.append(unit_id)
-    chosen.reverse()
-    return chosen, in_scope
+    mask = np.isin(index.status.view, _STANDING_CODES)
+    mask &= ~np.isin(index.memory_type.view, _NON_CLAIM_CODES)
+    visible = visibility.row_mask(state, viewer)
+    if visible is not None:
+        mask &= visible
+    if exclude is not None and exclude in index.rows:
+        mask[index.rows[exclude]] = False
+    rows = np.flatnonzero(mask)
+    return [index.ids[row] for row in rows[-MAX_SCAN_UNITS:].tolist()], len(rows)
 
 
 def _find(

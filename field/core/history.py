@@ -25,6 +25,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
+import numpy as np
 import orjson
 
 from ..errors import Code, NotFound, OperationalError, StateError
@@ -34,6 +35,7 @@ from .authority import AUDIT, SENIOR, SESSION_CREATOR, may_supersede, require
 from .clock import iso_timestamp
 from .context import Context, Outcome
 from .entities import Entity, entities_of
+from .relevance import STATUS_CODE, TYPE_CODE
 from .state import FieldState, tombstone
 from .text import shorten
 
@@ -414,18 +416,21 @@ def _matching(state: FieldState, request: dict[str, Any], epoch: int) -> list[di
     transitions = COMPACT_TRANSITIONS[request["strategy"]]
     age = request["max_age_epochs"]
     types, statuses = set(request["types"]), set(request["status"])
+    # the index's columns choose the rows; only those units are read (they are held encoded)
+    index = state.index
+    wanted = [STATUS_CODE[s] for s in transitions if not statuses or s in statuses]
+    mask = np.isin(index.status.view, wanted)
+    if age is not None:
+        mask &= index.epoch.view <= epoch - age
+    if types:
+        mask &= np.isin(index.memory_type.view, [TYPE_CODE[t] for t in types])
     found = []
-    for unit in state.units.values():
-        if unit["status"] not in transitions:
-            continue
-        if age is not None and unit["epoch"] > epoch - age:
-            continue
+    for row in np.flatnonzero(mask).tolist():
+        unit = state.units[index.ids[row]]
         if (
             request["session_id"] is not None
             and unit["source"]["session_id"] != request["session_id"]
         ):
-            continue
-        if (types and unit["type"] not in types) or (statuses and unit["status"] not in statuses):
             continue
         found.append(unit)
     found.sort(key=lambda unit: unit["epoch"])

@@ -66,6 +66,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits, LogEntry, StoredEntry
 from ..subscriptions import delivery
 from ..subscriptions.registry import SubscriptionRegistry
@@ -76,7 +78,8 @@ from .clock import LamportClock
 from .embedding import Embedder
 from .entities import EntityIndex
 from .pages import Order
-from .relevance import UnitIndex
+from .relevance import Column, UnitIndex
+from .units import Units
 from .visibility import Membership
 
 
@@ -126,11 +129,12 @@ class FieldState:
     #: deregistered agent id -> hash of its last token: the id is retired, and only
     #: that token (its registrant coming back) or the operator may register it again
     retired: dict[str, str] = field(default_factory=dict)
-    units: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: memory units by id, each held encoded (:mod:`field.core.units`)
+    units: Units = field(default_factory=Units)
     units_by_agent: Counter[str] = field(default_factory=Counter)
-    #: per unit, its author's authority level when it recorded it: superseding
-    #: another agent's unit needs as much (see authority.may_supersede)
-    unit_authority: dict[str, int] = field(default_factory=dict)
+    #: per unit, by its row in ``index``, its author's authority level when it recorded
+    #: it: superseding another agent's unit needs as much (see :meth:`authority_of`)
+    unit_authority: Column = field(default_factory=lambda: Column(np.int8))
     unit_statuses: Counter[str] = field(default_factory=Counter)
     #: embeds unit contents and subscriber profiles (None: the default embedder)
     embedder: Embedder | None = None
@@ -263,8 +267,7 @@ class FieldState:
         agent.failure_reason = None
 
     def _memory_recorded(self, data: dict[str, Any]) -> None:
-        # a copy: the status changes in place, the entry keeps the unit as recorded
-        unit = dict(data["unit"])
+        unit = data["unit"]
         delivery = data.get("delivery")
         if delivery is not None:  # an inbound event; its source may since be gone
             source = self.sources.get(delivery["source"])
@@ -272,11 +275,11 @@ class FieldState:
                 source.accepted += 1
                 if delivery["id"] is not None:
                     source.deliveries.note(delivery["id"], delivery["timestamp"])
-        self.units[unit["id"]] = unit
+        self.units.add(unit)
         self.units_by_agent[unit["source"]["agent_id"]] += 1
         self.unit_statuses[unit["status"]] += 1
         session_id = unit["source"].get("session_id")
-        self.unit_authority[unit["id"]] = self._author_authority(unit)
+        self.unit_authority.append(self._author_authority(unit))  # the row index.add gives it
         self.index.add(unit, session_id=session_id if session_id in self.sessions else None)
 
     def _author_authority(self, unit: dict[str, Any]) -> int:
@@ -292,10 +295,8 @@ class FieldState:
         return STANDARD if record is None else record.authority  # None: no log of this Field
 
     def _set_unit_status(self, unit_id: str, status: str) -> None:
-        unit = self.units[unit_id]
-        self.unit_statuses[unit["status"]] -= 1
+        self.unit_statuses[self.units.set_status(unit_id, status)] -= 1
         self.unit_statuses[status] += 1
-        unit["status"] = status
         self.index.set_status(unit_id, status)
 
     def _memory_superseded(self, data: dict[str, Any]) -> None:
@@ -309,11 +310,17 @@ class FieldState:
 
     def _memory_purged(self, data: dict[str, Any]) -> None:
         unit = self.units.pop(data["memory_unit_id"])
-        del self.unit_authority[unit["id"]]
+        self.unit_authority[self.index.rows[unit["id"]]] = STANDARD
         self.unit_statuses[unit["status"]] -= 1
         self.units_by_agent[unit["source"]["agent_id"]] -= 1
         self.index.set_status(unit["id"], "purged")
         self.purged[unit["id"]] = tombstone(unit)
+
+    def authority_of(self, unit_id: str) -> int:
+        """The authority level superseding ``unit_id`` needs: its author's when it recorded it
+        (STANDARD for a unit purged or not known)."""
+        row = self.index.rows.get(unit_id)
+        return STANDARD if row is None else int(self.unit_authority.view[row])
 
     def unit_record(self, unit_id: str) -> dict[str, Any]:
         """A unit, or the tombstone of a purged one (KeyError if neither)."""
