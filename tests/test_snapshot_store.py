@@ -412,6 +412,30 @@ class TestPostgresSnapshots(SnapshotContract):
         assert used is not None
         assert cases.canonical(field.state) == cases.canonical(full_replay(log).state)
 
+    def test_a_chunk_gone_while_read_reads_as_truncated_and_is_passed_over(
+        self, logs: Logs, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        import psycopg
+
+        monkeypatch.setattr(snapshot, "CHUNK_BYTES", 4096)
+        log = logs("a")
+        filled(log)
+        written = snap(log)
+        (stored,) = self.store(log).list()
+        whole = log.snapshot_read(stored.key)  # type: ignore[attr-defined]
+        assert len(whole) == written.size
+        with psycopg.connect(log.url, autocommit=True) as conn:  # type: ignore[attr-defined]
+            sizes = conn.execute(
+                "SELECT octet_length(data) FROM field_snapshot_chunks ORDER BY seq"
+            ).fetchall()
+            conn.execute("DELETE FROM field_snapshot_chunks WHERE seq = 3")
+        cut = log.snapshot_read(stored.key)  # type: ignore[attr-defined]
+        before_gap = sum(size for (size,) in sizes[:3])
+        assert len(sizes) > 4 and cut == whole[:before_gap]  # nothing after the gap
+        field, used = started(log)
+        assert used is None
+        assert cases.canonical(field.state) == cases.canonical(full_replay(log).state)
+
 
 def test_the_cli_writes_a_snapshot_and_says_so(tmp_path: Path) -> None:
     log = SQLiteEventLog(tmp_path / "field.db")

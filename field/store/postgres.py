@@ -60,6 +60,7 @@ lock; :meth:`~PostgresEventLog.follow` has a third, asynchronous one.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import logging
 import threading
@@ -133,6 +134,8 @@ LOCK_TIMEOUT_MS = 2000
 LEASE_TIMEOUT_MS = 5000
 #: Advisory lock key of creating or migrating the schema.
 _SCHEMA_LOCK = 0x6669656C6401
+#: Connections that read a snapshot's chunks at once (see ``snapshot_read``).
+SNAPSHOT_READERS = 2
 #: The channel every commit notifies with its head position.
 CHANNEL = "field_log"
 #: Seconds between two polls of the head by :meth:`PostgresEventLog.follow`.
@@ -531,30 +534,45 @@ class PostgresEventLog(EventLog):
             return rows
 
     def snapshot_read(self, snapshot_id: int) -> bytearray:
-        """The bytes of one snapshot, its chunks in order, read one at a time through a
-        server-side cursor into one buffer of the size they add up to."""
-        with (
-            self._snapshot_connection() as conn,
-            conn.transaction(),
-            conn.cursor(name="field_snapshot") as cursor,
-        ):
-            size = conn.execute(
-                "SELECT COALESCE(sum(octet_length(data)), 0) FROM field_snapshot_chunks"
-                " WHERE snapshot_id = %s",
+        """The bytes of one snapshot, its chunks in order in one buffer of the size they add
+        up to, read by :data:`SNAPSHOT_READERS` connections at once (each chunk is detoasted
+        by its server process: one connection reads at about half the speed of two)."""
+        with self._snapshot_connection() as conn:
+            sizes: list[tuple[int, int]] = conn.execute(
+                "SELECT seq, octet_length(data) FROM field_snapshot_chunks"
+                " WHERE snapshot_id = %s ORDER BY seq",
                 (snapshot_id,),
-            ).fetchone()[0]
-            out = bytearray(int(size))
-            at = 0
-            cursor.itersize = 1
-            cursor.execute(
-                "SELECT data FROM field_snapshot_chunks WHERE snapshot_id = %s ORDER BY seq",
-                (snapshot_id,),
-                binary=True,
-            )
-            for (chunk,) in cursor:
-                out[at : at + len(chunk)] = chunk
-                at += len(chunk)
-        del out[at:]  # pruned meanwhile: the reader's checks say it is truncated
+            ).fetchall()
+        gap = next((i for i, (seq, _) in enumerate(sizes) if seq != i), None)
+        if gap is not None:  # chunks pruned: what comes before the gap (the checks see it cut)
+            sizes = sizes[:gap]
+        out = bytearray(sum(size for _, size in sizes))
+        starts, at = [], 0
+        for _, size in sizes:
+            starts.append(at)
+            at += size
+        missing: list[int] = []  # chunks pruned meanwhile
+
+        def read(part: list[int]) -> None:
+            with self._snapshot_connection() as conn:
+                for i in part:
+                    seq, size = sizes[i]
+                    row = conn.execute(
+                        "SELECT data FROM field_snapshot_chunks WHERE snapshot_id = %s"
+                        " AND seq = %s",
+                        (snapshot_id, seq),
+                        binary=True,
+                    ).fetchone()
+                    if row is None or len(row[0]) != size:
+                        missing.append(i)
+                        return
+                    out[starts[i] : starts[i] + size] = row[0]
+
+        parts = [list(range(k, len(sizes), SNAPSHOT_READERS)) for k in range(SNAPSHOT_READERS)]
+        with concurrent.futures.ThreadPoolExecutor(SNAPSHOT_READERS) as pool:
+            list(pool.map(read, [part for part in parts if part]))  # raises what a read raised
+        if missing:  # what was read before the first gap: the reader's checks say truncated
+            del out[starts[min(missing)] :]
         return out
 
     def snapshot_write(
