@@ -160,6 +160,9 @@ class FieldService:
         self._woken = False
         #: the last catch-up failed: reads are served from this node's state as it is
         self._stale = False
+        #: why the last rebuild could not read the log (None: it did, or it failed on a bug);
+        #: while set (and the state broken), every job gets ``LOG_UNAVAILABLE`` saying it
+        self.unreadable: str | None = None
 
     def _load(self) -> Field:
         """A Field rebuilt from the log: from its newest usable snapshot, if it has one, and
@@ -175,8 +178,9 @@ class FieldService:
         """Replace the Field with one rebuilt from the log, off the event loop.
 
         If the rebuild itself fails, the broken Field stays (``broken`` set):
-        the writer answers every job with an internal error and tries again
-        before each batch.
+        the writer answers every job with the error that stopped it (the
+        log's, such as ``LOG_UNAVAILABLE``, recoverable; else an internal
+        error) and tries again before each batch.
         """
         await self._release()
         self.rebuilds += 1
@@ -185,10 +189,20 @@ class FieldService:
                 field = await asyncio.to_thread(self._load)
             else:
                 field = self._load()
-        except Exception:
-            logger.exception("rebuilding the state from the log failed; will try again")
+        except FieldError as error:  # the log cannot be read now: no bug, no traceback
+            if self.unreadable is None:
+                logger.error("rebuilding the state from the log failed: %s", error.message)
+            self.unreadable = error.message
             self.field.broken = True
             return
+        except Exception:
+            logger.exception("rebuilding the state from the log failed; will try again")
+            self.unreadable = None
+            self.field.broken = True
+            return
+        if self.unreadable is not None:
+            logger.info("the state is rebuilt from the log: serving again")
+            self.unreadable = None
         # what others set on the Field they see carries over to the rebuilt one
         field.writes_refused = self.field.writes_refused
         field.delivery_status = self.field.delivery_status
@@ -334,7 +348,7 @@ class FieldService:
                 if not self.field.broken:
                     await self._prepare(batch)
                 if self.field.broken:
-                    self._answer_rest(batch)
+                    self._answer_rest(batch, self.unreadable)  # LOG_UNAVAILABLE, or internal
                 else:
                     await self._process(batch)
             except Exception:
@@ -447,11 +461,16 @@ class FieldService:
             except Exception:  # a push failure must never undo or block a commit
                 logger.exception("publishing %d entries failed", len(stored))
 
-    def _answer_rest(self, batch: list[_Pending]) -> None:
-        """Answer every job of ``batch`` still waiting with an internal error."""
+    def _answer_rest(self, batch: list[_Pending], unreadable: str | None = None) -> None:
+        """Answer every job of ``batch`` still waiting with an internal error, or with
+        ``LOG_UNAVAILABLE`` saying ``unreadable`` (why the log cannot be read)."""
         for pending in batch:
             if not pending.future.done():
-                pending.future.set_exception(internal_error(pending.operation))
+                pending.future.set_exception(
+                    internal_error(pending.operation)
+                    if unreadable is None
+                    else LogUnavailable(unreadable)
+                )
 
     async def _append_failed(self, error: FieldError) -> None:
         """The batch's entries are applied but not stored: rebuild; refuse writes if need be."""

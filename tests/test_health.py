@@ -13,6 +13,7 @@ import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -119,3 +120,17 @@ async def test_probes_need_no_token_even_when_metrics_do(server_factory: StartSe
 def test_a_field_not_yet_started_is_not_ready() -> None:
     reason, error = readiness(HTTPBinding(Config(data_dir=None)))
     assert reason == "starting" and error is not None and error.code == "OVERLOADED"
+
+
+@pytest.mark.parametrize(
+    ("unreadable", "code"), [(None, "INTERNAL_ERROR"), ("the server is gone", "LOG_UNAVAILABLE")]
+)
+def test_a_broken_state_is_not_ready_with_why_it_cannot_be_rebuilt(
+    unreadable: str | None, code: str
+) -> None:
+    service = SimpleNamespace(running=True, field=SimpleNamespace(broken=True))
+    service.unreadable = unreadable
+    binding = SimpleNamespace(service=service, hub=object())
+    reason, error = readiness(binding)  # type: ignore[arg-type]
+    assert reason == "state_broken" and error is not None and error.code == code
+    assert error.recoverable and (unreadable is None or unreadable in error.message)

@@ -14,7 +14,7 @@ from field.core import relevance
 from field.core.context import Outcome
 from field.core.field import Field
 from field.core.state import _APPLY
-from field.errors import Code, FieldError, LogWriteError, StorageFull
+from field.errors import Code, FieldError, LogUnavailable, LogWriteError, StorageFull
 from field.model import LogEntry
 from field.service import FieldService
 from field.store import MemoryEventLog
@@ -257,6 +257,57 @@ async def test_a_rebuild_that_fails_is_tried_again_and_nothing_runs_on_a_broken_
         assert info.value.code == Code.INTERNAL_ERROR
     assert await client.unit_ids() == {kept}
     assert not service.field.broken and service.running
+
+
+class DownLog(ControlledLog):
+    """A log whose server goes away: appends and reads fail until it is back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.down = False
+
+    def append(self, entries: Sequence[LogEntry]) -> list[int]:
+        if self.down:
+            raise LogUnavailable("the log's server cannot be reached")
+        return super().append(entries)
+
+    def read(self, after: int = 0, limit: int = 1000) -> Any:
+        if self.down:
+            raise LogUnavailable("the log's server cannot be reached")
+        return super().read(after, limit)
+
+
+async def test_a_rebuild_that_cannot_read_the_log_answers_log_unavailable(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A write whose append fails leaves the state ahead of the log; while the log cannot
+    be read back either, every job is refused as LOG_UNAVAILABLE (recoverable, 503), not
+    as an internal error, with one log line and no traceback; then it serves again."""
+    monkeypatch.setattr(service_module, "PROBE_SECONDS", 0.01)
+    log = DownLog()
+    service = FieldService(log, lambda: Field(), max_queue=64, max_batch=64)
+    await service.start()
+    try:
+        client = Client(service)
+        client.token = (await client.op("REGISTER", {"id": "alice", "role": "r"}))["token"]
+        kept = (await client.record("kept"))["memory_unit_id"]
+        log.down = True
+        with pytest.raises(FieldError) as info:
+            await client.record("lost")
+        assert info.value.code == Code.LOG_UNAVAILABLE
+        assert service.field.broken
+        for _ in range(3):  # reads too: the state cannot be trusted until it is read back
+            with pytest.raises(FieldError) as info:
+                await client.unit_ids()
+            assert info.value.code == Code.LOG_UNAVAILABLE and info.value.recoverable
+        assert not [r for r in caplog.records if r.exc_info]
+        failed = [r for r in caplog.records if "rebuilding the state" in r.getMessage()]
+        assert len(failed) == 1
+        log.down = False
+        assert await client.unit_ids() == {kept}
+        assert not service.field.broken and service.running
+    finally:
+        await service.stop()
 
 
 async def test_a_failing_listener_never_undoes_a_commit(setup: Any) -> None:

@@ -70,6 +70,11 @@ def readiness(binding: HTTPBinding) -> tuple[str | None, FieldError | None]:
     if not service.running:
         return "writer_stopped", _not_ready(Code.OVERLOADED, "the Field's writer is not running")
     if service.field.broken:
+        if service.unreadable is not None:
+            return "state_broken", _not_ready(
+                Code.LOG_UNAVAILABLE,
+                f"the Field's state must be read back from its log: {service.unreadable}",
+            )
         return "state_broken", _not_ready(
             Code.INTERNAL_ERROR, "the Field's state is being rebuilt from its log"
         )
