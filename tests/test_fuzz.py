@@ -29,7 +29,7 @@ from .conftest import ThreadedServer
 
 ERROR_KEYS = {"code", "message", "operation", "recoverable", "suggested_action"}
 FUZZ = settings(
-    max_examples=1500,
+    max_examples=1000,
     deadline=None,
     derandomize=True,  # the same cases on every run: a failure is reproducible
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

@@ -76,7 +76,8 @@ async def attune(agent: AgentClient) -> dict[str, Any]:
 
 
 async def refused(call: Any) -> FieldClientError:
-    """Await ``call``; it must be refused with 429 RATE_LIMITED."""
+    """Await ``call``; it must be refused with 429 RATE_LIMITED (the clients here do not
+    retry: what the SDK does with a refusal is tested in ``test_admission.py``)."""
     with pytest.raises(FieldClientError) as info:
         await call
     error = info.value
@@ -102,7 +103,7 @@ async def test_an_agent_over_its_burst_gets_429_with_retry_after_rounded_up(
 ) -> None:
     clock = Clock()
     server = limited_server(server_factory, clock)
-    async with FieldClient(server.url) as client:
+    async with FieldClient(server.url, retries=0) as client:
         a = await client.register("agent-a", "analyst", interests=["pricing"])
         for n in range(3):  # the burst
             await record(a, f"pricing note {n}")
@@ -131,7 +132,7 @@ async def test_other_agents_and_the_operator_are_not_limited_by_one_agent(
 ) -> None:
     clock = Clock()
     server = limited_server(server_factory, clock)
-    async with FieldClient(server.url) as client:
+    async with FieldClient(server.url, retries=0) as client:
         a = await client.register("agent-a", "analyst", interests=["pricing"])
         b = await client.register("agent-b", "analyst", interests=["pricing"])
         for _ in range(3):
@@ -155,7 +156,7 @@ async def test_the_get_lists_take_from_the_same_bucket(
 ) -> None:
     clock = Clock()
     server = limited_server(server_factory, clock, agent_rate=2.0)
-    async with FieldClient(server.url) as client:
+    async with FieldClient(server.url, retries=0) as client:
         a = await client.register("agent-a", "analyst")
         await a.get("/v1/agents")
         await a.get("/v1/conflicts")
@@ -175,7 +176,7 @@ async def test_a_websocket_envelope_over_the_rate_gets_a_429_response_frame(
 ) -> None:
     clock = Clock()
     server = limited_server(server_factory, clock)
-    async with FieldClient(server.url) as client:
+    async with FieldClient(server.url, retries=0) as client:
         a = await client.register("agent-a", "analyst", interests=["pricing"])
         async with open_ws(server, a.token) as ws:  # connecting is not an operation
             attuning = {"scope": {"role": "analyst", "max_units": 5}}
@@ -199,7 +200,7 @@ async def test_a_deregistered_agents_bucket_is_forgotten(
     clock = Clock()
     server = limited_server(server_factory, clock)
     limiter = server.app.state.rate_limits.limiter
-    async with FieldClient(server.url) as client:
+    async with FieldClient(server.url, retries=0) as client:
         a = await client.register("agent-a", "analyst")
         await attune(a)
         await attune(a)
@@ -219,7 +220,7 @@ async def test_a_deregistered_agents_bucket_is_forgotten(
 async def test_no_limit_at_rate_zero(server_factory: Callable[..., ThreadedServer]) -> None:
     server = server_factory(agent_rate=0, agent_burst=1)
     assert server.app.state.rate_limits.limiter is None
-    async with FieldClient(server.url) as client:
+    async with FieldClient(server.url, retries=0) as client:
         a = await client.register("agent-a", "analyst")
         await asyncio.gather(*(attune(a) for _ in range(20)))
 
@@ -237,7 +238,7 @@ async def test_notifications_over_the_rate_wait_and_all_arrive_in_order(
     hub.notifications.clock = clock
     hub._pause = clock.pause
     total = 23
-    async with FieldClient(server.url) as client:
+    async with FieldClient(server.url, retries=0) as client:
         a = await client.register("agent-a", "analyst", interests=["market sizing"])
         b = await client.register("agent-b", "researcher", interests=["market sizing"])
         await subscribe(b, ["memory.recorded"])
