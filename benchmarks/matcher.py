@@ -48,6 +48,7 @@ from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords, unit_keyw
 from field.model import TYPE_IMPORTANCE, Limits, StoredEntry
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, event_of
 from field.subscriptions.matcher import Matcher
+from tests.reference_matcher import RECENCY_WEIGHT, alignment, combine, eligible
 
 EVENT_CHOICES = [*SUBSCRIPTION_EVENTS[:4], "agent.joined"]
 #: The filters of the filtered subscriptions, in equal shares.
@@ -113,43 +114,35 @@ def build(
 
 
 def loop_match(field: Field, event: Any) -> int:
-    """The baseline: the same rules, one subscription at a time, in Python."""
+    """The baseline: the same rules, one subscription at a time, in Python.
+
+    The factors and their mean are those of the tests' plain reference matcher
+    (``tests/reference_matcher.py``); the embeddings are the ones the index and the
+    registry hold (the reference embeds each text again, which is not the baseline's
+    point)."""
     state = field.state
     unit = state.units[event.memory_unit_id]
     row = state.index.rows[unit["id"]]
-    words = unit_keywords(unit) | frozenset(keywords(unit["source"]["agent_role"]))
+    recorder = unit["source"]["agent_role"]
+    recorder_words = frozenset(keywords(recorder))
+    words = unit_keywords(unit)  # what the unit says, never who said it
     age = state.index.count_at(event.epoch) - 1 - row
     recency = 2.0 ** (-age / RECENCY_HALF_LIFE)
-    type_weight = TYPE_IMPORTANCE[unit["type"]]
-    confidence = unit["confidence"]["score"]
     registry = state.registry
     unit_vector, unit_square = state.index.vector(unit["id"])
     notified = 0
     for subscription in state.subscriptions.values():
-        if (
-            subscription["status"] != "active"
-            or event.name not in subscription["events"]
-            or subscription["created_epoch"] >= event.epoch
-            or (event.actor == subscription["agent_id"] and not subscription["include_own"])
-        ):
+        if not eligible(subscription, event):
             continue
         agent = state.agents[subscription["agent_id"]]
-        role_words = set(keywords(agent.role))
-        interest_words = {w for phrase in agent.interests for w in keywords(phrase)}
-        factors = [
-            (
-                WEIGHTS["role"],
-                max(
-                    float(agent.role == unit["source"]["agent_role"]),
-                    len(words & role_words) / len(role_words) if role_words else 0.0,
-                ),
-            ),
-            (WEIGHTS["type"], type_weight),
-            (WEIGHTS["confidence"], confidence),
-        ]
-        if interest_words:
-            share = len(words & interest_words) / len(interest_words)
-            factors.append((WEIGHTS["interest"], math.sqrt(share)))
+        subscriber = {
+            "role": agent.role,
+            "interests": agent.interests,
+            "current_task_id": agent.current_task_id,
+        }
+        factors = alignment(
+            subscriber, recorder, recorder_words, words, unit["intent"].get("task_id")
+        )
         # the semantic factor, from the embeddings the registry and the index hold
         profile = registry.profile.view[registry.rows[subscription["id"]]]
         square = float(registry.squares.view[profile])
@@ -157,12 +150,9 @@ def loop_match(field: Field, event: Any) -> int:
             dot = float(registry.vectors.view[profile] @ unit_vector)
             norms = math.sqrt(square * unit_square)
             factors.append((WEIGHTS["semantic"], max(dot / norms if norms else 0.0, 0.0)))
-        if agent.current_task_id is not None:
-            task = float(agent.current_task_id == unit["intent"]["task_id"])
-            factors.append((WEIGHTS["task"], task))
-        content = sum(w * v for w, v in factors) / sum(w for w, _ in factors)
-        relevance = 0.25 * recency + 0.75 * content
-        if relevance >= subscription["min_relevance"]:
+        factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))
+        factors.append((WEIGHTS["confidence"], unit["confidence"]["score"]))
+        if combine(factors, recency, RECENCY_WEIGHT) >= subscription["min_relevance"]:
             notified += 1
     return notified
 

@@ -65,12 +65,12 @@ def _share(found: frozenset[str], wanted: frozenset[str]) -> float | None:
     return len(found & wanted) / len(wanted)
 
 
-def _combine(factors: list[tuple[float, float]], recency: float, recency_weight: float) -> float:
+def combine(factors: list[tuple[float, float]], recency: float, recency_weight: float) -> float:
     content = sum(w * v for w, v in factors) / sum(w for w, _ in factors)
     return min(1.0, max(0.0, content * (1.0 - recency_weight + recency_weight * recency)))
 
 
-def _alignment(
+def alignment(
     agent: dict[str, Any],
     other_role: str | None,
     role_against: frozenset[str],
@@ -108,7 +108,7 @@ def unit_score(
     recorded_by_then = sum(1 for u in units if u["epoch"] <= epoch)
     age = recorded_by_then - 1 - row
     recorder = unit["source"]["agent_role"]
-    factors = _alignment(
+    factors = alignment(
         agent,
         recorder,
         frozenset(keywords(recorder)),
@@ -124,22 +124,22 @@ def unit_score(
     confidence = (unit.get("confidence") or {}).get("score")
     factors.append((WEIGHTS["confidence"], 0.5 if confidence is None else confidence))
     recency = 2.0 ** (-age / RECENCY_HALF_LIFE)
-    return _combine(factors, recency, RECENCY_WEIGHT)
+    return combine(factors, recency, RECENCY_WEIGHT)
 
 
 def agent_score(agent: dict[str, Any], joining: dict[str, Any]) -> float:
     """Alignment of a subscriber's ``agent`` with a ``joining`` agent."""
     role_words, interest_words = agent_words(joining)
     words = role_words | interest_words
-    factors = _alignment(agent, joining["role"], words, words, joining.get("current_task_id"))
-    return _combine(factors, 1.0, 0.0)
+    factors = alignment(agent, joining["role"], words, words, joining.get("current_task_id"))
+    return combine(factors, 1.0, 0.0)
 
 
 def topic_score(agent: dict[str, Any], event: FieldEvent) -> float:
     """Alignment of a subscriber's ``agent`` with a task, handoff or session event."""
     topic = frozenset(keywords(event.topic))
-    factors = _alignment(agent, None, topic, topic, event.task_id)
-    return _combine(factors, 1.0, 0.0)
+    factors = alignment(agent, None, topic, topic, event.task_id)
+    return combine(factors, 1.0, 0.0)
 
 
 def eligible(subscription: dict[str, Any], event: FieldEvent) -> bool:

@@ -139,6 +139,8 @@ class Interner:
 
     def __init__(self) -> None:
         self._codes: dict[str, int] = {}
+        #: the strings by code
+        self.names: list[str] = []
 
     def __len__(self) -> int:
         return len(self._codes)
@@ -147,6 +149,7 @@ class Interner:
         code = self._codes.get(value)
         if code is None:
             code = self._codes[value] = len(self._codes)
+            self.names.append(value)
         return code
 
     def find(self, value: str | None) -> int:

@@ -542,7 +542,6 @@ class Matcher:
         column = {unit_id: k for k, unit_id in enumerate(unit_ids)}
         semantic = self._semantic(profiles, unit_ids)
         semantic = semantic[:, [column[unit_id] for unit_id, _ in pairs]].T
-        units = [self.units[unit_id] for unit_id, _ in pairs]
         unit_rows = np.array([index.rows[unit_id] for unit_id, _ in pairs], dtype=np.intp)
         epochs = np.array([epoch for _, epoch in pairs], dtype=np.int64)
         row_list = unit_rows.tolist()
@@ -554,7 +553,11 @@ class Matcher:
         role_count = reg.role_word_count.view[profiles]
         interest_unit = reg.interest_unit.view[profiles]
         sub_task = reg.task.view[profiles]
-        tasks = [reg.tasks.find(unit["intent"].get("task_id")) for unit in units]
+        names = index.tasks.names  # the units' tasks from the index: no unit is decoded
+        tasks = [
+            reg.tasks.find(names[code] if code >= 0 else None)
+            for code in index.task.view[unit_rows].tolist()
+        ]
         task = sub_task[None, :] == np.array(tasks, dtype=np.int32)[:, None]
         task &= (sub_task >= 0)[None, :]
         has_interest = interest_unit > 0
