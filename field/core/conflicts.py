@@ -643,7 +643,9 @@ def _find(
     if check is not None:
         if not _standing(state, check) or not scope:
             return []
-        ids = sorted([*scope, check], key=lambda u: state.units[u]["epoch"])
+        # by the index's epochs: the units are decoded once, below, not for the sort
+        rows, epochs_of = state.index.rows, state.index.epoch.view
+        ids = sorted([*scope, check], key=lambda u: int(epochs_of[rows[u]]))
         left = np.array([ids.index(check)])
     else:
         ids = scope
