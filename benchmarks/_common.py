@@ -112,3 +112,11 @@ def bracketed(main: Any) -> None:
     before = machine_line()
     main()
     print(f"before the run, {before}\nafter the run,  {machine_line()}")
+
+
+#: Server flags of the baseline: no admission control, only the queue's bound.
+NO_ADMISSION = (
+    "--overload-write-target=0",
+    "--overload-read-target=0",
+    "--overload-write-budget=0",
+)

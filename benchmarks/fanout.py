@@ -45,7 +45,8 @@ as a ratio of Redis's.
 default) and off (``--no-metrics``), alternating, ``--rounds`` times each (the
 order flips every round), and prints the mean delivered notifications/s and
 p99 with metrics on as a ratio of those with them off. ``--no-admission``
-starts the Field with admission control off (``--overload-write-target 0``):
+starts the Field with admission control off (``--overload-write-target 0
+--overload-write-budget 0``):
 flat out, a slow machine's event loop lags past the write target and the
 writer's RECORDs would be refused (``overload.py`` measures that).
 """
@@ -77,7 +78,17 @@ from typing import Any
 
 import aiohttp
 import orjson
-from _common import LOAD_RATES, ROLES, ROOT, VOCABULARY, bracketed, envelope, pct, progress
+from _common import (
+    LOAD_RATES,
+    NO_ADMISSION,
+    ROLES,
+    ROOT,
+    VOCABULARY,
+    bracketed,
+    envelope,
+    pct,
+    progress,
+)
 
 HOST = "127.0.0.1"
 SUBSCRIPTION = {"events": ["memory.recorded"], "min_relevance": 0, "debounce_ms": 0}
@@ -917,7 +928,7 @@ def run_case(
     else:
         flags = ["--ws-deflate"] if args.deflate else []
         flags += ["--no-metrics"] if metrics == "off" else []
-        flags += ["--overload-write-target", "0"] if args.no_admission else []
+        flags += NO_ADMISSION if args.no_admission else []
         server, port = start_field(*flags)
     pool: ClientPool | None = None
     rows: list[Row] = []

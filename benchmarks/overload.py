@@ -27,7 +27,8 @@ The server's RSS is sampled every 0.5 s; "flat" compares the mean of the last
 quarter of the overload with the first.
 
 Two runs in one command: first a **baseline** server without admission control
-(``--overload-write-target 0 --overload-read-target 0``: only the queue's bound),
+(``--overload-write-target 0 --overload-read-target 0 --overload-write-budget 0``: only
+the queue's bound),
 whose measured capacity sets the offered rate, then a server with the defaults
 (plus any ``--server-arg``) at that same offered rate.
 
@@ -49,7 +50,7 @@ import time
 
 import aiohttp
 import orjson
-from _common import VOCABULARY, envelope, machine_line, pct
+from _common import NO_ADMISSION, VOCABULARY, envelope, machine_line, pct
 from fanout import HOST, ClientPool, _post, raise_nofile, rss_kb, start_field
 
 #: Seconds of the capacity measurement.
@@ -228,10 +229,6 @@ def report(
     shown = "not drained" if drained is None else f"{drained * 1000:.0f} ms"
     print(f"backlog drained {shown} after the last answer   (target <= 1000)")
     print(f"server RSS: first quarter {rss[0] / 1024:.0f} MB, last quarter {rss[1] / 1024:.0f} MB")
-
-
-#: Server flags of the baseline: no admission control, only the queue's bound.
-NO_ADMISSION = ("--overload-write-target=0", "--overload-read-target=0")
 
 
 def run_case(args: argparse.Namespace, label: str, server_args: list[str], offered: float) -> float:

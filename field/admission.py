@@ -25,6 +25,16 @@ that they keep being served while writes are refused; the server's own
 jobs (liveness, delivery acknowledgements) and DEREGISTER are never shed.
 The choice of targets is measured in ``benchmarks/overload.py``.
 
+A delay is sampled after the fact: requests read in the moment it dips
+under the target are all admitted, and a batch of fifty writes, each
+fanned out to a thousand streams, keeps the writer (and their clients)
+busy for far longer than the target. So writes have a second bound, on
+the work they stand for (:class:`WriteBudget`): the writer measures what a
+write costs it (its share of a batch's fan-out) and what a batch costs
+beside its writes (the commit), and no more writes are let in at once
+than the writer can answer within ``write_budget`` seconds; one more is
+refused at once, whatever the delay.
+
 Pure: no I/O; the time comes from the caller.
 """
 
@@ -94,11 +104,15 @@ class AdmissionPolicy:
     interval: float = 0.1
     #: seconds between two samples of the delay
     sample: float = 0.01
+    #: seconds of the writer's work that the writes admitted and not yet answered may
+    #: stand for, as measured (:class:`WriteBudget`); ``0``: no such bound
+    write_budget: float = 0.1
     #: what a refused client is told to wait (``Retry-After``, whole seconds on HTTP)
     retry_after: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("write_target", "read_target", "interval", "sample", "retry_after"):
+        names = ("write_target", "read_target", "write_budget", "interval", "sample")
+        for name in (*names, "retry_after"):
             value = getattr(self, name)
             if not (math.isfinite(value) and value >= 0):
                 raise ValueError(f"{name} must be a number of seconds, not {value!r}")
@@ -144,6 +158,60 @@ class Controller:
         return False
 
 
+#: A write budget's limit past which writes are not bounded by it at all.
+UNBOUNDED = 1 << 20
+
+
+class WriteBudget:
+    """How many writes may be admitted and unanswered at once: as many as the writer
+    answers within ``budget`` seconds, by what writes and batches have cost it.
+
+    A batch of ``n`` writes takes about ``fixed + n * per_write`` seconds; both
+    are moving averages of what batches took (:meth:`measured`). The first
+    ``floor`` writes are always let in: a write must be able to go, however
+    costly, or the measure would never be renewed.
+    """
+
+    __slots__ = ("budget", "floor", "per_write", "fixed", "in_flight", "_limit")
+
+    #: weight of a new measure in the moving averages
+    ALPHA = 0.2
+
+    def __init__(self, budget: float, floor: int = 2) -> None:
+        self.budget = budget
+        self.floor = floor
+        #: seconds of the writer's time per write (its share of the fan-out), and per
+        #: batch beside its writes; None until measured
+        self.per_write: float | None = None
+        self.fixed: float | None = None
+        #: writes admitted and not answered yet
+        self.in_flight = 0
+        self._limit: float = math.inf
+
+    @property
+    def limit(self) -> float:
+        """Writes that may be in flight at once (``inf``: no bound yet, or none set)."""
+        return self._limit
+
+    def measured(self, writes: int, per_writes: float, rest: float) -> None:
+        """A batch of ``writes`` writes took ``per_writes`` seconds in proportion to them
+        (publishing what they wrote) and ``rest`` beside them."""
+        if writes <= 0 or self.budget <= 0:
+            return
+        alpha = self.ALPHA
+        share = per_writes / writes
+        self.per_write = (
+            share if self.per_write is None else self.per_write + alpha * (share - self.per_write)
+        )
+        self.fixed = rest if self.fixed is None else self.fixed + alpha * (rest - self.fixed)
+        limit = (self.budget - self.fixed) / self.per_write if self.per_write > 0 else math.inf
+        # more writes than any queue holds: no bound (and no 400-digit number on the status)
+        self._limit = math.inf if limit >= UNBOUNDED else max(self.floor, math.floor(limit))
+
+    def full(self) -> bool:
+        return self.in_flight >= self._limit
+
+
 class Admission:
     """The controllers of one server, fed delay samples, asked before each job."""
 
@@ -153,6 +221,8 @@ class Admission:
             Work.WRITE: Controller(self.policy.write_target, self.policy.interval),
             Work.READ: Controller(self.policy.read_target, self.policy.interval),
         }
+        #: the bound on the work admitted writes stand for
+        self.writes = WriteBudget(self.policy.write_budget)
         #: the last delay sampled, in seconds
         self.delay = 0.0
         #: called with a class of work and its new mode at every change
@@ -184,24 +254,45 @@ class Admission:
             self.on_change(work, controller.mode)
 
     def admit(self, work: Work, operation: str | None = None) -> None:
-        """Raise ``OVERLOADED`` if ``work`` is being shed; otherwise nothing."""
+        """Raise ``OVERLOADED`` if ``work`` is refused now; otherwise it is admitted, and
+        a write is in flight until :meth:`answered`."""
+        self.check(work, operation)
+        if work is Work.WRITE:
+            self.writes.in_flight += 1
+
+    def check(self, work: Work, operation: str | None = None) -> None:
+        """Raise ``OVERLOADED`` if ``work`` would be refused now (nothing is admitted:
+        a transport asks before it reads a request's body)."""
         controller = self.controllers.get(work)
-        if controller is None or controller.mode is Mode.ADMITTING:
+        if controller is None:
+            return
+        if controller.mode is Mode.SHEDDING:
+            why = f"requests wait {self.delay * 1000:.0f} ms"
+        elif work is Work.WRITE and self.writes.full():
+            why = f"{self.writes.in_flight} writes are waiting to be answered"
+        else:
             return
         controller.shed += 1
         error = Overloaded(
-            f"the Field is overloaded: {work.value}s are refused until it catches up "
-            f"(requests wait {self.delay * 1000:.0f} ms)",
+            f"the Field is overloaded: {work.value}s are refused until it catches up ({why})",
             operation=operation,
             suggested_action=f"Retry after {self.policy.retry_after:g} s, or slow down.",
         )
         error.retry_after = self.policy.retry_after
         raise error
 
+    def answered(self, work: Work) -> None:
+        """A job :meth:`admit` let in is answered (or will not be)."""
+        if work is Work.WRITE:
+            self.writes.in_flight -= 1
+
     def status(self) -> dict[str, object]:
         """For the status page: each class's mode and what it refused."""
+        writes = self.writes
         return {
             "delay_ms": round(self.delay * 1000, 1),
+            "writes_in_flight": writes.in_flight,
+            "writes_limit": None if math.isinf(writes.limit) else int(writes.limit),
             **{
                 work.value: {
                     "mode": c.mode.value,

@@ -75,6 +75,13 @@ def _parser() -> argparse.ArgumentParser:
         help="the same for reads (ATTUNE, REPLAY, listings); 0 never (0.25)",
     )
     serve.add_argument(
+        "--overload-write-budget",
+        type=float,
+        metavar="SECONDS",
+        help="the writer's work, as measured, that writes admitted and not yet answered may "
+        "stand for; past it writes are refused at once; 0 never (0.1)",
+    )
+    serve.add_argument(
         "--outbox-frames", type=int, help="frames queued per push connection (10000)"
     )
     serve.add_argument(
@@ -455,6 +462,7 @@ def _config(args: argparse.Namespace) -> Config:
         max_queue=args.max_queue,
         overload_write_target=args.overload_write_target,
         overload_read_target=args.overload_read_target,
+        overload_write_budget=args.overload_write_budget,
         outbox_frames=args.outbox_frames,
         outbox_bytes=args.outbox_bytes,
         log_level=args.log_level,

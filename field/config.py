@@ -130,6 +130,10 @@ class Config:
     #: ``503 OVERLOADED`` until it falls (``field.admission``); 0 turns shedding off.
     overload_write_target: float = 0.02
     overload_read_target: float = 0.25
+    #: Seconds of the writer's work (commit and push fan-out, as measured) that writes
+    #: admitted and not yet answered may stand for; past it one more write is refused at
+    #: once with ``503 OVERLOADED``. 0 turns that bound off.
+    overload_write_budget: float = 0.1
     #: Who may REGISTER: "open" (anyone), "token" (with a registration token the operator
     #: issued) or "closed" (the operator alone); "token" and "closed" need an operator token.
     registration: str = "open"
@@ -272,7 +276,9 @@ class Config:
     def admission_policy(self) -> AdmissionPolicy:
         """The targets of admission control."""
         return AdmissionPolicy(
-            write_target=self.overload_write_target, read_target=self.overload_read_target
+            write_target=self.overload_write_target,
+            read_target=self.overload_read_target,
+            write_budget=self.overload_write_budget,
         )
 
     def _check_registration(self) -> None:
@@ -372,7 +378,7 @@ _DELIVERY_COUNTS = (
     "rap_max_invocations",
 )
 #: The delays admission control holds to, in seconds.
-_OVERLOAD_TARGETS = ("overload_write_target", "overload_read_target")
+_OVERLOAD_TARGETS = ("overload_write_target", "overload_read_target", "overload_write_budget")
 #: The connection deadlines, in seconds.
 _TIMEOUTS = ("header_timeout", "body_timeout", "idle_timeout")
 #: Longest connection deadline (a day): a larger one is no deadline at all.

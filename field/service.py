@@ -53,7 +53,13 @@ control (:mod:`field.admission`) samples how late the event loop runs and
 how long the oldest queued job has waited, and while that delay stands
 above its target, new writes (and, past a higher target, reads) are
 refused at once with ``OVERLOADED`` and ``Retry-After`` instead of
-queueing for seconds. A full queue is refused the same way.
+queueing for seconds; so are writes past the work the writer can answer
+within a budget (:class:`~field.admission.WriteBudget`, fed by every batch's
+measured cost). A full queue is refused the same way.
+
+A batch is published (its push fan-out) a slice of :data:`PUBLISH_SLICE`
+at a time, the loop reading requests between slices, and answered once
+published: an answer on a socket follows the frames its entries made.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from . import snapshots
@@ -74,6 +80,8 @@ from .errors import Code, FieldError, LogUnavailable, Overloaded, StorageFull, i
 from .model import MAX_EPOCH, LogEntry, StoredEntry
 from .store.base import EventLog
 
+#: Seconds of a batch's publishing (its push fan-out) between two turns of the event loop.
+PUBLISH_SLICE = 0.005
 logger = logging.getLogger("field.service")
 
 Job = Callable[[Field], Outcome]
@@ -100,6 +108,8 @@ class _Pending:
     queued_at: float
     #: whether the job may write (on a shared log, its batch runs under the log's lock)
     locks: bool = True
+    #: whether it is a client's write (admission control's budget counts what they cost)
+    writes: bool = False
 
 
 class _JobQueue(asyncio.Queue[_Pending]):
@@ -139,8 +149,14 @@ class FieldService:
         self._probe: asyncio.Task[None] | None = None
         self._stopping = False
         self._blocking_log = log.persistent
-        #: called, in order, with every batch of newly durable entries, in log order
-        self.listeners: list[Callable[[list[StoredEntry]], None]] = []
+        #: called, in order, with every batch of newly durable entries, in log order; a
+        #: listener may return its work as steps (an iterator), which the writer runs a
+        #: slice of :data:`PUBLISH_SLICE` seconds at a time, the loop running between
+        self.listeners: list[Callable[[list[StoredEntry]], Iterator[None] | None]] = []
+        #: seconds the current batch has spent publishing so far
+        self._publishing = 0.0
+        #: what :meth:`when_answered` was given while the current batch was published
+        self._after_answers: list[tuple[Callable[..., object], tuple[object, ...]]] = []
         #: called with the agent of every operation that succeeded (liveness)
         self.on_seen: Callable[[str], None] | None = None
         #: called with the number of jobs of every batch the writer takes (metrics)
@@ -303,14 +319,19 @@ class FieldService:
             raise Overloaded("the Field is not running", operation=operation)
         work = work or work_of(operation)
         self.admission.admit(work, operation)
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Outcome] = loop.create_future()
-        pending = _Pending(job, future, operation, loop.time(), work is not Work.READ)
         try:
-            self._queue.put_nowait(pending)
-        except asyncio.QueueFull:
-            raise Overloaded("the Field's request queue is full", operation=operation) from None
-        outcome = await future
+            loop = asyncio.get_running_loop()
+            future: asyncio.Future[Outcome] = loop.create_future()
+            pending = _Pending(
+                job, future, operation, loop.time(), work is not Work.READ, work is Work.WRITE
+            )
+            try:
+                self._queue.put_nowait(pending)
+            except asyncio.QueueFull:
+                raise Overloaded("the Field's request queue is full", operation=operation) from None
+            outcome = await future
+        finally:
+            self.admission.answered(work)
         if outcome.rest is not None:
             # a large read builds its page in steps, each followed by a turn of the
             # loop, so that the writer and every connection run between them
@@ -341,6 +362,9 @@ class FieldService:
                 batch.append(self._queue.get_nowait())
             if self.on_batch is not None:
                 self.on_batch(len(batch))
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            self._publishing = 0.0
             self.busy = True
             try:
                 if self.field.broken:
@@ -365,6 +389,9 @@ class FieldService:
                 for _ in batch:
                     self._queue.task_done()
                 await self._release()
+                took = loop.time() - started
+                writes = sum(p.writes for p in batch)
+                self.admission.writes.measured(writes, self._publishing, took - self._publishing)
             # Let the connections run between batches: with a log that never
             # blocks, a busy queue would otherwise keep the loop to itself.
             await asyncio.sleep(0)
@@ -439,6 +466,9 @@ class FieldService:
                     for p, e in zip(positions, entries, strict=True)
                 ]
                 self._tell_positions(results, positions)
+        # published before it is answered: a socket's answer follows the frames its own
+        # entries made (an unsubscribe's "end" comes before its response)
+        await self._publish_in_slices(stored)
         for pending, result in zip(batch, results, strict=False):
             if pending.future.done():  # the client went away
                 continue
@@ -446,20 +476,53 @@ class FieldService:
                 pending.future.set_exception(result)
             else:
                 pending.future.set_result(result)
+        self._answered()
         if self.on_seen is not None:
             for result in results:
                 if isinstance(result, Outcome) and result.agent_id is not None:
                     self.on_seen(result.agent_id)
-        self._publish(stored)
+
+    def when_answered(self, callback: Callable[..., object], *args: object) -> None:
+        """Call ``callback(*args)`` soon after the batch being published is answered: a
+        listener's step that must follow the answers (closing a deregistered agent's
+        sockets after the response to its DEREGISTER)."""
+        self._after_answers.append((callback, args))
+
+    def _answered(self) -> None:
+        after, self._after_answers = self._after_answers, []
+        loop = asyncio.get_running_loop()
+        for callback, args in after:
+            loop.call_soon(callback, *args)
 
     def _publish(self, stored: list[StoredEntry]) -> None:
+        """Publish ``stored`` to every listener at once (entries the writer did not write)."""
         if not stored:
             return
         for listener in self.listeners:
             try:
-                listener(stored)
+                for _ in listener(stored) or ():
+                    pass
             except Exception:  # a push failure must never undo or block a commit
                 logger.exception("publishing %d entries failed", len(stored))
+        self._answered()
+
+    async def _publish_in_slices(self, stored: list[StoredEntry]) -> None:
+        """Publish ``stored``, letting the loop run every :data:`PUBLISH_SLICE` seconds:
+        a batch's fan-out may take long, and requests are read (and refused) meanwhile."""
+        if not stored:
+            return
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        due = started + PUBLISH_SLICE
+        for listener in list(self.listeners):  # one may leave while the loop runs
+            try:
+                for _ in listener(stored) or ():
+                    if loop.time() >= due:
+                        await asyncio.sleep(0)
+                        due = loop.time() + PUBLISH_SLICE
+            except Exception:  # a push failure must never undo or block a commit
+                logger.exception("publishing %d entries failed", len(stored))
+        self._publishing += loop.time() - started
 
     def _answer_rest(self, batch: list[_Pending], unreadable: str | None = None) -> None:
         """Answer every job of ``batch`` still waiting with an internal error, or with

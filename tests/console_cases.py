@@ -28,6 +28,8 @@ FIELD_STATUS = {
         "queued": 0,
         "admission": {
             "delay_ms": 0.4,
+            "writes_in_flight": 3,
+            "writes_limit": 12,
             "write": {"mode": "admitting", "refused": 0, "episodes": 0},
             "read": {"mode": "admitting", "refused": 0, "episodes": 0},
         },

@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
 import pytest
 
-from field.admission import Admission, AdmissionPolicy, Controller, Mode, Work, work_of
+from field.admission import (
+    Admission,
+    AdmissionPolicy,
+    Controller,
+    Mode,
+    Work,
+    WriteBudget,
+    work_of,
+)
 from field.client import FieldClient, FieldClientError
 from field.core.context import Outcome
 from field.core.field import Field
@@ -92,6 +101,67 @@ def test_bad_policies_are_refused(bad: dict[str, float]) -> None:
         AdmissionPolicy(**bad)
 
 
+# -- the write budget: no more writes in flight than the writer answers in time -----------
+
+
+def test_the_write_budget_lets_in_what_the_writer_answers_within_it() -> None:
+    budget = WriteBudget(0.1, floor=2)
+    assert budget.limit == math.inf and not budget.full()  # nothing measured yet
+    budget.measured(10, per_writes=0.1, rest=0.02)  # 10 ms a write, 20 ms a batch
+    assert budget.per_write == pytest.approx(0.01) and budget.fixed == pytest.approx(0.02)
+    assert budget.limit == 8  # 20 ms + 8 x 10 ms fit in 100 ms
+    budget.in_flight = 7
+    assert not budget.full()
+    budget.in_flight = 8
+    assert budget.full()
+    budget.measured(1, per_writes=0.06, rest=0.02)  # a costlier write moves the average
+    assert budget.per_write == pytest.approx(0.01 + 0.2 * (0.06 - 0.01))
+    assert budget.limit == (0.1 - 0.02) // budget.per_write
+    budget.measured(1, per_writes=10.0, rest=5.0)  # however costly, the floor goes in
+    assert budget.limit == 2
+    budget.measured(0, per_writes=1.0, rest=1.0)  # a batch of reads says nothing of writes
+    assert budget.limit == 2
+
+
+def test_a_zero_write_budget_never_limits() -> None:
+    budget = WriteBudget(0.0)
+    budget.measured(5, per_writes=50.0, rest=1.0)
+    budget.in_flight = 1000
+    assert budget.limit == math.inf and not budget.full()
+
+
+def test_writes_that_cost_next_to_nothing_are_not_bounded() -> None:
+    budget = WriteBudget(0.1)
+    budget.measured(1, per_writes=1e-300, rest=0.0)  # a clock's rounding, say
+    assert budget.limit == math.inf
+    budget.measured(1, per_writes=0.0, rest=0.0)
+    assert budget.limit == math.inf
+    admission = Admission(AdmissionPolicy())
+    admission.writes.measured(1, per_writes=1e-300, rest=0.0)
+    assert admission.status()["writes_limit"] is None
+
+
+def test_writes_past_the_budget_are_refused_at_once_and_answered_ones_free_room() -> None:
+    admission = Admission(AdmissionPolicy(write_budget=0.1))
+    admission.writes.measured(1, per_writes=0.05, rest=0.0)  # 50 ms a write: 2 at once
+    admission.admit(Work.WRITE, "RECORD")
+    admission.check(Work.WRITE, "RECORD")  # a check admits nothing
+    admission.admit(Work.WRITE, "RECORD")
+    assert admission.writes.in_flight == 2
+    with pytest.raises(FieldError) as refused:
+        admission.admit(Work.WRITE, "RECORD")
+    assert refused.value.code == Code.OVERLOADED and refused.value.retry_after == 1.0
+    assert "2 writes are waiting" in refused.value.message
+    assert admission.writes.in_flight == 2  # the refused one is not in flight
+    admission.admit(Work.READ, "ATTUNE")  # reads are not bounded by it
+    admission.answered(Work.READ)
+    admission.answered(Work.WRITE)
+    admission.admit(Work.WRITE, "RECORD")
+    status = admission.status()
+    assert status["writes_in_flight"] == 2 and status["writes_limit"] == 2
+    assert status["write"]["refused"] == 1 and status["write"]["mode"] == "admitting"
+
+
 # -- in the service: a writer held in its append builds a standing queue ----------------
 
 POLICY = AdmissionPolicy(write_target=0.02, read_target=5.0, interval=0.05, sample=0.005)
@@ -144,6 +214,28 @@ async def test_a_standing_queue_refuses_new_writes_at_once_and_serves_reads(held
     recorded = await client.record("admitted again")
     assert recorded["memory_unit_id"] in await client.unit_ids()
     assert service.admission.status()["write"]["refused"] == 1
+
+
+async def test_writes_past_the_budget_are_refused_before_the_queue_until_answered(
+    held: Any,
+) -> None:
+    service, log, client, _ = held
+    service.admission.writes.measured(1, per_writes=1.0, rest=0.0)  # 1 s a write: 2 at once
+    log.gate.clear()
+    log.entered.clear()
+    first = asyncio.ensure_future(client.record("held in its append"))
+    await asyncio.to_thread(log.entered.wait, 30)
+    second = asyncio.ensure_future(client.record("queued behind it"))
+    await asyncio.sleep(0)
+    queued = service.queued
+    with pytest.raises(FieldError) as refused:
+        await client.record("one too many")
+    assert refused.value.code == Code.OVERLOADED
+    assert service.queued == queued  # refused before it took room in the queue
+    log.gate.set()
+    await asyncio.gather(first, second)
+    assert service.admission.writes.in_flight == 0
+    await client.record("admitted again")
 
 
 # -- over HTTP ---------------------------------------------------------------------------

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 
-from field.subscriptions.outbox import Frame, Outbox
+import pytest
+
+from field.subscriptions.outbox import Frame, Outbox, Waker
 
 
 def frame(n: int, size: int = 10) -> Frame:
@@ -93,3 +95,82 @@ async def test_an_outbox_holds_no_list_of_pacers_unless_one_waits() -> None:
     await outbox.get()
     await paced
     assert outbox._pacers is None
+
+
+# -- the waker: consumers woken a few per turn after a fan-out -------------------------------
+
+
+async def _consumers(outboxes: list[Outbox]) -> tuple[list[asyncio.Task[Frame | None]], list[int]]:
+    """A consumer task per outbox, each waiting in get(); and the order they woke in."""
+    woke: list[int] = []
+
+    async def consume(i: int, outbox: Outbox) -> Frame | None:
+        got = await outbox.get()
+        woke.append(i)
+        return got
+
+    tasks = [asyncio.create_task(consume(i, o)) for i, o in enumerate(outboxes)]
+    await asyncio.sleep(0)  # every consumer waits
+    return tasks, woke
+
+
+async def test_uncorked_a_waker_wakes_a_consumer_at_once() -> None:
+    waker = Waker(per_turn=1)
+    outbox = Outbox(max_frames=10, max_bytes=1000, waker=waker)
+    (task,), woke = await _consumers([outbox])
+    outbox.put(frame(0))
+    await asyncio.sleep(0)
+    assert woke == [0] and waker.due == 0
+
+
+async def test_corked_consumers_wake_after_the_fan_out_a_few_per_turn_with_all_frames() -> None:
+    waker = Waker(per_turn=2)
+    outboxes = [Outbox(max_frames=10, max_bytes=1000, waker=waker) for _ in range(5)]
+    tasks, woke = await _consumers(outboxes)
+    waker.cork()
+    for n in range(3):
+        for outbox in reversed(outboxes):  # noted in the order they first got a frame
+            outbox.put(frame(n))
+    await asyncio.sleep(0)
+    assert woke == [] and waker.due == 5  # each outbox noted once
+    waker.uncork()
+    done = []
+    for _ in range(3):
+        await asyncio.sleep(0)
+        done.append(list(woke))
+    assert done == [[4, 3], [4, 3, 2, 1], [4, 3, 2, 1, 0]]
+    assert waker.due == 0
+    for task, outbox in zip(tasks, outboxes, strict=True):
+        assert (await task) is not None
+        assert len(outbox.drain_now(10)) == 2  # the rest of the batch is there for one write
+
+
+async def test_a_cork_during_the_waking_holds_the_rest_until_its_uncork() -> None:
+    waker = Waker(per_turn=1)
+    outboxes = [Outbox(max_frames=10, max_bytes=1000, waker=waker) for _ in range(3)]
+    _, woke = await _consumers(outboxes)
+    waker.cork()
+    waker.cork()  # nested
+    for outbox in outboxes:
+        outbox.put(frame(0))
+    waker.uncork()
+    await asyncio.sleep(0)
+    assert woke == []  # still corked once
+    waker.uncork()
+    await asyncio.sleep(0)
+    assert woke == [0]  # and the next one is woken: its turn comes next
+    waker.cork()  # the next fan-out begins: the waking waits for it
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert woke == [0, 1]
+    waker.uncork()
+    for _ in range(2):
+        await asyncio.sleep(0)
+    assert woke == [0, 1, 2]
+
+
+def test_an_uncork_without_a_cork_is_a_bug() -> None:
+    with pytest.raises(RuntimeError):
+        Waker().uncork()
+    with pytest.raises(ValueError):
+        Waker(per_turn=0)

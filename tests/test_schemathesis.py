@@ -64,6 +64,7 @@ def live() -> Iterator[Live]:
         # shedding off: a 503 is documented, but the run is about every other answer
         overload_write_target=0,
         overload_read_target=0,
+        overload_write_budget=0,
     )
     server = ThreadedServer(config).start()
     try:

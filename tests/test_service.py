@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator, Sequence
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ from field.core.field import Field
 from field.core.state import _APPLY
 from field.errors import Code, FieldError, LogUnavailable, LogWriteError, StorageFull
 from field.model import LogEntry
-from field.service import FieldService
+from field.service import PUBLISH_SLICE, FieldService
 from field.store import MemoryEventLog
 
 
@@ -320,6 +321,44 @@ async def test_a_failing_listener_never_undoes_a_commit(setup: Any) -> None:
     unit = (await client.record("durable"))["memory_unit_id"]
     assert unit in await client.unit_ids()
     assert service.running
+
+
+async def test_a_long_publish_lets_the_loop_run_and_answers_the_batch_after_it(
+    setup: Any,
+) -> None:
+    service, log, client = setup
+    published: list[int] = []
+    began = asyncio.Event()
+    turns = 0
+
+    def listener(entries: Any) -> Iterator[None]:
+        began.set()
+        for step in range(4):
+            time.sleep(PUBLISH_SLICE)  # each step alone fills a slice
+            published.append(step)
+            yield
+
+    async def count_turns() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    service.listeners.append(listener)
+    counter = asyncio.create_task(count_turns())
+    try:
+        recording = asyncio.ensure_future(client.record("fanned out in steps"))
+        await began.wait()  # (wait_for's own task would take the turns watched below)
+        during: list[int] = []
+        while len(published) < 4:
+            during.append(turns)
+            assert not recording.done()  # answered only once every step is taken
+            await asyncio.sleep(0)
+        await recording
+    finally:
+        counter.cancel()
+    # the loop ran between the steps: other tasks took turns while it published
+    assert len(during) >= 3 and during[-1] > during[0]
 
 
 class _Fatal(BaseException):

@@ -10,16 +10,19 @@ from collections.abc import Callable
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from websockets.client import ClientProtocol
 from websockets.frames import Frame
 from websockets.http11 import Request
+from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
 from field.cli import _config, _parser, uvicorn_config
 from field.client import FieldClient
 from field.config import Config
-from field.transports.wsprotocol import Flag, Inbox, restart_frame_parser
+from field.transports.wsprotocol import Flag, Inbox, restart_frame_parser, text_frames
 
 from .conftest import ThreadedServer
 from .test_push import ids, open_ws, record_many, subscribe
@@ -149,6 +152,43 @@ def test_mid_frame_the_parser_is_left_alone() -> None:
     assert restart_frame_parser(server)  # between frames again, still the handshake's parser
     server.receive_data(_masked_text(b"z"))
     assert _texts(server) == [b"z"]
+
+
+# -- batched text frames, framed by the protocol ---------------------------------------------
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.binary(max_size=130),
+            st.sampled_from([125, 126, 127, 65535, 65536, 70000]).map(lambda n: b"a" * n),
+        ),
+        max_size=6,
+    )
+)
+def test_batched_text_frames_are_the_bytes_websockets_writes(texts: list[bytes]) -> None:
+    server, _ = _opened_server()
+    server.data_to_send()
+    for text in texts:
+        server.send_text(text)
+    expected = b"".join(server.data_to_send())
+    assert b"".join(text_frames([], texts)) == expected
+
+
+def test_a_client_reads_batched_text_frames_in_order() -> None:
+    texts = [b"", b"short", b"m" * 126, b"l" * 70_000]
+    client = ClientProtocol(parse_uri("ws://127.0.0.1/v1/ws"))
+    client.send_request(client.connect())
+    server = ServerProtocol()
+    server.receive_data(b"".join(client.data_to_send()))
+    (request,) = server.events_received()
+    server.send_response(server.accept(request))
+    client.receive_data(b"".join(server.data_to_send()))
+    assert client.state is State.OPEN
+    client.receive_data(b"".join(text_frames([b"\x81\x02hi"], texts)))
+    received = [bytes(e.data) for e in client.events_received() if isinstance(e, Frame)]
+    assert received == [b"hi", *texts]
 
 
 # -- permessage-deflate: off unless asked for ----------------------------------------------

@@ -6,6 +6,14 @@ and marks the outbox *overflowed*. From then on nothing more is queued
 except one final control frame (:meth:`Outbox.close_with`), so memory
 stays bounded whatever the consumer does. The consumer (the connection's
 sender task) awaits :meth:`Outbox.get`.
+
+A batch's fan-out puts frames in thousands of outboxes at once. Woken all
+together, their consumers would run in one turn of the event loop, and no
+request would be read until the last had written. While the push hub
+routes a batch it *corks* the outboxes' :class:`Waker`: their consumers are
+woken afterwards, :attr:`Waker.per_turn` a turn, so that the loop reads its
+sockets between them. Each consumer still finds every frame the batch gave
+it, and writes them in one go.
 """
 
 from __future__ import annotations
@@ -24,6 +32,70 @@ class PushLimits:
     outbox_bytes: int = 8 << 20
     #: live notifications held back while a stream replays before it overflows
     replay_hold: int = 100_000
+
+
+class Waker:
+    """Wakes outboxes' consumers a few per turn of the event loop (module docstring).
+
+    Uncorked, an outbox's consumer is woken at once, as if there were no
+    waker. Corked (:meth:`cork`, which nests), each outbox that receives a
+    frame is noted once, in order, and :meth:`uncork` wakes the first
+    :attr:`per_turn` of them, then the next ones a turn of the loop later,
+    until none is left.
+    """
+
+    __slots__ = ("per_turn", "_corked", "_due", "_scheduled")
+
+    def __init__(self, per_turn: int = 64) -> None:
+        if per_turn < 1:
+            raise ValueError("per_turn must be at least 1")
+        #: consumers woken in one turn of the loop
+        self.per_turn = per_turn
+        self._corked = 0
+        #: outboxes whose consumer is still to be woken, in the order they got a frame
+        self._due: deque[Outbox] = deque()
+        self._scheduled = False
+
+    @property
+    def corked(self) -> bool:
+        return self._corked > 0
+
+    @property
+    def due(self) -> int:
+        """Outboxes whose consumer is still to be woken."""
+        return len(self._due)
+
+    def cork(self) -> None:
+        self._corked += 1
+
+    def uncork(self) -> None:
+        if self._corked == 0:
+            raise RuntimeError("uncork without cork")
+        self._corked -= 1
+        if not self._corked and not self._scheduled:
+            self._wake_some()
+
+    def defer(self, outbox: Outbox) -> bool:
+        """Whether ``outbox``'s consumer is to be woken later (noted) instead of now."""
+        if not self._corked:
+            return False
+        if not outbox.due:
+            outbox.due = True
+            self._due.append(outbox)
+        return True
+
+    def _wake_some(self) -> None:
+        self._scheduled = False
+        if self._corked:
+            return  # a fan-out began: its uncork goes on from here
+        due = self._due
+        for _ in range(min(self.per_turn, len(due))):
+            outbox = due.popleft()
+            outbox.due = False
+            outbox._wake_reader()
+        if due:
+            asyncio.get_running_loop().call_soon(self._wake_some)
+            self._scheduled = True
 
 
 @dataclass(slots=True)
@@ -58,9 +130,11 @@ class Outbox:
         "overflowed",
         "closed",
         "notify",
+        "waker",
+        "due",
     )
 
-    def __init__(self, *, max_frames: int, max_bytes: int) -> None:
+    def __init__(self, *, max_frames: int, max_bytes: int, waker: Waker | None = None) -> None:
         self.max_frames = max_frames
         self.max_bytes = max_bytes
         self._frames: deque[Frame] | None = None
@@ -74,6 +148,10 @@ class Outbox:
         #: called when a frame arrives or the outbox closes: a consumer that holds no
         #: task while idle (a durable sink) is woken by it instead of awaiting get()
         self.notify: Callable[[], None] | None = None
+        #: wakes the consumer a few outboxes at a time during a fan-out, if set
+        self.waker = waker
+        #: the consumer is to be woken by the waker (it holds this outbox)
+        self.due = False
 
     def __len__(self) -> int:
         return len(self._frames) if self._frames is not None else 0
@@ -103,7 +181,8 @@ class Outbox:
             self._frames = deque()
         self._frames.append(frame)
         self._bytes += len(frame.body)
-        self._wake_reader()
+        if self.waker is None or not self.waker.defer(self):
+            self._wake_reader()
 
     def _wake_reader(self) -> None:
         if self._reader is not None and not self._reader.done():

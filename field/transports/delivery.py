@@ -454,6 +454,8 @@ class Sink:
         connection = self.connection
         if connection is None or self.closed or self.task is not None or self.in_flight:
             return False
+        if self.engine.hub.routing:  # a batch is half routed: what it owes is not known yet
+            return False
         if self.state != "active" or len(connection.outbox):
             return False
         binding = connection.streams.get(self.subscription_id)

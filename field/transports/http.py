@@ -193,7 +193,7 @@ class HTTPBinding:
         try:
             token = bearer_token(request)
             self.admit(token, operation)  # first: a refusal costs no body read
-            self._service().admission.admit(work_of(operation), operation)  # likewise
+            self._service().admission.check(work_of(operation), operation)  # likewise
             if operation == "REGISTER" and self.register_limit is not None:
                 client = request.client
                 host = None if client is None else client.host

@@ -46,7 +46,7 @@ from ..model import StoredEntry
 from ..service import FieldService
 from ..subscriptions.events import FieldEvent, event_name, event_of
 from ..subscriptions.matcher import Match, Matcher, Scope, reason_text
-from ..subscriptions.outbox import Frame, Outbox, PushLimits
+from ..subscriptions.outbox import Frame, Outbox, PushLimits, Waker
 from ..subscriptions.stream import (
     Notification,
     Stream,
@@ -191,6 +191,10 @@ class PushHub:
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        #: the steps of the batch being routed, if one is under way
+        self._publishing: Iterator[None] | None = None
+        #: wakes the connections' senders a few per turn of the loop after a fan-out
+        self.waker = Waker()
         #: told of every connection and disconnection, if set
         self.liveness: Liveness | None = None
         #: REGISTER's per-client rate, for envelopes sent on a WebSocket, if set
@@ -231,7 +235,11 @@ class PushHub:
                 suggested_action="Close one first; one WebSocket carries all of an agent's "
                 "subscriptions.",
             )
-        outbox = Outbox(max_frames=self.limits.outbox_frames, max_bytes=self.limits.outbox_bytes)
+        outbox = Outbox(
+            max_frames=self.limits.outbox_frames,
+            max_bytes=self.limits.outbox_bytes,
+            waker=self.waker,
+        )
         connection = Connection(agent_id, kind, outbox)
         self.connections.add(connection)
         self._by_agent.setdefault(agent_id, []).append(connection)
@@ -620,8 +628,37 @@ class PushHub:
 
     # -- live --------------------------------------------------------------------
 
-    def publish(self, entries: list[StoredEntry]) -> None:
-        """Route a batch of newly durable entries (called by the writer)."""
+    def publish(self, entries: list[StoredEntry]) -> Iterator[None]:
+        """Route a batch of newly durable entries (called by the writer), in steps.
+
+        The routing is done as the steps are taken, one event's notifications a
+        step, so that the writer can let the loop run between them; the steps of
+        one batch are all taken before the next batch's (a batch published while
+        another is under way finishes it first). The senders of the connections
+        given frames are woken once the batch is routed, a few per turn of the
+        loop (:class:`~field.subscriptions.outbox.Waker`): each writes all its
+        frames of the batch at once.
+        """
+        if self._publishing is not None:
+            for _ in self._publishing:
+                pass
+        steps = self._publishing = self._steps(entries)
+        return steps
+
+    @property
+    def routing(self) -> bool:
+        """Whether a batch is being routed (the loop runs between its steps)."""
+        return self._publishing is not None
+
+    def _steps(self, entries: list[StoredEntry]) -> Iterator[None]:
+        self.waker.cork()
+        try:
+            yield from self._route_batch(entries)
+        finally:
+            self.waker.uncork()
+            self._publishing = None
+
+    def _route_batch(self, entries: list[StoredEntry]) -> Iterator[None]:
         self.published = entries[-1].position
         ended = self._lifecycle(entries)
         if not self._by_subscription and not self._dormant:
@@ -637,6 +674,7 @@ class PushHub:
                 scope = self._scope = matcher.scope(np.unique(np.array(rows, dtype=np.intp)))
             for match in matcher.match(events, scope=scope):
                 self._route(match)
+                yield
         for subscription_id, position in ended.items():
             self._wake(subscription_id, entries[0].position - 1)  # a dormant one owes its end
             self._finish(subscription_id, position, entries)
@@ -714,10 +752,13 @@ class PushHub:
     def _on_timer(self) -> None:
         self._timer = None
         self._deadline = None
+        self.waker.cork()
         try:
             self.flush_due()
         except Exception:
             logger.exception("flushing debounce windows failed")
+        finally:
+            self.waker.uncork()
 
     # -- shared steps --------------------------------------------------------------
 
@@ -818,9 +859,10 @@ class PushHub:
                     ):
                         ended[subscription_id] = entry.position
                 # after its streams have ended and the DEREGISTER response is queued
-                loop = asyncio.get_running_loop()
                 for connection in list(self._by_agent.get(agent_id, ())):
-                    loop.call_soon(self.end, connection, 4409, "agent deregistered", None)
+                    self.service.when_answered(
+                        self.end, connection, 4409, "agent deregistered", None
+                    )
         return ended
 
     def _finish(self, subscription_id: str, ended: int, entries: list[StoredEntry]) -> None:

