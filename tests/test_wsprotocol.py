@@ -114,14 +114,21 @@ def _masked_text(payload: bytes) -> bytes:
     return head + mask + masked
 
 
-def _opened_server() -> tuple[ServerProtocol, weakref.ref[Request]]:
-    """A websockets server protocol that has read and accepted a handshake."""
+def _handshake() -> tuple[ClientProtocol, ServerProtocol, Request]:
+    """A websockets client and server protocol; the server has read and accepted the
+    client's handshake (its response is not sent yet)."""
     client = ClientProtocol(parse_uri("ws://127.0.0.1/v1/ws"))
     client.send_request(client.connect())
     server = ServerProtocol()
     server.receive_data(b"".join(client.data_to_send()))
     (request,) = server.events_received()
     server.send_response(server.accept(request))
+    return client, server, request
+
+
+def _opened_server() -> tuple[ServerProtocol, weakref.ref[Request]]:
+    """A websockets server protocol that has read and accepted a handshake."""
+    _, server, request = _handshake()
     return server, weakref.ref(request)
 
 
@@ -178,12 +185,7 @@ def test_batched_text_frames_are_the_bytes_websockets_writes(texts: list[bytes])
 
 def test_a_client_reads_batched_text_frames_in_order() -> None:
     texts = [b"", b"short", b"m" * 126, b"l" * 70_000]
-    client = ClientProtocol(parse_uri("ws://127.0.0.1/v1/ws"))
-    client.send_request(client.connect())
-    server = ServerProtocol()
-    server.receive_data(b"".join(client.data_to_send()))
-    (request,) = server.events_received()
-    server.send_response(server.accept(request))
+    client, server, _ = _handshake()
     client.receive_data(b"".join(server.data_to_send()))
     assert client.state is State.OPEN
     client.receive_data(b"".join(text_frames([b"\x81\x02hi"], texts)))
