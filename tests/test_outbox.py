@@ -145,13 +145,13 @@ async def test_corked_consumers_wake_after_the_fan_out_a_few_per_turn_with_all_f
         assert len(outbox.drain_now(10)) == 2  # the rest of the batch is there for one write
 
 
-async def test_a_cork_during_the_waking_holds_the_rest_until_its_uncork() -> None:
+async def test_a_cork_during_the_waking_goes_on_with_what_was_due_and_holds_the_new() -> None:
     waker = Waker(per_turn=1)
-    outboxes = [Outbox(max_frames=10, max_bytes=1000, waker=waker) for _ in range(3)]
+    outboxes = [Outbox(max_frames=10, max_bytes=1000, waker=waker) for _ in range(5)]
     _, woke = await _consumers(outboxes)
     waker.cork()
     waker.cork()  # nested
-    for outbox in outboxes:
+    for outbox in outboxes[:3]:
         outbox.put(frame(0))
     waker.uncork()
     await asyncio.sleep(0)
@@ -159,14 +159,17 @@ async def test_a_cork_during_the_waking_holds_the_rest_until_its_uncork() -> Non
     waker.uncork()
     await asyncio.sleep(0)
     assert woke == [0]  # and the next one is woken: its turn comes next
-    waker.cork()  # the next fan-out begins: the waking waits for it
-    for _ in range(3):
+    waker.cork()  # the next fan-out begins
+    outboxes[4].put(frame(1))
+    outboxes[3].put(frame(1))
+    for _ in range(4):
         await asyncio.sleep(0)
-    assert woke == [0, 1]
+    assert woke == [0, 1, 2]  # the last fan-out's consumers do not wait for this one
+    assert waker.due == 2
     waker.uncork()
     for _ in range(2):
         await asyncio.sleep(0)
-    assert woke == [0, 1, 2]
+    assert woke == [0, 1, 2, 4, 3]
 
 
 def test_an_uncork_without_a_cork_is_a_bug() -> None:

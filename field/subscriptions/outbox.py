@@ -41,10 +41,12 @@ class Waker:
     waker. Corked (:meth:`cork`, which nests), each outbox that receives a
     frame is noted once, in order, and :meth:`uncork` wakes the first
     :attr:`per_turn` of them, then the next ones a turn of the loop later,
-    until none is left.
+    until none is left. The outboxes noted before a cork are woken on
+    through it (the last batch's consumers do not wait for the next batch to
+    be routed); those noted during it wait for its uncork.
     """
 
-    __slots__ = ("per_turn", "_corked", "_due", "_scheduled")
+    __slots__ = ("per_turn", "_corked", "_due", "_before", "_scheduled")
 
     def __init__(self, per_turn: int = 64) -> None:
         if per_turn < 1:
@@ -54,6 +56,8 @@ class Waker:
         self._corked = 0
         #: outboxes whose consumer is still to be woken, in the order they got a frame
         self._due: deque[Outbox] = deque()
+        #: while corked: how many of the first outboxes due were noted before the cork
+        self._before = 0
         self._scheduled = False
 
     @property
@@ -66,6 +70,8 @@ class Waker:
         return len(self._due)
 
     def cork(self) -> None:
+        if not self._corked:
+            self._before = len(self._due)
         self._corked += 1
 
     def uncork(self) -> None:
@@ -86,14 +92,16 @@ class Waker:
 
     def _wake_some(self) -> None:
         self._scheduled = False
-        if self._corked:
-            return  # a fan-out began: its uncork goes on from here
         due = self._due
-        for _ in range(min(self.per_turn, len(due))):
+        wake = min(self.per_turn, len(due))
+        if self._corked:  # only what was due before the cork
+            wake = min(wake, self._before)
+            self._before -= wake
+        for _ in range(wake):
             outbox = due.popleft()
             outbox.due = False
             outbox._wake_reader()
-        if due:
+        if self._before if self._corked else due:
             asyncio.get_running_loop().call_soon(self._wake_some)
             self._scheduled = True
 
