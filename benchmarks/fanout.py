@@ -22,7 +22,10 @@ The writer takes each RECORD's acknowledgement time (``time.time()`` right
 after its HTTP 200); each client takes the receive time of every
 notification (matched by ``memory_unit_id``). Delivered notifications/s =
 notifications / (last receipt - first acknowledgement); latency = receipt
-- acknowledgement of the unit (all processes on one host, one clock).
+- acknowledgement of the unit (all processes on one host, one clock). The
+last column, "p99 from send", counts from the moment the RECORD (or PUBLISH)
+was sent instead: it does not move with when the server answers the writer
+relative to the fan-out.
 
 The baseline, in the same run: a ``redis-server`` on a free loopback port
 with S subscriber connections (same client processes) SUBSCRIBEd to one
@@ -749,10 +752,12 @@ class ClientPool:
 
 
 class FieldWriter:
-    """An agent recording units over HTTP; returns {memory_unit_id: ack time}."""
+    """An agent recording units over HTTP; returns {memory_unit_id: ack time}, and keeps
+    each unit's send time in ``sent``."""
 
     def __init__(self, port: int, *, topic: str = "fanout") -> None:
         self.base = f"http://{HOST}:{port}"
+        self.sent: dict[str, float] = {}
         self.rng = random.Random(3)
         self.session: aiohttp.ClientSession | None = None
         self.token = ""
@@ -780,8 +785,11 @@ class FieldWriter:
             "confidence": {"score": 0.8, "reasoning": "generated"},
         }
         body = envelope("RECORD", "writer", payload)
+        sent = time.time()
         response = await _post(self.session, self.base + "/v1/record", body, self.token)
-        return response["memory_unit_id"], time.time()
+        ack = time.time()
+        self.sent[response["memory_unit_id"]] = sent
+        return response["memory_unit_id"], ack
 
     async def close(self) -> None:
         if self.session is not None:
@@ -797,6 +805,7 @@ class RedisPublisher:
         unit = orjson.loads(sample)["memory_unit_id"].encode()
         self.head, _, self.tail = sample.partition(unit)
         self.serial = 0
+        self.sent: dict[str, float] = {}
         self.lock = asyncio.Lock()
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -817,6 +826,7 @@ class RedisPublisher:
             message,
         )
         async with self.lock:
+            self.sent[unit] = time.time()
             self.writer.write(command)
             reply = await self.reader.readline()
             ack = time.time()
@@ -865,6 +875,8 @@ class Row:
     p50: float = float("nan")
     p99: float = float("nan")
     worst: float = float("nan")
+    #: p99 latency from the RECORD's send instead of its acknowledgement
+    p99_sent: float = float("nan")
     server_cpu: float = 0.0
     client_cpu: float = 0.0
     anomalies: dict[str, int] = field(default_factory=dict)
@@ -879,6 +891,7 @@ def _measure(
     subscribers: int,
     phase: str,
     acks: dict[str, float],
+    sent: dict[str, float],
     started: tuple[float, float, float],
     done_per_conn: int,
 ) -> tuple[Row, bytes | None, float]:
@@ -888,6 +901,7 @@ def _measure(
     wall = time.monotonic() - wall0
     row = Row(transport, subscribers, phase, len(acks), len(acks) * subscribers)
     latencies: list[float] = []
+    from_send: list[float] = []
     last = 0.0
     sample = None
     anomalies: collections.Counter[str] = collections.Counter()
@@ -900,6 +914,7 @@ def _measure(
                 anomalies["unexpected unit"] += len(times)
                 continue
             latencies.extend((t - ack) * 1000 for t in times)
+            from_send.extend((t - sent[unit]) * 1000 for t in times)
             last = max(last, max(times))
     row.delivered = len(latencies)
     row.anomalies = dict(anomalies)
@@ -907,6 +922,7 @@ def _measure(
         first_ack = min(acks.values())
         row.throughput = row.delivered / max(1e-9, last - first_ack)
         row.p50, row.p99, row.worst = pct(latencies, 0.5), pct(latencies, 0.99), max(latencies)
+        row.p99_sent = pct(from_send, 0.99)
     row.server_cpu = (cpu_seconds(server_pid) - server0) / wall * 100
     client_cpu = sum(r["cpu"] for _, r in replies)
     row.client_cpu = (client_cpu - client0) / wall * 100
@@ -954,6 +970,7 @@ def run_case(
                 per_conn = 0
                 for phase in ("paced", "flat-out"):
                     await writer.start()
+                    writer.sent.clear()
                     started = (time.monotonic(), cpu_seconds(server.pid), client_cpu)
                     if phase == "paced":
                         acks = await paced(writer, units, args.rate / subscribers)
@@ -969,6 +986,7 @@ def run_case(
                         live,
                         phase,
                         acks,
+                        writer.sent,
                         started,
                         per_conn,
                     )
@@ -1059,12 +1077,13 @@ def main() -> None:
     print(
         f"{'transport':<10}{'subscr.':>8} {'phase':<9}{'metrics':<8}{'units':>6}{'delivered':>11}"
         f"{'deliv./s':>10}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'srv CPU':>9}{'cli CPU':>9}"
+        f"{'p99 from send':>15}"
     )
     for r in rows:
         print(
             f"{r.transport:<10}{r.subscribers:>8,} {r.phase:<9}{r.metrics:<8}{r.units:>6}"
             f"{r.delivered:>11,}{r.throughput:>10,.0f}{r.p50:>9.1f}{r.p99:>9.1f}{r.worst:>9.1f}"
-            f"{r.server_cpu:>8.0f}%{r.client_cpu:>8.0f}%"
+            f"{r.server_cpu:>8.0f}%{r.client_cpu:>8.0f}%{r.p99_sent:>15.1f}"
         )
     problems = [r for r in rows if r.delivered != r.expected or r.anomalies]
     for r in problems:
