@@ -106,10 +106,18 @@ class _Pending:
     operation: str | None
     #: the loop's time when it was queued
     queued_at: float
-    #: whether the job may write (on a shared log, its batch runs under the log's lock)
-    locks: bool = True
-    #: whether it is a client's write (admission control's budget counts what they cost)
-    writes: bool = False
+    #: its class for admission control
+    work: Work = Work.INTERNAL
+
+    @property
+    def locks(self) -> bool:
+        """Whether the job may write (on a shared log, its batch runs under the log's lock)."""
+        return self.work is not Work.READ
+
+    @property
+    def writes(self) -> bool:
+        """Whether it is a client's write (admission control's budget counts what they cost)."""
+        return self.work is Work.WRITE
 
 
 class _JobQueue(asyncio.Queue[_Pending]):
@@ -322,9 +330,7 @@ class FieldService:
         try:
             loop = asyncio.get_running_loop()
             future: asyncio.Future[Outcome] = loop.create_future()
-            pending = _Pending(
-                job, future, operation, loop.time(), work is not Work.READ, work is Work.WRITE
-            )
+            pending = _Pending(job, future, operation, loop.time(), work)
             try:
                 self._queue.put_nowait(pending)
             except asyncio.QueueFull:
@@ -674,7 +680,8 @@ class FieldService:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Outcome] = loop.create_future()
         try:
-            self._queue.put_nowait(_Pending(_nothing, future, None, loop.time(), locks=False))
+            # a read's class: its batch catches up without the log's lock
+            self._queue.put_nowait(_Pending(_nothing, future, None, loop.time(), Work.READ))
         except asyncio.QueueFull:
             return  # a full queue's next batch catches up anyway
         self._woken = True

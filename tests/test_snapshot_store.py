@@ -394,15 +394,20 @@ class TestPostgresSnapshots(SnapshotContract):
                 (found.key, data),
             )
 
+    @staticmethod
+    def chunked(logs: Logs, monkeypatch: pytest.MonkeyPatch) -> tuple[EventLog, Written]:
+        """A filled log and its snapshot, written in chunks of 4 KB."""
+        monkeypatch.setattr(snapshot, "CHUNK_BYTES", 4096)
+        log = logs("a")
+        filled(log)
+        return log, snap(log)
+
     def test_a_snapshot_is_rows_of_chunks(
         self, logs: Logs, monkeypatch: pytest.MonkeyPatch
     ) -> None:
         import psycopg
 
-        monkeypatch.setattr(snapshot, "CHUNK_BYTES", 4096)
-        log = logs("a")
-        filled(log)
-        written = snap(log)
+        log, written = self.chunked(logs, monkeypatch)
         with psycopg.connect(log.url, autocommit=True) as conn:  # type: ignore[attr-defined]
             rows = conn.execute(
                 "SELECT count(*), sum(octet_length(data)) FROM field_snapshot_chunks"
@@ -417,10 +422,7 @@ class TestPostgresSnapshots(SnapshotContract):
     ) -> None:
         import psycopg
 
-        monkeypatch.setattr(snapshot, "CHUNK_BYTES", 4096)
-        log = logs("a")
-        filled(log)
-        written = snap(log)
+        log, written = self.chunked(logs, monkeypatch)
         (stored,) = self.store(log).list()
         whole = log.snapshot_read(stored.key)  # type: ignore[attr-defined]
         assert len(whole) == written.size
