@@ -19,7 +19,9 @@ from field.admission import (
     WriteBudget,
     work_of,
 )
+from field.cli import _config, _parser
 from field.client import FieldClient, FieldClientError
+from field.config import Config
 from field.core.context import Outcome
 from field.core.field import Field
 from field.errors import Code, FieldError
@@ -160,6 +162,17 @@ def test_writes_past_the_budget_are_refused_at_once_and_answered_ones_free_room(
     status = admission.status()
     assert status["writes_in_flight"] == 2 and status["writes_limit"] == 2
     assert status["write"]["refused"] == 1 and status["write"]["mode"] == "admitting"
+
+
+def test_the_write_budget_is_set_by_flag_or_environment_and_checked() -> None:
+    assert Config.from_env({}).admission_policy().write_budget == 0.1
+    from_env = Config.from_env({"FIELD_OVERLOAD_WRITE_BUDGET": "0.25"})
+    assert from_env.admission_policy().write_budget == 0.25
+    flag = _config(_parser().parse_args(["serve", "--overload-write-budget", "0"]))
+    assert flag.admission_policy().write_budget == 0.0
+    for bad in (-0.1, math.nan, math.inf):
+        with pytest.raises(ValueError, match="overload_write_budget"):
+            Config(overload_write_budget=bad)
 
 
 # -- in the service: a writer held in its append builds a standing queue ----------------
