@@ -44,7 +44,7 @@ from typing import Any
 from _common import ROLES, VOCABULARY, bracketed, envelope, progress
 
 from field.core.field import Field, Ids
-from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords, unit_keywords
+from field.core.relevance import RECENCY_HALF_LIFE, keywords, unit_keywords
 from field.model import TYPE_IMPORTANCE, Limits, StoredEntry
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, event_of
 from field.subscriptions.matcher import Matcher
@@ -129,6 +129,7 @@ def loop_match(field: Field, event: Any) -> int:
     age = state.index.count_at(event.epoch) - 1 - row
     recency = 2.0 ** (-age / RECENCY_HALF_LIFE)
     registry = state.registry
+    weights = state.index.weights
     unit_vector, unit_square = state.index.vector(unit["id"])
     notified = 0
     for subscription in state.subscriptions.values():
@@ -149,9 +150,9 @@ def loop_match(field: Field, event: Any) -> int:
         if square > 0:
             dot = float(registry.vectors.view[profile] @ unit_vector)
             norms = math.sqrt(square * unit_square)
-            factors.append((WEIGHTS["semantic"], max(dot / norms if norms else 0.0, 0.0)))
-        factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))
-        factors.append((WEIGHTS["confidence"], unit["confidence"]["score"]))
+            factors.append((weights.semantic, max(dot / norms if norms else 0.0, 0.0)))
+        factors.append((weights.type, TYPE_IMPORTANCE[unit["type"]]))
+        factors.append((weights.confidence, unit["confidence"]["score"]))
         if combine(factors, recency, RECENCY_WEIGHT) >= subscription["min_relevance"]:
             notified += 1
     return notified

@@ -38,13 +38,14 @@ from __future__ import annotations
 from typing import Any
 
 from field.core.embedding import HashingEmbedder
-from field.core.relevance import RECENCY_HALF_LIFE, WEIGHTS, keywords, semantic_text
+from field.core.relevance import RECENCY_HALF_LIFE, keywords, semantic_text, weights_for
 from field.model import TYPE_IMPORTANCE
 from field.subscriptions.events import FieldEvent
 
 from .reference_relevance import closeness, interest_value, quantized, words_of
 
 EMBEDDER = HashingEmbedder()
+WEIGHTS = weights_for(EMBEDDER)
 
 RECENCY_WEIGHT = 0.25
 MUST_ACT_EVENTS = ("memory.contested", "conflict.detected")
@@ -89,13 +90,13 @@ def alignment(
     role_share = _share(role_against, role_words)
     if role_share is not None:
         role = max(role, role_share)
-    factors.append((WEIGHTS["role"], role))
+    factors.append((WEIGHTS.role, role))
     phrases = [frozenset(keywords(phrase)) for phrase in agent["interests"]]
-    interest = interest_value(interest_against, phrases)
+    interest = interest_value(interest_against, phrases, WEIGHTS.interest_power)
     if interest is not None:
-        factors.append((WEIGHTS["interest"], interest))
+        factors.append((WEIGHTS.interest, interest))
     if agent.get("current_task_id") is not None:
-        factors.append((WEIGHTS["task"], 1.0 if agent["current_task_id"] == other_task else 0.0))
+        factors.append((WEIGHTS.task, 1.0 if agent["current_task_id"] == other_task else 0.0))
     return factors
 
 
@@ -119,10 +120,10 @@ def unit_score(
         quantized(unit["content"], EMBEDDER), quantized(semantic_text(agent["interests"]), EMBEDDER)
     )
     if semantic is not None:
-        factors.append((WEIGHTS["semantic"], semantic))
-    factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))
+        factors.append((WEIGHTS.semantic, semantic))
+    factors.append((WEIGHTS.type, TYPE_IMPORTANCE[unit["type"]]))
     confidence = (unit.get("confidence") or {}).get("score")
-    factors.append((WEIGHTS["confidence"], 0.5 if confidence is None else confidence))
+    factors.append((WEIGHTS.confidence, 0.5 if confidence is None else confidence))
     recency = 2.0 ** (-age / RECENCY_HALF_LIFE)
     return combine(factors, recency, RECENCY_WEIGHT)
 

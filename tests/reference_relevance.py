@@ -16,13 +16,14 @@ from typing import Any
 from field.core.embedding import Embedder, HashingEmbedder, quantize
 from field.core.relevance import (
     DIVERSITY_DECAY,
-    INTEREST_POWER,
+    LEXICAL,
     RECENCY_HALF_LIFE,
-    WEIGHTS,
     Query,
+    Weights,
     keywords,
     semantic_text,
     unit_keywords,
+    weights_for,
 )
 from field.model import HIDDEN_UNIT_STATUSES, TYPE_IMPORTANCE
 
@@ -40,7 +41,9 @@ def role_factor(role: str, other_role: str) -> float:
     return len(words & frozenset(keywords(other_role))) / len(words) if words else 0.0
 
 
-def interest_value(found: frozenset[str], phrases: list[frozenset[str]]) -> float | None:
+def interest_value(
+    found: frozenset[str], phrases: list[frozenset[str]], power: float = LEXICAL.interest_power
+) -> float | None:
     """The interest factor: keywords of ``phrases`` in ``found``, over keywords per phrase.
 
     None when no phrase has a keyword (the factor does not apply).
@@ -50,7 +53,7 @@ def interest_value(found: frozenset[str], phrases: list[frozenset[str]]) -> floa
         return None
     wanted = frozenset().union(*phrases)
     per_phrase = len(wanted) / len(phrases)
-    return min(1.0, len(found & wanted) / per_phrase) ** INTEREST_POWER
+    return min(1.0, len(found & wanted) / per_phrase) ** power
 
 
 def quantized(text: str, embedder: Embedder) -> tuple[list[int], int]:
@@ -77,13 +80,16 @@ def reference_scores(
     embedder: Embedder | None = None,
     *,
     vectors: dict[str, tuple[list[int], int]] | None = None,
+    weights: Weights | None = None,
 ) -> dict[str, float]:
     """Score of every candidate unit (``units`` in recording order), by unit id.
 
     ``vectors`` may give the units' quantized embeddings (as the index
-    holds them); otherwise each unit's content is embedded here.
+    holds them); otherwise each unit's content is embedded here. The
+    weights are the embedder's unless given.
     """
     embedder = embedder or HashingEmbedder()
+    w = weights or weights_for(embedder)
     all_words = [words_of(u) for u in units]
     n = len(units)
     query_vector = quantized(semantic_text(query.interests, query.context_hint), embedder)
@@ -98,19 +104,19 @@ def reference_scores(
             continue
         if query.since_epoch is not None and unit["epoch"] <= query.since_epoch:
             continue
-        factors = [(WEIGHTS["role"], role_factor(query.role, unit["source"]["agent_role"]))]
-        interest = interest_value(all_words[row], phrases)
+        factors = [(w.role, role_factor(query.role, unit["source"]["agent_role"]))]
+        interest = interest_value(all_words[row], phrases, w.interest_power)
         if interest is not None:
-            factors.append((WEIGHTS["interest"], interest))
+            factors.append((w.interest, interest))
         unit_vector = (vectors or {}).get(unit["id"]) or quantized(unit["content"], embedder)
         semantic = closeness(unit_vector, query_vector)
         if semantic is not None:
-            factors.append((WEIGHTS["semantic"], semantic))
-        factors.append((WEIGHTS["type"], TYPE_IMPORTANCE[unit["type"]]))
+            factors.append((w.semantic, semantic))
+        factors.append((w.type, TYPE_IMPORTANCE[unit["type"]]))
         if query.task_id is not None:
-            factors.append((WEIGHTS["task"], float(unit["intent"]["task_id"] == query.task_id)))
+            factors.append((w.task, float(unit["intent"]["task_id"] == query.task_id)))
         confidence = (unit.get("confidence") or {}).get("score")
-        factors.append((WEIGHTS["confidence"], 0.5 if confidence is None else confidence))
+        factors.append((w.confidence, 0.5 if confidence is None else confidence))
         content = sum(w * v for w, v in factors) / sum(w for w, _ in factors)
         recency = 2.0 ** (-(n - 1 - row) / RECENCY_HALF_LIFE)
         rw = query.recency_weight

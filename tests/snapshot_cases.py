@@ -425,6 +425,7 @@ _NOT_STATE = {
     ("FieldState", "limits"),
     ("FieldState", "known_units"),  # units and purged, compared on their own
     ("UnitIndex", "embedder"),
+    ("UnitIndex", "weights"),
     ("UnitIndex", "_texts"),
     ("UnitIndex", "_role_factors"),
     ("_List", "maps"),

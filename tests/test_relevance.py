@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,13 +65,14 @@ def _unit(i: int, spec: dict[str, Any]) -> dict[str, Any]:
     return unit
 
 
-@settings(max_examples=200, deadline=None)
+@pytest.mark.parametrize("weights", [relevance.LEXICAL, relevance.SENTENCE], ids=lambda w: w.name)
+@settings(max_examples=120, deadline=None)
 @given(st.lists(unit_strategy, max_size=40), query_strategy)
 def test_vectorized_scores_match_the_reference(
-    specs: list[dict[str, Any]], query_spec: dict[str, Any]
+    weights: relevance.Weights, specs: list[dict[str, Any]], query_spec: dict[str, Any]
 ) -> None:
     units = [_unit(i, spec) for i, spec in enumerate(specs)]
-    index = relevance.UnitIndex()
+    index = relevance.UnitIndex(weights=weights)
     for unit in units:
         index.add(unit)
     query = relevance.Query(**query_spec)
@@ -78,7 +80,7 @@ def test_vectorized_scores_match_the_reference(
     rows = relevance.candidates(index, query)
     scores = relevance.score(index, query, rows)
     got = {index.ids[r]: float(s) for r, s in zip(rows, scores, strict=True)}
-    expected = reference_scores(units, query)
+    expected = reference_scores(units, query, weights=weights)
     assert got.keys() == expected.keys()
     for unit_id, value in expected.items():
         assert abs(got[unit_id] - value) < 1e-5, unit_id

@@ -27,7 +27,7 @@ from field.core.embedding import (
     quantize,
 )
 from field.core.field import Field
-from field.core.relevance import RECOMMENDED_THRESHOLD
+from field.core.relevance import LEXICAL
 
 from .conftest import ThreadedServer
 from .core_util import Harness
@@ -336,7 +336,7 @@ def test_a_subscriber_is_notified_of_a_semantically_close_unit_matching_no_keywo
     h.register("reader", "analyst", interests=INTERESTS)
     h.register("w1", "engineer")
     h.register("w2", "engineer")
-    sub = subscribe(h, "reader", ["memory.recorded"], min_relevance=RECOMMENDED_THRESHOLD)
+    sub = subscribe(h, "reader", ["memory.recorded"], min_relevance=LEXICAL.threshold)
     loose = subscribe(h, "reader", ["memory.recorded"])
     h.record("w2", UNRELATED, score=0.5)
     h.record("w1", CLOSE, score=0.5)
@@ -345,7 +345,7 @@ def test_a_subscriber_is_notified_of_a_semantically_close_unit_matching_no_keywo
     ((position, (_, relevance_score, _)),) = got.items()
     everything = notified(h, loose)
     scores = sorted(rel for _, rel, _ in everything.values())
-    assert len(scores) == 2 and scores[0] < RECOMMENDED_THRESHOLD <= scores[1] == relevance_score
+    assert len(scores) == 2 and scores[0] < LEXICAL.threshold <= scores[1] == relevance_score
     match = next(m for m in matcher_of(h).match(events_of(h)) if m.event.position == position)
     assert "close in meaning to your interests" in match.reason(0)
     check_against_reference(h)
@@ -375,7 +375,7 @@ async def test_a_push_subscriber_gets_the_semantically_close_unit_over_websocket
         writer = await client.register("writer", "engineer")
         payload = {
             "action": "subscribe",
-            "subscription": {"events": ["memory.recorded"], "min_relevance": RECOMMENDED_THRESHOLD},
+            "subscription": {"events": ["memory.recorded"], "min_relevance": LEXICAL.threshold},
         }
         subscribed = await reader.send("SUBSCRIBE", payload)
         async with open_ws(field_server, reader.token) as ws:
@@ -385,7 +385,7 @@ async def test_a_push_subscriber_gets_the_semantically_close_unit_over_websocket
             (notification,) = await ws.notifications(1)
     assert notification["subscription_id"] == subscribed["subscription_id"]
     assert notification["memory_unit_id"] == close["memory_unit_id"]
-    assert notification["relevance_score"] >= RECOMMENDED_THRESHOLD
+    assert notification["relevance_score"] >= LEXICAL.threshold
     assert "close in meaning to your interests" in notification["relevance_reason"]
 
 

@@ -368,6 +368,10 @@ class Field:
             "detect_modes": list(DETECT_MODES),
             "limits": self.limits.as_dict(),
             "embedder": self.embedder.name,
+            "relevance": {
+                "weights": self.state.index.weights.name,
+                "recommended_min_relevance": self.state.index.weights.threshold,
+            },
         }
 
     def _register(self, ctx: Context) -> Outcome:

@@ -24,7 +24,7 @@ factor     weight  value                                            applies
 role       W_ROLE  1 for a unit by an agent of the same role, else  always
                    the share of the role's keywords in the
                    recorder's role
-interest   W_INT   ``min(1, m / k) ** INTEREST_POWER``: ``m`` the   interests
+interest   W_INT   ``min(1, m / k) ** power``: ``m`` the            interests
                    interest and hint keywords found in the unit's   or hint
                    content, purpose and question, ``k`` the
                    keywords per interest (:func:`keyword_unit`)
@@ -36,8 +36,10 @@ task       W_TASK  1 when the unit serves the agent's task          a task
 confidence W_CONF  confidence.score (0.5 for a draft without one)   always
 =========  ======  ===============================================  ==========
 
-The weights (:data:`WEIGHTS`) and the interest power were chosen by measurement
-on the training split of a labelled set (``benchmarks/relevance.py``).
+The weights and the interest power (a :class:`Weights`) follow the embedder
+(:func:`weights_for`): :data:`LEXICAL` for hashing, :data:`SENTENCE` for a
+model. Both were chosen by measurement on the training split of a labelled
+set (``benchmarks/relevance.py --tune``).
 What a unit says is its content, purpose and question: who recorded it
 counts through the role factor alone, so a unit by a ``market_researcher``
 does not match an interest in "market".
@@ -70,19 +72,64 @@ from .embedding import STOPWORDS, Embedder, Vectors, cosine, default_embedder, q
 
 RECENCY_HALF_LIFE = 256.0
 DIVERSITY_DECAY = 0.92
-WEIGHTS = {
-    "role": 0.10,
-    "interest": 0.30,
-    "semantic": 0.30,
-    "type": 0.05,
-    "task": 0.20,
-    "confidence": 0.05,
-}
-#: the interest factor is the share of an interest's keywords matched, to this power
-INTEREST_POWER = 0.5
-#: the ``min_relevance`` the docs recommend: measured on the labelled set
-#: (``benchmarks/relevance.py``), it keeps most irrelevant units out and most relevant in
-RECOMMENDED_THRESHOLD = 0.2
+
+
+@dataclass(frozen=True, slots=True)
+class Weights:
+    """The formula's weights and shape for one kind of embedder, and its threshold.
+
+    Chosen by measurement on the training split of the labelled set
+    (``benchmarks/relevance.py --tune``): a lexical embedder's cosine says
+    little beyond the words an interest shares with a unit, a sentence
+    embedder's says more than the words do, so each gets its own.
+    """
+
+    #: ``lexical`` or ``sentence``: the profile's name (status and docs)
+    name: str
+    role: float
+    interest: float
+    semantic: float
+    type: float
+    task: float
+    confidence: float
+    #: the interest factor is the share of an interest's keywords matched, to this power
+    interest_power: float
+    #: the ``min_relevance`` the docs recommend with this embedder: on the labelled set it
+    #: keeps most irrelevant units out of a stream and the most relevant ones in
+    threshold: float
+
+
+#: the hashing embedder's (the default)
+LEXICAL = Weights(
+    name="lexical",
+    role=0.10,
+    interest=0.30,
+    semantic=0.30,
+    type=0.05,
+    task=0.20,
+    confidence=0.05,
+    interest_power=0.5,
+    threshold=0.2,
+)
+#: every embedder of a model (wordllama, minilm, sentence-transformers)
+SENTENCE = Weights(
+    name="sentence",
+    role=0.10,
+    interest=0.20,
+    semantic=1.0,
+    type=0.0,
+    task=0.20,
+    confidence=0.05,
+    interest_power=0.5,
+    threshold=0.22,
+)
+
+
+def weights_for(embedder: Embedder) -> Weights:
+    """The weights that fit ``embedder``: :data:`LEXICAL` for hashing, else :data:`SENTENCE`."""
+    return LEXICAL if embedder.name.startswith("hashing") else SENTENCE
+
+
 #: a semantic factor at least this high is named in ``relevance_reason``
 SEMANTIC_NOTE = 0.25
 #: units embedded per call of the embedder
@@ -303,8 +350,8 @@ def keyword_unit(phrases: Iterable[frozenset[str]]) -> float:
     return len(frozenset().union(*sets)) / len(sets)
 
 
-def interest_factor(hits: Any, unit: Any) -> Any:
-    """The interest factor of ``hits`` matched keywords: ``min(1, hits / unit) ** INTEREST_POWER``.
+def interest_factor(hits: Any, unit: Any, power: float) -> Any:
+    """The interest factor of ``hits`` matched keywords: ``min(1, hits / unit) ** power``.
 
     ``unit`` is :func:`keyword_unit` of the interests (and hint); NaN where it is 0.
     """
@@ -312,7 +359,7 @@ def interest_factor(hits: Any, unit: Any) -> Any:
     unit = np.asarray(unit, dtype=np.float64)
     with np.errstate(invalid="ignore", divide="ignore"):
         share = np.where(unit > 0, np.minimum(hits / np.where(unit > 0, unit, 1.0), 1.0), np.nan)
-    return np.power(share, INTEREST_POWER)
+    return np.power(share, power)
 
 
 def semantic_factor(cosines: Any) -> Any:
@@ -337,8 +384,10 @@ def role_alignment(
 class UnitIndex:
     """Column store of memory units for vectorized scoring."""
 
-    def __init__(self, embedder: Embedder | None = None) -> None:
+    def __init__(self, embedder: Embedder | None = None, weights: Weights | None = None) -> None:
         self.embedder = embedder or default_embedder()
+        #: the formula's weights: by default those for this embedder (:func:`weights_for`)
+        self.weights = weights or weights_for(self.embedder)
         #: embeddings of query texts (interests and hints) by text: a poller asks the same
         self._texts: dict[str, tuple[Vectors, float]] = {}
         #: quantized content embeddings, one row per unit (see :attr:`vectors`)
@@ -639,6 +688,7 @@ def candidates(
 
 
 def combine(
+    weights: Weights,
     *,
     role: Any,
     interest: Any,
@@ -660,12 +710,12 @@ def combine(
     numerator: Any = 0.0
     denominator: Any = 0.0
     for weight, values in (
-        (WEIGHTS["role"], role),
-        (WEIGHTS["interest"], interest),
-        (WEIGHTS["semantic"], semantic),
-        (WEIGHTS["type"], type_weight),
-        (WEIGHTS["task"], task),
-        (WEIGHTS["confidence"], confidence),
+        (weights.role, role),
+        (weights.interest, interest),
+        (weights.semantic, semantic),
+        (weights.type, type_weight),
+        (weights.task, task),
+        (weights.confidence, confidence),
     ):
         if values is None:
             continue
@@ -734,7 +784,11 @@ def factors(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> Facto
         task = (index.task.view[rows] == index.tasks.find(query.task_id)).astype(np.float64)
     return Factors(
         role=index.role_factor(query.role).take(index.role.view[rows]),
-        interest=None if hits is None else interest_factor(hits, query.match_unit),
+        interest=(
+            None
+            if hits is None
+            else interest_factor(hits, query.match_unit, index.weights.interest_power)
+        ),
         semantic=query.semantic(index, rows),
         type_weight=index.type_weight.view[rows],
         task=task,
@@ -749,6 +803,7 @@ def score(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDA
         return np.empty(0, dtype=np.float64)
     f = factors(index, query, rows)
     return combine(
+        index.weights,
         role=f.role,
         interest=f.interest,
         semantic=f.semantic,

@@ -54,7 +54,7 @@ import orjson
 from ..errors import OperationalError
 from ..model import Limits, StoredEntry
 from .embedding import Embedder
-from .relevance import Column, Matrix, UnitIndex
+from .relevance import Column, Matrix, UnitIndex, weights_for
 from .sources import Source, compiled
 from .state import FieldState
 
@@ -257,7 +257,8 @@ class _Pickler(pickle.Pickler):
         if kind is Source:
             return _source, (obj.definition, obj.deliveries, obj.accepted)
         if kind is UnitIndex:
-            return _unit_index, ({k: v for k, v in vars(obj).items() if k != "rows"},)
+            kept = {k: v for k, v in vars(obj).items() if k not in ("rows", "weights")}
+            return _unit_index, (kept,)
         return NotImplemented
 
 
@@ -282,10 +283,12 @@ def _small_matrix(rows: Any, width: int) -> Matrix:
 
 
 def _unit_index(state: dict[str, Any]) -> UnitIndex:
-    """A unit index from its attributes; ``rows`` (id -> row) is made again from ``ids``."""
+    """A unit index from its attributes; ``rows`` (id -> row) is made again from ``ids``,
+    and the weights are those of the reader's embedder."""
     index = UnitIndex.__new__(UnitIndex)
     index.__dict__.update(state)
     index.rows = dict(zip(index.ids, range(len(index.ids)), strict=True))
+    index.weights = weights_for(index.embedder)
     return index
 
 

@@ -52,9 +52,7 @@ import numpy.typing as npt
 
 from ..core.embedding import cosine
 from ..core.relevance import (
-    INTEREST_POWER,
     SEMANTIC_NOTE,
-    WEIGHTS,
     Column,
     UnitIndex,
     combine,
@@ -459,7 +457,8 @@ class Matcher:
         same_role = reg.role.view[profiles] == reg.roles.find(role)
         role_share = _share(reg.hits("role", words, profiles), reg.role_word_count.view[profiles])
         interest_hits = reg.hits("interest", words, profiles)
-        interest = interest_factor(interest_hits, reg.interest_unit.view[profiles])
+        power = self.index.weights.interest_power
+        interest = interest_factor(interest_hits, reg.interest_unit.view[profiles], power)
         sub_task = reg.task.view[profiles]
         task_code = reg.tasks.find(task_id)
         task = np.where(sub_task >= 0, (sub_task == task_code).astype(np.float64), np.nan)
@@ -498,7 +497,9 @@ class Matcher:
             hits = index.hits(interest_words, unit_rows)
             interest = None
             if hits is not None:
-                interest = interest_factor(hits, reg.interest_unit.view[profile])
+                interest = interest_factor(
+                    hits, reg.interest_unit.view[profile], index.weights.interest_power
+                )
             task_id = reg.profile_task[profile]
             task = None
             if task_id is not None:
@@ -509,6 +510,7 @@ class Matcher:
                 closeness = index.similarity(reg.vectors.view[profile], square, unit_rows)
                 semantic = semantic_factor(closeness)
             scores[:, j] = combine(
+                index.weights,
                 role=role,
                 interest=interest,
                 semantic=semantic,
@@ -562,33 +564,34 @@ class Matcher:
         task &= (sub_task >= 0)[None, :]
         has_interest = interest_unit > 0
         has_semantic = ~np.isnan(semantic[0]) if len(semantic) else np.zeros(0, dtype=bool)
-        weight = WEIGHTS["role"] + WEIGHTS["interest"] * has_interest
-        weight = weight + WEIGHTS["semantic"] * has_semantic
-        weight = weight + WEIGHTS["type"]
-        weight = weight + WEIGHTS["task"] * (sub_task >= 0)
-        weight = weight + WEIGHTS["confidence"]
+        w = index.weights
+        weight = w.role + w.interest * has_interest
+        weight = weight + w.semantic * has_semantic
+        weight = weight + w.type
+        weight = weight + w.task * (sub_task >= 0)
+        weight = weight + w.confidence
         # role: the same role, else the share of the subscriber's role words in the recorder's
         role_hits = self._hits(reg.role_words, role_words, profiles)
         role = np.divide(role_hits, role_count, out=role_hits, where=role_count > 0)
         np.maximum(role, same_role, out=role)
         flags = np.where(same_role, _SAME_ROLE, np.where(role > 0, _RELATED_ROLE, 0))
         total = role
-        total *= WEIGHTS["role"]
+        total *= w.role
         # interest: matched keywords over keywords per interest, at most 1, to a power
         interest_hits = self._hits(reg.interest_words, words, profiles)
         flags |= np.where(interest_hits > 0, _INTERESTS, 0)
         interest = np.divide(interest_hits, interest_unit, out=interest_hits, where=has_interest)
         np.minimum(interest, 1.0, out=interest)
-        np.power(interest, INTEREST_POWER, out=interest)
-        interest *= WEIGHTS["interest"]
+        np.power(interest, w.interest_power, out=interest)
+        interest *= w.interest
         total += interest
         semantic = np.nan_to_num(semantic, nan=0.0)
         flags |= np.where(semantic >= SEMANTIC_NOTE, _SEMANTIC, 0)
-        semantic *= WEIGHTS["semantic"]
+        semantic *= w.semantic
         total += semantic
-        total += WEIGHTS["type"] * index.type_weight.view[unit_rows][:, None]
-        total += WEIGHTS["task"] * task.astype(np.float64)
-        total += WEIGHTS["confidence"] * index.confidence.view[unit_rows][:, None]
+        total += w.type * index.type_weight.view[unit_rows][:, None]
+        total += w.task * task.astype(np.float64)
+        total += w.confidence * index.confidence.view[unit_rows][:, None]
         total /= weight
         ages = index.count_at(epochs) - 1 - unit_rows
         freshness = (1.0 - RECENCY_WEIGHT) + RECENCY_WEIGHT * recency(ages)
@@ -658,6 +661,7 @@ class Matcher:
         """Role, interest and task alignment alone (no type, confidence or recency)."""
         role, interest, task, flags = self._alignment(profiles, role_of, words, task_of)
         score = combine(
+            self.index.weights,
             role=role,
             interest=interest,
             type_weight=None,
