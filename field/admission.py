@@ -273,13 +273,20 @@ class Admission:
         else:
             return
         controller.shed += 1
+        # raised straight from the builder: an exception held in a local of the frame that
+        # raises it is a reference cycle (exception, traceback, frame), which keeps the
+        # refused request's objects for the garbage collector; under overload, thousands a
+        # second, collected in pauses of tens of milliseconds
+        raise self._refusal(work, why, operation)
+
+    def _refusal(self, work: Work, why: str, operation: str | None) -> Overloaded:
         error = Overloaded(
             f"the Field is overloaded: {work.value}s are refused until it catches up ({why})",
             operation=operation,
             suggested_action=f"Retry after {self.policy.retry_after:g} s, or slow down.",
         )
         error.retry_after = self.policy.retry_after
-        raise error
+        return error
 
     def answered(self, work: Work) -> None:
         """A job :meth:`admit` let in is answered (or will not be)."""
