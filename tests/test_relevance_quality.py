@@ -52,6 +52,20 @@ def page(h: Harness, agent: str) -> list[tuple[str, float, str]]:
     ]
 
 
+def strategist_query(interests: list[str], *, recency_weight: float) -> relevance.Query:
+    """The ATTUNE query of the agent "reader", a strategist with ``interests``."""
+    return relevance.Query(
+        agent_id="reader",
+        role="strategist",
+        interests=interests,
+        context_hint=None,
+        task_id=None,
+        recency_weight=recency_weight,
+        include_own=False,
+        since_epoch=None,
+    )
+
+
 def notifications(h: Harness, agent: str) -> dict[str, tuple[float, str]]:
     """What ``agent``'s subscription was notified of: content -> (relevance, reason)."""
     units = h.field.state.units
@@ -141,16 +155,7 @@ def test_the_recorders_role_counts_only_through_the_role_factor(
         h.register("writer", role)
         h.record("writer", " ".join(content), purpose="share it")
         index = h.field.state.index
-        query = relevance.Query(
-            agent_id="reader",
-            role="strategist",
-            interests=[" ".join(i) for i in interests],
-            context_hint=None,
-            task_id=None,
-            recency_weight=0.25,
-            include_own=False,
-            since_epoch=None,
-        )
+        query = strategist_query([" ".join(i) for i in interests], recency_weight=0.25)
         rows = relevance.candidates(index, query)
         factors = relevance.factors(index, query, rows)
         scored.append((factors, float(relevance.score(index, query, rows)[0]), page(h, "reader")))
@@ -202,16 +207,7 @@ def test_the_sentence_weights_change_the_score_as_the_formula_says() -> None:
         h.register("writer", "market_researcher")
         h.record("writer", SMB, purpose="size the opportunity")
         index = h.field.state.index
-        query = relevance.Query(
-            agent_id="reader",
-            role="strategist",
-            interests=["market size"],
-            context_hint=None,
-            task_id=None,
-            recency_weight=0.0,
-            include_own=False,
-            since_epoch=None,
-        )
+        query = strategist_query(["market size"], recency_weight=0.0)
         rows = relevance.candidates(index, query)
         f = relevance.factors(index, query, rows)
         w = index.weights
