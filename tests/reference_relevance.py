@@ -89,7 +89,7 @@ def reference_scores(
     weights are the embedder's unless given.
     """
     embedder = embedder or HashingEmbedder()
-    w = weights or weights_for(embedder)
+    weights = weights or weights_for(embedder)
     all_words = [words_of(u) for u in units]
     n = len(units)
     query_vector = quantized(semantic_text(query.interests, query.context_hint), embedder)
@@ -104,19 +104,19 @@ def reference_scores(
             continue
         if query.since_epoch is not None and unit["epoch"] <= query.since_epoch:
             continue
-        factors = [(w.role, role_factor(query.role, unit["source"]["agent_role"]))]
-        interest = interest_value(all_words[row], phrases, w.interest_power)
+        factors = [(weights.role, role_factor(query.role, unit["source"]["agent_role"]))]
+        interest = interest_value(all_words[row], phrases, weights.interest_power)
         if interest is not None:
-            factors.append((w.interest, interest))
+            factors.append((weights.interest, interest))
         unit_vector = (vectors or {}).get(unit["id"]) or quantized(unit["content"], embedder)
         semantic = closeness(unit_vector, query_vector)
         if semantic is not None:
-            factors.append((w.semantic, semantic))
-        factors.append((w.type, TYPE_IMPORTANCE[unit["type"]]))
+            factors.append((weights.semantic, semantic))
+        factors.append((weights.type, TYPE_IMPORTANCE[unit["type"]]))
         if query.task_id is not None:
-            factors.append((w.task, float(unit["intent"]["task_id"] == query.task_id)))
+            factors.append((weights.task, float(unit["intent"]["task_id"] == query.task_id)))
         confidence = (unit.get("confidence") or {}).get("score")
-        factors.append((w.confidence, 0.5 if confidence is None else confidence))
+        factors.append((weights.confidence, 0.5 if confidence is None else confidence))
         content = sum(w * v for w, v in factors) / sum(w for w, _ in factors)
         recency = 2.0 ** (-(n - 1 - row) / RECENCY_HALF_LIFE)
         rw = query.recency_weight
