@@ -24,7 +24,9 @@ and ``--writers`` writer agents in this process. Then:
    receipt minus the moment the last request was answered.
 
 The server's RSS is sampled every 0.5 s; "flat" compares the mean of the last
-quarter of the overload with the first.
+quarter of the overload with the first. The writers' process keeps its own garbage
+collector off during the overload (its full collections would count in the server's
+times) and reports its own loop's lag, the part of every time above that is its own.
 
 Two runs in one command: first a **baseline** server without admission control
 (``--overload-write-target 0 --overload-read-target 0 --overload-write-budget 0``: only
@@ -41,12 +43,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
+import gc
 import shutil
 import signal
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 
 import aiohttp
 import orjson
@@ -61,6 +66,8 @@ CAPACITY_CONCURRENCY = 64
 PROBE_EVERY = 0.1
 #: Seconds the clients may take to receive the backlog.
 DRAIN_TIMEOUT = 60.0
+#: Seconds of the writer process's loop-lag probe's sleeps.
+LAG_TICK = 0.001
 
 
 class Writers:
@@ -149,25 +156,53 @@ async def probe(base: str, token: str) -> float | None:
         return None
 
 
+@contextlib.contextmanager
+def quiet_collector() -> Iterator[None]:
+    """No garbage collection in this process while it measures: its full collections
+    (30-75 ms with every answer kept) would count in the server's latencies."""
+    gc.collect()
+    gc.freeze()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+        gc.unfreeze()
+
+
+async def loop_lag(lags: list[float]) -> None:
+    """Append, until cancelled, how late (ms) each ``LAG_TICK`` sleep of this process's own
+    loop wakes: the share of a measured latency that is the measuring side's."""
+    loop = asyncio.get_running_loop()
+    while True:
+        start = loop.time()
+        await asyncio.sleep(LAG_TICK)
+        lags.append((loop.time() - start - LAG_TICK) * 1000)
+
+
 async def overload(
-    writers: Writers, per_second: float, seconds: float
+    writers: Writers, per_second: float, seconds: float, lags: list[float]
 ) -> tuple[list[tuple[int, float, float, str | None, str | None]], list[float | None]]:
     loop = asyncio.get_running_loop()
-    start = loop.time() + 0.05
-    count = int(per_second * seconds)
-    tasks = []
-    probes = []
-    next_probe = start
-    for i in range(count):
-        at = start + i / per_second
-        while next_probe <= at:
-            probes.append(asyncio.create_task(probe(writers.base, writers.tokens[0])))
-            next_probe += PROBE_EVERY
-        delay = at - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(writers.one()))
-    return list(await asyncio.gather(*tasks)), list(await asyncio.gather(*probes))
+    monitor = asyncio.create_task(loop_lag(lags))
+    try:
+        start = loop.time() + 0.05
+        count = int(per_second * seconds)
+        tasks = []
+        probes = []
+        next_probe = start
+        for i in range(count):
+            at = start + i / per_second
+            while next_probe <= at:
+                probes.append(asyncio.create_task(probe(writers.base, writers.tokens[0])))
+                next_probe += PROBE_EVERY
+            delay = at - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(writers.one()))
+        return list(await asyncio.gather(*tasks)), list(await asyncio.gather(*probes))
+    finally:
+        monitor.cancel()
 
 
 class RssSampler(threading.Thread):
@@ -196,6 +231,7 @@ def report(
     sustained: float,
     offered: float,
     seconds: float,
+    lags: list[float],
 ) -> None:
     accepted = [(a - s) * 1000 for status, s, a, _, _ in results if status == 200]
     refused = [(a - s) * 1000 for status, s, a, _, _ in results if status == 503]
@@ -228,6 +264,11 @@ def report(
         )
     shown = "not drained" if drained is None else f"{drained * 1000:.0f} ms"
     print(f"backlog drained {shown} after the last answer   (target <= 1000)")
+    if lags:
+        print(
+            f"the writers' own loop lag: p99 {pct(lags, 0.99):.1f} ms, max {max(lags):.1f} ms "
+            "(part of every time above)"
+        )
     print(f"server RSS: first quarter {rss[0] / 1024:.0f} MB, last quarter {rss[1] / 1024:.0f} MB")
 
 
@@ -247,6 +288,7 @@ def run_case(args: argparse.Namespace, label: str, server_args: list[str], offer
         sampler.start()
 
         async def run() -> float:
+            lags: list[float] = []
             await writers.start()
             try:
                 sustained, before = await capacity(writers)
@@ -256,7 +298,8 @@ def run_case(args: argparse.Namespace, label: str, server_args: list[str], offer
                 )
                 rate = offered or args.rate or sustained * args.factor
                 began = time.time()
-                results, probes = await overload(writers, rate, args.seconds)
+                with quiet_collector():
+                    results, probes = await overload(writers, rate, args.seconds, lags)
                 ended = time.time()
             finally:
                 await writers.close()
@@ -286,7 +329,7 @@ def run_case(args: argparse.Namespace, label: str, server_args: list[str], offer
             last = sampler.between(ended - quarter, ended) or [0]
             rss = (sum(first) / len(first), sum(last) / len(last))
             print(f"\n{label}")
-            report(results, probes, drained, rss, sustained, rate, args.seconds)
+            report(results, probes, drained, rss, sustained, rate, args.seconds, lags)
             return rate
 
         return asyncio.run(run())
