@@ -98,6 +98,14 @@ class Signals(logging.Handler):
     async def wait(self, text: str, timeout: float = 20) -> None:
         await asyncio.wait_for(self.events[text].wait(), timeout)
 
+    async def first(self, *texts: str, timeout: float = 20) -> set[str]:
+        """Wait for the first of ``texts``; those seen by then."""
+        waiters = [asyncio.ensure_future(self.events[text].wait()) for text in texts]
+        await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        for waiter in waiters:
+            waiter.cancel()
+        return {text for text in texts if self.events[text].is_set()}
+
 
 @contextlib.contextmanager
 def signals(*wanted: str) -> Iterator[Signals]:
@@ -191,11 +199,12 @@ async def test_an_outbox_overflow_behind_a_full_socket_still_ends_with_overflow(
             server, b.token, sock=stalling_socket(server), max_queue=1, compression=None
         ) as stalled:
             await stalled.ready()
-            with signals("closing a slow ws consumer", "stalled") as log:
+            with signals("closing a slow ws consumer", "stalled", "closing the WebSocket") as log:
                 written = await record_until(a, log.events["closing a slow ws consumer"])
-                # the outbox overflowed while the socket was full: the consumer is
-                # read only once the socket's stall has been seen too
-                await log.wait("stalled")
+                # the outbox overflowed while the socket was full: the consumer is read
+                # only once the server is done waiting for it, having seen the stall or
+                # (the socket took the rest in time) sent its close
+                assert await log.first("stalled", "closing the WebSocket")
             frames, code = await stalled.until_closed(timeout=20)
     assert_overflowed(frames, code, written, subscription, ("outbox overflow",))
 

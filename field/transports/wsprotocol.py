@@ -277,6 +277,9 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
             return
         timer = self.close_timer
         await super().send(message)
+        if message["type"] == "websocket.close" and self.client:
+            code, reason = message.get("code", 1000), message.get("reason") or ""
+            logger.debug("closing the WebSocket of %s:%d: %d %s", *self.client, code, reason)
         if self.close_timer is not timer and self.close_timer is not None:
             # uvicorn's close timer closes gracefully, which waits for ever for a consumer
             # that does not read: a stall's own deadline stands, else the close timeout's
