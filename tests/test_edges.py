@@ -95,9 +95,6 @@ class Signals(logging.Handler):
             if text in message:
                 self.loop.call_soon_threadsafe(event.set)
 
-    async def wait(self, text: str, timeout: float = 20) -> None:
-        await asyncio.wait_for(self.events[text].wait(), timeout)
-
     async def first(self, *texts: str, timeout: float = 20) -> set[str]:
         """Wait for the first of ``texts``; those seen by then."""
         waiters = [asyncio.ensure_future(self.events[text].wait()) for text in texts]
