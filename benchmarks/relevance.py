@@ -2,6 +2,7 @@
 
     python benchmarks/relevance.py [--split test] [--embedder hashing] [--json]
     python benchmarks/relevance.py --tune [--embedder hashing]
+    python benchmarks/relevance.py --described [--embedder hashing]
 
 The set is ``benchmarks/data/relevance.json`` (``benchmarks/data/README.md``
 describes it; ``benchmarks/relevance_set.py`` writes it). For the chosen
@@ -16,6 +17,10 @@ reports (``tests/relevance_eval.py`` computes them):
   with the share of irrelevant pairs below it and of relevant pairs at or above it;
 * precision@10 and nDCG@10 of each agent's ATTUNE page (its role and interests);
 * the cost per RECORD (embedding included) and per ATTUNE.
+
+``--described`` registers every agent with its interests described in a sentence
+(``benchmarks/data/relevance_interests_described.json``, one per interest) instead of
+the set's two- or three-word phrases: what richer profiles give, within the protocol.
 
 ``--tune`` searches the weights and the two factor shapes (the interest
 power and the semantic floor) on the **train** split only, and prints the
@@ -242,8 +247,15 @@ def main() -> None:
         help="only the hand-written or the generated units",
     )
     parser.add_argument("--data", type=Path, default=ev.DATA, help="the labelled set")
+    parser.add_argument(
+        "--described",
+        action="store_true",
+        help="every interest described in a sentence instead of its short phrase",
+    )
     args = parser.parse_args()
     data = ev.load(args.data)
+    if args.described:
+        data = ev.described(data)
     if args.tune:
         tune(data, args.embedder)
         return
@@ -268,7 +280,8 @@ def main() -> None:
         print(json.dumps(result, indent=1))
         return
     print(machine_line())
-    report(result, args.embedder, f"{args.split}, {args.source} units")
+    interests = "described interests" if args.described else "the set's interests"
+    report(result, args.embedder, f"{args.split}, {args.source} units, {interests}")
     default = next(t for t in result["thresholds"] if t["threshold"] == recommended)
     met = (
         result["auc"] >= TARGETS["auc"]

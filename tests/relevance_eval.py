@@ -36,12 +36,24 @@ from field.subscriptions.matcher import Matcher
 from .core_util import Harness
 
 DATA = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "relevance.json"
+#: Each interest of the set described in a sentence, as an agent could register it.
+DESCRIBED = DATA.parent / "relevance_interests_described.json"
 PAGE = 10
 
 
 def load(path: Path = DATA) -> dict[str, Any]:
     data: dict[str, Any] = orjson.loads(path.read_bytes())
     return data
+
+
+def described(data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with every agent's interests replaced by their descriptions."""
+    descriptions = orjson.loads(DESCRIBED.read_bytes())
+    agents = [
+        {**agent, "interests": [descriptions[i] for i in agent["interests"]]}
+        for agent in data["agents"]
+    ]
+    return {**data, "agents": agents}
 
 
 def select(data: dict[str, Any], split: str | None, source: str | None = None) -> list[Any]:
