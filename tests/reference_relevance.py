@@ -16,7 +16,6 @@ from typing import Any
 from field.core.embedding import Embedder, HashingEmbedder, quantize
 from field.core.relevance import (
     DIVERSITY_DECAY,
-    LEXICAL,
     RECENCY_HALF_LIFE,
     Query,
     Weights,
@@ -42,9 +41,10 @@ def role_factor(role: str, other_role: str) -> float:
 
 
 def interest_value(
-    found: frozenset[str], phrases: list[frozenset[str]], power: float = LEXICAL.interest_power
+    found: frozenset[str], phrases: list[frozenset[str]], power: float
 ) -> float | None:
-    """The interest factor: keywords of ``phrases`` in ``found``, over keywords per phrase.
+    """The interest factor: keywords of ``phrases`` in ``found``, over keywords per phrase,
+    to ``power``.
 
     None when no phrase has a keyword (the factor does not apply).
     """
