@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import pytest
+import re2
 from hypothesis import given
 from hypothesis import strategies as st
 
+from field.core import filters
 from field.core.filters import (
     MAX_FILTER_CHARS,
+    MAX_PATTERN_CHARS,
+    MAX_PATTERN_WIDTH,
     InvalidFilter,
     check_types,
     compile_expression,
+    new_context,
 )
 from field.errors import HTTP_STATUS
 
@@ -104,3 +109,75 @@ def test_any_text_compiles_or_is_refused_cleanly(text: str) -> None:
         False,
         None,
     )
+
+
+def test_matches_searches_with_re2_in_both_call_forms() -> None:
+    deploy = {"event": {"summary": "we Deploy checkout-7 \u2192 now", "tags": ["sev2", "db"]}}
+    cases = {
+        'event.summary.matches("Deploy")': True,
+        'event.summary.matches("^Deploy")': False,  # a search, anchored only when asked
+        r'matches(event.summary, r"\bcheckout-\d+")': True,
+        "event.summary . matches ( '(?i)deploy' )": True,
+        'event.tags.exists(t, t.matches("^sev[12]$"))': True,
+        r'event.summary.matches("matches\\(") || "matches(x)" == event.summary': False,
+        r'event.summary.matches(r"\pL+ \pL+")': True,
+        r'event.summary.matches(r"\x{2192} now$")': True,  # a code point beyond Latin-1
+    }
+    for text, expected in cases.items():
+        assert compile_expression(text, ALLOWED, field="f").evaluate(deploy) is expected, text
+    # not a string: an evaluation error, so no match
+    number = compile_expression('event.epoch.matches("1")', ALLOWED, field="f")
+    assert number.evaluate({"event": {"epoch": 1}}) is None
+
+
+def test_a_pattern_is_compiled_once_not_on_every_evaluation() -> None:
+    expression = compile_expression(
+        'event.summary.matches("(?i)incident|outage|sev[0-9]+")', ALLOWED, field="f"
+    )
+    context = new_context({"event": {"summary": "an outage of the checkout"}})
+    before = filters._compiled.cache_info()
+    for _ in range(200):
+        assert expression.evaluate(context) is True
+    after = filters._compiled.cache_info()
+    assert after.misses <= before.misses + 1
+    assert after.hits >= before.hits + 199
+
+
+def test_patterns_the_field_would_compile_per_event_or_run_slowly_are_refused() -> None:
+    not_literal = refused("event.summary.matches(event.actor)")
+    assert "string literal" in not_literal.message
+    assert not_literal.details["offset"] == len("event.summary.matches(")
+    assert "string literal" in refused('["a"].exists(p, event.summary.matches(p))').message
+    assert "does not compile" in refused('event.summary.matches("(?<=a)b")').message
+    assert "does not compile" in refused('event.summary.matches("a{1001}")').message
+    wide = refused(r'event.summary.matches(r"\w{1,100}\w{1,100}\w{1,100}z")')
+    assert wide.details["max_width"] == MAX_PATTERN_WIDTH
+    assert wide.details["width"] > MAX_PATTERN_WIDTH
+    # too large for RE2's memory bound, however narrow over single bytes
+    assert "does not compile" in refused(r'event.summary.matches(r"a\pL{100}c")').message
+    long = refused(f'event.summary.matches("{"a" * (MAX_PATTERN_CHARS + 1)}")')
+    assert long.details["max_chars"] == MAX_PATTERN_CHARS
+    assert "takes a string and a pattern" in refused('"x".matches("a", "b")').message
+    # the name matches calls are bound to is the Field's, not the client's
+    assert "unknown function" in refused("_field_matches(event.summary, event.actor)").message
+
+
+def test_a_stored_filter_an_earlier_version_accepted_still_runs() -> None:
+    text = "event.summary.matches(event.actor)"
+    expression = compile_expression(text, ALLOWED, field="f", stored=True)
+    assert expression.text == text
+    assert expression.evaluate({"event": {"summary": "we deploy", "actor": "dep.oy"}}) is True
+    assert expression.evaluate({"event": {"summary": "we deploy", "actor": "^x"}}) is False
+
+
+@given(st.text(max_size=40), st.text(min_size=1, max_size=8))
+def test_an_escaped_literal_pattern_matches_where_the_text_contains_it(
+    text: str, needle: str
+) -> None:
+    literal = '"' + re2.escape(needle).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    literal = literal.replace("\n", "\\n").replace("\r", "\\r")
+    try:
+        expression = compile_expression(f"event.summary.matches({literal})", ALLOWED, field="f")
+    except InvalidFilter as error:
+        raise AssertionError(f"{literal}: {error.message}") from None
+    assert expression.evaluate({"event": {"summary": text}}) is (needle in text)

@@ -48,6 +48,9 @@ THREE = "[1].all(x, x > 0) && [1].exists(x, x > 0) && [1].map(x, x).size() > 0"
         pytest.param(NESTED, {}, id="nested-comprehension"),
         pytest.param(THREE, {}, id="three-comprehensions"),
         pytest.param('event.epoch + "x" == 1', {}, id="type-error"),
+        pytest.param("event.summary.matches(event.actor)", {"offset": 22}, id="pattern-variable"),
+        pytest.param('event.summary.matches("(a")', {"offset": 22}, id="pattern-invalid"),
+        pytest.param('event.summary.matches("a[ab]{200}c")', {"max_width": 128}, id="wide"),
     ],
 )
 async def test_every_invalid_filter_is_refused_with_422_and_stores_nothing(
@@ -118,6 +121,23 @@ async def test_a_filtered_stream_live_and_resumed_delivers_the_same(
         (after,) = await sse.notifications(1)
     assert [(n.id, n.data) for n in replayed] == [(n.id, n.data) for n in live]
     assert after.data["memory_unit_id"] == marker["memory_unit_id"]
+
+
+async def test_a_matches_filter_delivers_the_units_its_pattern_finds(
+    field_server: ThreadedServer, http: aiohttp.ClientSession, agents: Agents
+) -> None:
+    text = r'event.unit.content.matches(r"(?i)\bsev[12]\b|\boutage\b")'
+    response = await subscribe(agents.b, ["memory.recorded"], filter=text)
+    async with sse_stream(http, response["sse_url"], agents.b.token) as sse:
+        await sse.ready()
+        await record(agents.a, "sev3: a typo on the pricing page")  # filtered out
+        wanted = [await record(agents.a, "SEV1 declared for checkout")]
+        await record(agents.a, "the outages dashboard moved")  # no whole word: filtered out
+        wanted.append(await record(agents.a, "an outage of the EU region"))
+        live = await sse.notifications(2)
+    assert [n.data["memory_unit_id"] for n in live] == [w["memory_unit_id"] for w in wanted]
+    (shown,) = await listed(agents.b)
+    assert shown["filter"] == {"expression": text, "errors": 0, "last_error": None}
 
 
 async def test_evaluation_errors_show_in_list_and_never_break_the_stream(

@@ -352,6 +352,7 @@ async def test_only_the_operator_defines_lists_and_removes_sources(
         ({"scheme": "standard", "secret": "whsec_short"}, "INVALID_PAYLOAD"),
         ({"filter": "payload.action =="}, "INVALID_FILTER"),
         ({"filter": "event.unit.payload.x == 1"}, "INVALID_FILTER"),
+        ({"filter": "payload.ref.matches(payload.pattern)"}, "INVALID_FILTER"),
         ({"unit": {"type": "finding", "content": "{payload.a"}}, "INVALID_PAYLOAD"),
         ({"unit": {"type": "finding", "content": "{agent.token}"}}, "INVALID_PAYLOAD"),
         ({"unit": {"type": "rumour", "content": "x"}}, "INVALID_PAYLOAD"),

@@ -257,7 +257,9 @@ def compiled(definition: dict[str, Any]) -> Source:
     text = definition.get("filter")
     return Source(
         definition,
-        None if text is None else compile_expression(text, FILTER_VARIABLES, field="filter"),
+        None
+        if text is None
+        else compile_expression(text, FILTER_VARIABLES, field="filter", stored=True),
         compile_template(unit["content"], "unit.content"),
         compile_template(unit["purpose"], "unit.purpose"),
     )

@@ -47,7 +47,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import cel
 import numpy as np
 import numpy.typing as npt
 
@@ -55,9 +54,10 @@ from ..core.allow_lists import ALLOW_LIST_NAMES
 from ..core.filters import (
     Expression,
     InvalidFilter,
+    blank_strings,
     check_types,
     compile_expression,
-    skip_string,
+    new_context,
 )
 from .events import FieldEvent
 from .matcher import Match
@@ -118,11 +118,14 @@ class Probe:
     membership: bool  # ``in`` (else equality)
 
 
-def compile_filter(text: Any, field: str = "subscription.filter") -> _Program:
+def compile_filter(
+    text: Any, field: str = "subscription.filter", *, stored: bool = False
+) -> _Program:
     """Compile a subscription filter, refusing what the Field will not run
-    (``INVALID_FILTER``): see :func:`~field.core.filters.compile_expression`; also
-    an allow list that does not exist, and a type error no event can avoid."""
-    expression = compile_expression(text, FILTER_VARIABLES, field=field)
+    (``INVALID_FILTER``): see :func:`~field.core.filters.compile_expression` (and its
+    ``stored``); also an allow list that does not exist, and a type error no event can
+    avoid."""
+    expression = compile_expression(text, FILTER_VARIABLES, field=field, stored=stored)
     names: tuple[str, ...] = ()
     if "parameters" in expression.variables:
         named = {a or b for a, b in _PARAMETER.findall(expression.text)}
@@ -189,21 +192,6 @@ def _probes(text: str) -> tuple[Probe, ...] | None:
     return tuple(found)
 
 
-def blank_strings(text: str) -> str:
-    """``text`` with the inside of every string literal blanked (same length)."""
-    out = []
-    i = 0
-    while i < len(text):
-        if text[i] in "'\"":
-            end = skip_string(text, i)
-            out.append(text[i] + " " * max(0, end - i - 2) + (text[end - 1] if end - i > 1 else ""))
-            i = end
-        else:
-            out.append(text[i])
-            i += 1
-    return "".join(out)
-
-
 @dataclass(slots=True)
 class _Errors:
     count: int = 0
@@ -239,8 +227,7 @@ class _EventRun:
         parameters: dict[str, Any] | None,
     ) -> tuple[bool, str | None]:
         if self._context is None:
-            context = cel.Context()
-            context.add_variable("event", self.values)
+            context = new_context({"event": self.values})
             # per subscriber: read through the resolver, converted only when read
             context.set_variable_resolver(self._current.get)
             self._context = context
@@ -549,7 +536,9 @@ class FilterStage:
     def _program(self, code: int) -> _Program | None:
         if code not in self._programs:
             try:
-                self._programs[code] = compile_filter(self.state.registry.filter_texts[code])
+                self._programs[code] = compile_filter(
+                    self.state.registry.filter_texts[code], stored=True
+                )
             except InvalidFilter:
                 self._programs[code] = None
         return self._programs[code]
