@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import signal
 import stat
+import weakref
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -193,6 +195,32 @@ async def test_a_refused_token_raises_at_once(field_server: ThreadedServer, tran
             await asyncio.wait_for(anext(stream), TIMEOUT)
         await stream.aclose()
     assert refused.value.status == 401 and refused.value.code == "UNAUTHENTICATED"
+
+
+async def test_a_refused_sse_stream_leaves_no_garbage_cycle(field_server: ThreadedServer) -> None:
+    """The refusal is freed when the caller drops it, not by the collector."""
+
+    async def refusal(stream: AsyncIterator[Any]) -> weakref.ref[FieldClientError]:
+        try:
+            async with asyncio.timeout(TIMEOUT):
+                await anext(stream)
+        except FieldClientError as error:
+            assert error.status == 401
+            return weakref.ref(error)
+        raise AssertionError("the stream was not refused")
+
+    async with FieldClient(field_server.url) as field:
+        _, reader = await two_agents(field)
+        news = await reader.subscribe(["memory.recorded"])
+        impostor = field.agent("reader", "not-a-token-of-this-field", role="researcher")
+        stream = impostor.notifications(news, transport="sse", reconnect=QUICK)
+        gc.disable()
+        try:
+            freed = await refusal(stream)
+            await stream.aclose()
+            assert freed() is None
+        finally:
+            gc.enable()
 
 
 @pytest.mark.parametrize("transport", ["ws", "sse"])

@@ -504,7 +504,10 @@ class NotificationStream(Generic[EventT]):
             return Ended(subscription_id, str(body.get("message", "cancelled")), cursor)
         if response.status in RETRIED_STATUSES:
             raise _Retry(str(error))
-        raise error
+        try:
+            raise error
+        finally:
+            del error  # the traceback holds this frame: no cycle through it
 
     async def _sse_events(
         self, response: aiohttp.ClientResponse, subscription_id: str, position: dict[str, str]
