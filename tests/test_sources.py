@@ -19,19 +19,24 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
+from http.client import HTTPConnection
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import orjson
 import pytest
+from hypothesis import given, settings
 
 from field.client import AgentClient, FieldClient, FieldClientError
+from field.config import Config
+from field.errors import HTTP_STATUS
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid
 from .test_push import sse_stream, subscribe
+from .test_sources_core import definitions
 
 OPERATOR_TOKEN = "operator-token-for-sources-0123456789"
 GITHUB_SECRET = "It's a Secret to Everybody"
@@ -356,6 +361,8 @@ async def test_only_the_operator_defines_lists_and_removes_sources(
         ({"unit": {"type": "finding", "content": "{payload.a"}}, "INVALID_PAYLOAD"),
         ({"unit": {"type": "finding", "content": "{agent.token}"}}, "INVALID_PAYLOAD"),
         ({"unit": {"type": "rumour", "content": "x"}}, "INVALID_PAYLOAD"),
+        ({"unit": {"type": ["finding"], "content": "x"}}, "INVALID_PAYLOAD"),
+        ({"unit": {"type": {"finding": 1}, "content": "x"}}, "INVALID_PAYLOAD"),
         ({"unit": {"type": "finding", "content": "x", "confidence": 2}}, "INVALID_PAYLOAD"),
         (
             {"unit": {"type": "finding", "content": "x", "session_id": "session-0"}},
@@ -374,6 +381,35 @@ async def test_bad_definitions_are_refused_with_the_error_body(
     assert_valid("error", answer)
     assert GITHUB_SECRET not in answer["message"]
     assert (await operator.status())["sources"] == {}
+
+
+@pytest.fixture(scope="module")
+def definitions_server() -> Iterator[ThreadedServer]:
+    config = Config(data_dir=None, log_level="critical", operator_token=OPERATOR_TOKEN)
+    running = ThreadedServer(config).start()
+    yield running
+    running.stop()
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(body=definitions())
+def test_no_definition_is_answered_with_a_5xx(
+    definitions_server: ThreadedServer, body: Any
+) -> None:
+    connection = HTTPConnection("127.0.0.1", definitions_server.port, timeout=30)
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {OPERATOR_TOKEN}"}
+    try:
+        connection.request("POST", "/v1/sources", json.dumps(body).encode(), headers)
+        reply = connection.getresponse()
+        answer = orjson.loads(reply.read())
+    finally:
+        connection.close()
+    if reply.status == 200:
+        assert_valid("source.response", answer)
+    else:
+        assert 400 <= reply.status < 500, answer
+        assert_valid("error", answer)
+        assert HTTP_STATUS[answer["code"]] == reply.status, answer
 
 
 async def test_no_agent_may_register_a_source_id(server: ThreadedServer) -> None:

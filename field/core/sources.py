@@ -328,7 +328,8 @@ def _unit(unit: Any, state: FieldState, name: str) -> dict[str, Any]:
     unknown = sorted(set(unit) - _UNIT_FIELDS)
     if unknown:
         raise InvalidPayload(f"unknown unit field(s) {', '.join(repr(u[:64]) for u in unknown)}")
-    if unit.get("type") not in MEMORY_TYPES:
+    kind = unit.get("type")
+    if not isinstance(kind, str) or kind not in MEMORY_TYPES:
         raise InvalidPayload(f"unit.type must be one of {', '.join(sorted(MEMORY_TYPES))}")
     compile_template(unit.get("content"), "unit.content")
     purpose = unit.get("purpose", f"Event from source {name}")
