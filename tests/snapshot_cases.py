@@ -31,7 +31,7 @@ from field.core.field import Field
 from field.core.registration import SECRET_PREFIX
 from field.core.relevance import Column, Interner, Matrix
 from field.core.snapshot import Header
-from field.core.sources import Event
+from field.core.sources import Event, body_digest
 from field.core.state import OPERATOR_RECORD, FieldState
 from field.errors import FieldError
 from field.model import CONFLICT_STRATEGIES, StoredEntry
@@ -345,7 +345,8 @@ def _ingest(h: Harness, a: int, b: int, c: int) -> Any:
     delivery_id = f"delivery-{b % 6}" if c % 3 else None
     timestamp = int(h.time) if source.scheme == "standard" else None
     payload = {"n": b % 5, "topic": WORDS[c % len(WORDS)]}
-    event = Event(source, delivery_id, timestamp, payload, {"x-kind": "push"})
+    digest = body_digest(repr(payload).encode())  # payloads repeat: github refuses some
+    event = Event(source, delivery_id, timestamp, payload, {"x-kind": "push"}, digest)
     return _outcome(h, h.field.ingest_event(event))
 
 

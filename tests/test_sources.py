@@ -301,7 +301,33 @@ async def test_standard_webhooks_refuse_replays_stale_and_future_timestamps(
     assert unit["confidence"]["score"] == 0.5
 
 
-async def test_accepted_delivery_ids_are_refused_after_a_restart(
+async def test_a_github_event_sent_again_with_a_new_or_no_delivery_id_stores_nothing(
+    operator: Operator, agent: AgentClient
+) -> None:
+    await operator.define(GITHUB_SOURCE)
+    body = orjson.dumps(PULL_REQUEST)
+    status, first = await operator.post_event("github", body, github_headers(body))
+    assert (status, first["status"]) == (200, "accepted"), first
+    before = await snapshot(operator, agent)
+    # GitHub signs the body alone: whoever captured it can send it under any delivery id
+    for delivery in (str(uuid.uuid4()), "replay-2", None, None):
+        headers = github_headers(body, delivery=delivery)
+        if delivery is None:
+            del headers["X-GitHub-Delivery"]
+        status, answer = await operator.post_event("github", body, headers)
+        assert (status, answer) == (200, {"status": "duplicate", "delivery_id": delivery})
+    assert await snapshot(operator, agent) == before
+    assert before[2] == [first["memory_unit_id"]]
+    # another event, even without a delivery id, is stored once
+    other = orjson.dumps({**PULL_REQUEST, "number": 43})
+    unnamed = {k: v for k, v in github_headers(other).items() if k != "X-GitHub-Delivery"}
+    answers = [(await operator.post_event("github", other, unnamed))[1] for _ in range(3)]
+    assert [a["status"] for a in answers] == ["accepted", "duplicate", "duplicate"]
+    counts = (await operator.status())["sources"]["github"]
+    assert counts == {"scheme": "github", "accepted": 2, "filtered": 0, "refused": 6}
+
+
+async def test_accepted_delivery_ids_and_github_bodies_are_refused_after_a_restart(
     server_factory: Callable[..., ThreadedServer], http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
     settings = {"operator_token": OPERATOR_TOKEN, "data_dir": tmp_path / "data", "sync": "normal"}
@@ -315,10 +341,13 @@ async def test_accepted_delivery_ids_are_refused_after_a_restart(
     again = Operator(http, server_factory(**settings).url)
     status, answer = await again.post_event("github", body, headers)
     assert (status, answer["status"]) == (200, "duplicate")
-    fresh = github_headers(body)  # the sealed secret opens after the restart
-    assert (await again.post_event("github", body, fresh))[0] == 200
+    status, answer = await again.post_event("github", body, github_headers(body))
+    assert (status, answer["status"]) == (200, "duplicate")  # the body is remembered too
+    other = orjson.dumps({**PULL_REQUEST, "number": 43})
+    fresh = github_headers(other)  # the sealed secret opens after the restart
+    assert (await again.post_event("github", other, fresh))[0] == 200
     counts = (await again.status())["sources"]["github"]
-    assert counts == {"scheme": "github", "accepted": 2, "filtered": 0, "refused": 1}
+    assert counts == {"scheme": "github", "accepted": 2, "filtered": 0, "refused": 2}
 
 
 async def test_only_the_operator_defines_lists_and_removes_sources(

@@ -1,5 +1,5 @@
 """The pure parts of inbound event sources: signatures, templates, remembered deliveries,
-and definitions of any shape."""
+definitions of any shape, and replays refused by the core with no event loop."""
 
 from __future__ import annotations
 
@@ -17,6 +17,8 @@ from field.core import sources
 from field.core.field import Field
 from field.errors import HTTP_STATUS, FieldError, InvalidPayload
 from field.model import MEMORY_TYPES
+
+from .core_util import Harness
 
 BODY = b'{"action": "opened"}'
 OPERATOR_TOKEN = "operator-token-for-the-sources-core"
@@ -82,13 +84,91 @@ def test_a_forgotten_delivery_moves_the_horizon_so_it_cannot_be_replayed(
     monkeypatch.setattr(sources, "MAX_REMEMBERED", 3)
     seen = sources.Deliveries()
     for i, timestamp in enumerate([100, 90, None, 120]):
-        seen.note(f"id-{i}", timestamp)
+        seen.note(f"id-{i}", timestamp, None)
     assert list(seen.ids) == ["id-1", "id-2", "id-3"]
     assert seen.horizon == 100  # id-0 is forgotten: anything signed at or before 100 is stale
-    seen.note("id-4", 130)
+    seen.note("id-4", 130, None)
     assert seen.horizon == 100  # id-1 (90) is older than the horizon already
-    seen.note("id-5", 140)
+    seen.note("id-5", 140, None)
     assert (seen.horizon, list(seen.ids)) == (100, ["id-3", "id-4", "id-5"])
+
+
+def test_body_digests_are_remembered_for_as_many_events_as_delivery_ids(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(sources, "MAX_REMEMBERED", 3)
+    seen = sources.Deliveries()
+    digests = [sources.body_digest(b'{"n": %d}' % i) for i in range(5)]
+    for i, digest in enumerate(digests[:4]):
+        seen.note(None if i % 2 else f"id-{i}", None, digest)
+    assert not seen.repeats(None, digests[0])  # the oldest body is forgotten
+    assert all(seen.repeats(None, digest) for digest in digests[1:4])
+    assert not seen.repeats("id-1", digests[4])
+    assert seen.repeats("id-0", digests[4])  # ids have a window of their own: two so far
+    assert len(next(iter(seen.bodies))) == 32  # the raw digest, not its hex
+
+
+def define(h: Harness, scheme: str) -> None:
+    body = {
+        "name": "src",
+        "scheme": scheme,
+        "unit": {"type": "observation", "content": "event {payload.n}"},
+    }
+    h.entries.extend(h.field.define_source(OPERATOR_TOKEN, body).entries)
+
+
+def ingest(
+    h: Harness, field: Field, body: bytes, delivery_id: str | None, timestamp: int | None = None
+) -> dict[str, Any]:
+    event = sources.Event(
+        field.state.sources["src"],
+        delivery_id,
+        timestamp,
+        orjson.loads(body),
+        {},
+        sources.body_digest(body),
+    )
+    outcome = field.ingest_event(event)
+    h.entries.extend(outcome.entries)
+    return outcome.response
+
+
+def test_a_github_body_is_stored_once_under_any_delivery_id_and_after_a_restart() -> None:
+    h = Harness(operator_token=OPERATOR_TOKEN)
+    define(h, "github")
+    first, second = b'{"n": 1}', b'{"n": 2}'
+    assert ingest(h, h.field, first, "d-1")["status"] == "accepted"
+    logged = len(h.entries)
+    assert h.entries[-1].data["delivery"]["digest"] == hashlib.sha256(first).hexdigest()
+    # the signature covers the body alone: a captured event sent again under a new
+    # delivery id, or none, is the same event
+    for delivery_id in ("d-2", None, "d-3", None):
+        answer = ingest(h, h.field, first, delivery_id)
+        assert answer == {"status": "duplicate", "delivery_id": delivery_id}
+    assert len(h.entries) == logged
+    assert ingest(h, h.field, second, None)["status"] == "accepted"
+    assert ingest(h, h.field, second, "d-4") == {"status": "duplicate", "delivery_id": "d-4"}
+    assert h.field.state.sources["src"].accepted == 2
+    # a Field rebuilt from the log remembers both bodies and the delivery id
+    restarted = h.replayed()
+    logged = len(h.entries)
+    for body, delivery_id in ((first, "d-5"), (second, None), (b'{"n": 3}', "d-1")):
+        answer = ingest(h, restarted, body, delivery_id)
+        assert answer == {"status": "duplicate", "delivery_id": delivery_id}
+    assert len(h.entries) == logged
+    assert ingest(h, restarted, b'{"n": 3}', "d-6")["status"] == "accepted"
+
+
+def test_standard_webhooks_events_may_share_a_body() -> None:
+    h = Harness(operator_token=OPERATOR_TOKEN)
+    define(h, "standard")
+    now = int(h.time)
+    # the id is signed with the body: only its sender can send the body under another id
+    assert ingest(h, h.field, BODY, "msg-1", now)["status"] == "accepted"
+    assert ingest(h, h.field, BODY, "msg-2", now)["status"] == "accepted"
+    assert h.entries[-1].data["delivery"]["digest"] is None
+    assert ingest(h, h.field, BODY, "msg-1", now) == {"status": "duplicate", "delivery_id": "msg-1"}
+    assert not h.field.state.sources["src"].deliveries.bodies
 
 
 # -- definitions of any shape ------------------------------------------------------------

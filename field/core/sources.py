@@ -10,16 +10,18 @@ functions the transport calls *before* anything is parsed or queued:
 2. :func:`check_timestamp` (Standard Webhooks): the sender's clock within tolerance;
 
 then the body is parsed, the filter evaluated, and :func:`ingest` runs in the single
-writer: it refuses a delivery id the source has already seen (:class:`Deliveries`,
-a projection of the log, so it survives restarts) and records the unit, with the
-payload, as ``source:<name>``.
+writer: it refuses a delivery id the source has already seen, and, for a scheme whose
+signature covers the body alone (GitHub's), a body it has already seen, by its
+:func:`body_digest` (:class:`Deliveries`, a projection of the log, so it survives
+restarts); then it records the unit, with the payload, as ``source:<name>``.
 
 Entry kinds (projected in :mod:`field.core.state`):
 
 ===================== ===============================================
 ``source.defined``    ``{source}``: the definition, its secret sealed
 ``source.removed``    ``{name}``
-``memory.recorded``   ``{unit, delivery: {source, id, timestamp}}`` for an event
+``memory.recorded``   ``{unit, delivery: {source, id, timestamp, digest}}`` for an event
+                      (``digest``: of the raw body under :data:`BODY_SIGNED`, else null)
 ===================== ===============================================
 
 No function here repeats a secret in an error.
@@ -27,6 +29,7 @@ No function here repeats a secret in an error.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import re
 import secrets
@@ -51,13 +54,16 @@ if TYPE_CHECKING:
 
 #: The signature schemes a source may use.
 SCHEMES = ("github", "standard")
+#: The schemes whose signature covers the body alone, with no id or time: a captured event
+#: could be sent again under any delivery id, so its body's digest is remembered too.
+BODY_SIGNED = frozenset({"github"})
 #: A source's name: lower-case letters, digits, ``_`` and ``-``, 1 to 64 characters.
 NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 #: The agent id prefix of units recorded by a source; no REGISTER may take such an id.
 AGENT_PREFIX = "source:"
 #: Most sources a Field holds.
 MAX_SOURCES = 1000
-#: Delivery ids each source remembers (the newest), to refuse replays.
+#: Delivery ids, and body digests, each source remembers (the newest), to refuse replays.
 MAX_REMEMBERED = 100_000
 #: The default, and the largest, body of one event (bytes); the operator may set less.
 DEFAULT_MAX_PAYLOAD_BYTES = 65_536
@@ -96,6 +102,12 @@ def verify_standard(key: bytes, message_id: str, timestamp: str, header: str, bo
     for candidate in header.split(" ")[:16]:  # a few keys at most
         found |= hmac.compare_digest(expected, candidate.encode("ascii", "replace"))
     return found
+
+
+def body_digest(body: bytes) -> str:
+    """The SHA-256 of an event's raw body, in hex: what tells a replay apart when the
+    signature covers nothing else (:data:`BODY_SIGNED`)."""
+    return hashlib.sha256(body).hexdigest()
 
 
 def check_timestamp(raw: str, now: float, tolerance: float) -> int:
@@ -207,8 +219,10 @@ def _shown(value: Any) -> str:
 
 @dataclass(slots=True)
 class Deliveries:
-    """The delivery ids a source has accepted, oldest first, at most ``MAX_REMEMBERED``,
-    each with its ``webhook-timestamp`` (None for the GitHub scheme).
+    """What a source has accepted, to refuse replays: the delivery ids, oldest first, at
+    most ``MAX_REMEMBERED``, each with its ``webhook-timestamp`` (None for the GitHub
+    scheme); and the digests of the bodies accepted under :data:`BODY_SIGNED`, oldest
+    first, at most ``MAX_REMEMBERED`` too (the raw 32 bytes: half the size of the hex).
 
     ``horizon`` is the newest timestamp among the ids forgotten: a Standard Webhooks
     event at or before it is refused as stale, so an id that was forgotten can never be
@@ -217,13 +231,26 @@ class Deliveries:
 
     ids: OrderedDict[str, int | None] = field(default_factory=OrderedDict)
     horizon: int = -1
+    bodies: OrderedDict[bytes, None] = field(default_factory=OrderedDict)
 
-    def note(self, delivery_id: str, timestamp: int | None) -> None:
-        self.ids[delivery_id] = timestamp
-        while len(self.ids) > MAX_REMEMBERED:
-            _, old = self.ids.popitem(last=False)
-            if old is not None:
-                self.horizon = max(self.horizon, old)
+    def note(self, delivery_id: str | None, timestamp: int | None, digest: str | None) -> None:
+        """An accepted event, as its log entry names it (any part may be missing)."""
+        if delivery_id is not None:
+            self.ids[delivery_id] = timestamp
+            while len(self.ids) > MAX_REMEMBERED:
+                _, old = self.ids.popitem(last=False)
+                if old is not None:
+                    self.horizon = max(self.horizon, old)
+        if digest is not None:
+            self.bodies[bytes.fromhex(digest)] = None
+            while len(self.bodies) > MAX_REMEMBERED:
+                self.bodies.popitem(last=False)
+
+    def repeats(self, delivery_id: str | None, digest: str | None) -> bool:
+        """Whether an event with this delivery id, or (if given) this body, was accepted."""
+        if delivery_id is not None and delivery_id in self.ids:
+            return True
+        return digest is not None and bytes.fromhex(digest) in self.bodies
 
 
 @dataclass(slots=True)
@@ -406,7 +433,7 @@ def define(field: Field, token: str | None, body: Any) -> Outcome:
 
 
 def remove(field: Field, token: str | None, name: str) -> Outcome:
-    """``source.removed``: the source and the delivery ids it remembered are gone."""
+    """``source.removed``: the source and the deliveries it remembered are gone."""
     require_operator(field, token)
     source_of(field.state, name)
 
@@ -438,6 +465,8 @@ class Event:
     timestamp: int | None
     payload: Any
     headers: Mapping[str, str]
+    #: :func:`body_digest` of the raw body
+    digest: str
 
 
 def ingest(field: Field, event: Event) -> Outcome:
@@ -452,9 +481,13 @@ def ingest(field: Field, event: Event) -> Outcome:
             suggested_action="Send the event again.",
         )
     seen = source.deliveries
-    if event.delivery_id is not None and event.delivery_id in seen.ids:
-        # accepted before (its answer may have been lost): acknowledged again, not stored;
-        # a sender that retries until a 2xx stops here
+    # the body tells a replay apart only where nothing else is signed: under Standard
+    # Webhooks two events may share a body, and a new id cannot be signed by a replayer
+    digest = event.digest if source.scheme in BODY_SIGNED else None
+    if seen.repeats(event.delivery_id, digest):
+        # accepted before (its answer may have been lost, or it was captured and sent
+        # again under another delivery id or none): acknowledged, not stored; a sender
+        # that retries until a 2xx stops here
         outcome = field.system(lambda epoch, now: [])  # nothing is written
         outcome.response = {"status": "duplicate", "delivery_id": event.delivery_id}
         return outcome
@@ -499,7 +532,12 @@ def ingest(field: Field, event: Event) -> Outcome:
             "epoch": epoch,
             "payload": event.payload,
         }
-        delivery = {"source": source.name, "id": event.delivery_id, "timestamp": event.timestamp}
+        delivery = {
+            "source": source.name,
+            "id": event.delivery_id,
+            "timestamp": event.timestamp,
+            "digest": digest,
+        }
         data = {"unit": unit, "delivery": delivery}
         return [LogEntry(epoch, "memory.recorded", data, agent_id, now)]
 

@@ -41,7 +41,7 @@ Entry kinds and their ``data``:
 ===================== ===============================================
 
 A ``memory.recorded`` entry of an inbound event also has ``delivery``:
-``{source, id, timestamp}`` (see :mod:`field.core.sources`).
+``{source, id, timestamp, digest}`` (see :mod:`field.core.sources`).
 
 Every entry is also indexed by the entities it is about
 (:class:`~field.core.entities.EntityIndex`), under its log position, so
@@ -273,8 +273,10 @@ class FieldState:
             source = self.sources.get(delivery["source"])
             if source is not None:
                 source.accepted += 1
-                if delivery["id"] is not None:
-                    source.deliveries.note(delivery["id"], delivery["timestamp"])
+                # an entry written by an older version has no ``digest``
+                source.deliveries.note(
+                    delivery["id"], delivery["timestamp"], delivery.get("digest")
+                )
         self.units.add(unit)
         self.units_by_agent[unit["source"]["agent_id"]] += 1
         self.unit_statuses[unit["status"]] += 1

@@ -8,7 +8,8 @@
   source's ``max_payload_bytes``, before and while it is read), the signature
   over the raw bytes (constant time), the timestamp (Standard Webhooks), then
   the parse, the filter, and one write through the single writer, which refuses
-  a delivery id already accepted. Nothing is stored unless every step passed.
+  a delivery id already accepted (and, for GitHub, whose signature covers the
+  body alone, a body already accepted). Nothing is stored unless every step passed.
 
 What the core decides is in :mod:`field.core.sources`; this module only reads
 bytes and headers and counts answers. The ``filtered`` and ``refused`` counts
@@ -198,7 +199,8 @@ class SourcesBinding:
             passed = source.filter.evaluate({"payload": payload, "headers": shown_headers})
             if passed is not True:
                 return None
-        event = sources.Event(source, delivery_id, timestamp, payload, shown_headers)
+        digest = sources.body_digest(body)
+        event = sources.Event(source, delivery_id, timestamp, payload, shown_headers, digest)
         # an inbound event is a write: refused first under overload (its sender retries)
         return await service.execute(lambda field: field.ingest_event(event), work=Work.WRITE)
 
