@@ -28,7 +28,7 @@ from _common import machine_line, pct
 from fanout import ChildServer, raise_nofile
 
 HOST = "127.0.0.1"
-PROBE = b"GET /v1/field/status HTTP/1.1\r\nHost: field\r\nConnection: close\r\n\r\n"
+PROBE = b"GET /v1/field/status HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n"
 #: Sockets opened at once.
 OPEN_CONCURRENCY = 256
 

@@ -41,9 +41,9 @@ from large_reads import corpus_arguments, heavy_process, normal_client, populate
 #: What each kind of slow connection sends, then holds.
 SLOW = {
     "connect-only": b"",
-    "partial head": b"POST /v1/attune HTTP/1.1\r\nHost: field\r\nContent-Ty",
+    "partial head": b"POST /v1/attune HTTP/1.1\r\nHost: localhost\r\nContent-Ty",
     "partial body": (
-        b"POST /v1/attune HTTP/1.1\r\nHost: field\r\nContent-Type: application/json\r\n"
+        b"POST /v1/attune HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b"Content-Length: 4000\r\n\r\n" + b'{"protocol": "akashik", '
     ),
 }

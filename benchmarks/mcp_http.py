@@ -241,6 +241,8 @@ def main() -> None:
             Path(data),
             "--mcp-max-sessions",
             str(args.sessions + 10),
+            "--mcp-max-sessions-per-client",  # every session comes from this one address
+            str(args.sessions + 10),
             "--register-rate",
             "100000",
             "--register-burst",

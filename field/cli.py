@@ -267,14 +267,30 @@ def _parser() -> argparse.ArgumentParser:
         "WebSockets, e.g. https://app.example.com (* for any); repeat for more (none)",
     )
     serve.add_argument(
+        "--allowed-host",
+        action="append",
+        metavar="HOST",
+        help="a host name the Field answers to besides localhost and loopback addresses, "
+        "e.g. field.example.com:8765, field.example.com:* (any port) or *.example.com; "
+        "repeat for more. Bound to loopback, or with any given, a request for another "
+        "host is 421 (none; bound elsewhere without any, Host is not checked)",
+    )
+    serve.add_argument(
         "--mcp-max-sessions",
         type=int,
-        help="most MCP sessions open at once over HTTP (/mcp); past it 503 (1000)",
+        help="most MCP sessions open at once over HTTP (/mcp), the operator's not counted; "
+        "past it 503 (1000)",
+    )
+    serve.add_argument(
+        "--mcp-max-sessions-per-client",
+        type=int,
+        help="most MCP sessions of one client address (IPv6: one /64); past it 429 (100)",
     )
     serve.add_argument(
         "--mcp-idle-timeout",
         type=float,
-        help="seconds an MCP session may go with no request in flight before it ends (600)",
+        help="seconds an MCP session may go with no request in flight and no open stream "
+        "before it ends (60)",
     )
     serve.add_argument(
         "--log",
@@ -491,7 +507,9 @@ def _config(args: argparse.Namespace) -> Config:
         notify_rate=args.notify_rate,
         notify_burst=args.notify_burst,
         cors_origin=tuple(args.cors_origin) if args.cors_origin else None,
+        allowed_host=tuple(args.allowed_host) if args.allowed_host else None,
         mcp_max_sessions=args.mcp_max_sessions,
+        mcp_max_sessions_per_client=args.mcp_max_sessions_per_client,
         mcp_idle_timeout=args.mcp_idle_timeout,
         **delivery,
         operator_token=(

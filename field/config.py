@@ -28,6 +28,7 @@ from .subscriptions.delivery import RetryPolicy
 from .subscriptions.outbox import PushLimits
 from .transports.cors import parse_origins
 from .transports.delivery import DeliverySettings
+from .transports.hosts import AllowedHosts, parse_allowed_hosts
 from .transports.push import DEFAULT_MAX_PER_AGENT
 from .transports.ratelimits import (
     DEFAULT_AGENT_BURST,
@@ -155,11 +156,18 @@ class Config:
     #: Origins whose browser pages may call the Field, open SSE streams and WebSockets
     #: (``--cors-origin``, repeatable; ``*``: any); none by default (``field.transports.cors``).
     cors_origin: tuple[str, ...] = ()
-    #: Most MCP sessions open at once over HTTP (``/mcp``); past it a new one is 503.
+    #: Host names the Field answers to besides the loopback names (``--allowed-host``,
+    #: repeatable; ``field.transports.hosts``). Bound to loopback, or with any given, a
+    #: request whose ``Host`` is another is 421; bound elsewhere with none, not checked.
+    allowed_host: tuple[str, ...] = ()
+    #: Most MCP sessions open at once over HTTP (``/mcp``); past it a new one is 503. The
+    #: operator's are not counted (it is never locked out).
     mcp_max_sessions: int = 1000
+    #: Most MCP sessions of one client address (an IPv6 /64); past it, 429.
+    mcp_max_sessions_per_client: int = 100
     #: Seconds an MCP session may go with no request in flight (an open GET stream is one)
     #: before it ends.
-    mcp_idle_timeout: float = 600.0
+    mcp_idle_timeout: float = 60.0
     limits: Limits = field(default_factory=Limits)
     push: PushLimits = field(default_factory=PushLimits)
     #: Serve ``GET /metrics`` and count what it shows; off (``--no-metrics``): neither.
@@ -242,7 +250,12 @@ class Config:
             rate = getattr(self, name)
             if not (math.isfinite(rate) and rate >= 0):
                 raise ValueError(f"{name} must be a number, 0 (no limit) or more, not {rate}")
-        for name in ("agent_burst", "notify_burst", "mcp_max_sessions"):
+        for name in (
+            "agent_burst",
+            "notify_burst",
+            "mcp_max_sessions",
+            "mcp_max_sessions_per_client",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
         if not (math.isfinite(self.mcp_idle_timeout) and 0 < self.mcp_idle_timeout <= MAX_TIMEOUT):
@@ -253,6 +266,7 @@ class Config:
         if self.metrics_token is not None and len(self.metrics_token) < 16:
             raise ValueError("metrics_token must be at least 16 characters")
         object.__setattr__(self, "cors_origin", parse_origins(self.cors_origin))
+        object.__setattr__(self, "allowed_host", parse_allowed_hosts(self.allowed_host))
         if self.log is not None and not self.log.startswith(("postgresql://", "postgres://")):
             raise ValueError("log must be a postgresql:// URL")
         if not (math.isfinite(self.cluster_interval) and 0.05 <= self.cluster_interval <= 60):
@@ -304,6 +318,10 @@ class Config:
     def notify_rate_limit(self) -> Rate | None:
         """The rate of the notifications written to each agent; None: not limited."""
         return rate_of(self.notify_rate, self.notify_burst)
+
+    def allowed_hosts(self) -> AllowedHosts:
+        """The host names the Field answers to, bound where it is."""
+        return AllowedHosts(self.host, self.allowed_host)
 
     def egress_policy(self) -> EgressPolicy:
         """Where webhooks and RAP callbacks may be delivered."""
@@ -399,6 +417,7 @@ _INTEGERS = (
     "agent_burst",
     "notify_burst",
     "mcp_max_sessions",
+    "mcp_max_sessions_per_client",
     "snapshot_entries",
 )
 _FLOATS = (
@@ -436,7 +455,7 @@ def _parse(name: str, raw: str) -> Any:
         except ValueError:
             what = "an integer" if kind is int else "a number"
             raise ValueError(f"FIELD_{name.upper()} must be {what}, not {raw[:40]!r}") from None
-    if name == "cors_origin":  # comma- or space-separated origins
+    if name in ("cors_origin", "allowed_host"):  # comma- or space-separated
         return tuple(part for part in raw.replace(",", " ").split() if part)
     if name in _SWITCHES:
         flag = raw.strip().lower()

@@ -51,14 +51,16 @@ def _ready_signal(app: Any, ready: threading.Event) -> Any:
 
 
 class ThreadedServer:
-    """The real app on uvicorn, on a loopback port, in a background thread."""
+    """The real app on uvicorn, on a loopback port, in a background thread. The socket is
+    on 127.0.0.1 whatever ``config.host`` says: a test may give the app another address
+    to take itself to be bound to (``0.0.0.0``: one whose ``Host`` is not checked)."""
 
     def __init__(self, config: Config, *, ws: str | None = None) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(1024)
         self.port = self.sock.getsockname()[1]
-        self.config = replace(config, host="127.0.0.1", port=self.port)
+        self.config = replace(config, port=self.port)
         self.url = f"http://127.0.0.1:{self.port}"
         self._ready = threading.Event()
         #: the Starlette app (its ``state`` holds the push hub once started)

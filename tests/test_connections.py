@@ -35,7 +35,7 @@ TIMEOUT = 5.0
 HEADER = 0.5
 BODY = 0.5
 
-STATUS = b"GET /v1/field/status HTTP/1.1\r\nHost: field\r\n\r\n"
+STATUS = b"GET /v1/field/status HTTP/1.1\r\nHost: localhost\r\n\r\n"
 WS_HEAD = (
     b"Connection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\n"
     b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n"
@@ -171,7 +171,7 @@ async def test_a_connection_that_sends_nothing_is_answered_408(
 async def test_a_partial_head_is_answered_408(server: ThreadedServer, raws: list[Raw]) -> None:
     raw = await connect(server, raws)
     started = time.monotonic()
-    await raw.send(b"POST /v1/register HTTP/1.1\r\nHost: field\r\nContent-Type: appl")
+    await raw.send(b"POST /v1/register HTTP/1.1\r\nHost: localhost\r\nContent-Type: appl")
     await timed_out(raw, started, HEADER, "head")
 
 
@@ -198,7 +198,7 @@ async def test_a_stalled_body_is_answered_408_and_its_request_ends_quietly(
 ) -> None:
     raw = await connect(server, raws)
     await raw.send(
-        b"POST /v1/register HTTP/1.1\r\nHost: field\r\nContent-Type: application/json\r\n"
+        b"POST /v1/register HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         b'Content-Length: 200\r\n\r\n{"protocol": "akashik",'
     )
     started = time.monotonic()
@@ -227,7 +227,7 @@ async def test_a_slow_client_inside_the_deadlines_is_served(
 ) -> None:
     body = orjson.dumps({"not": "an envelope"})
     raw = await connect(server, raws)
-    await raw.send(b"POST /v1/register HTTP/1.1\r\nHost: field\r\n")
+    await raw.send(b"POST /v1/register HTTP/1.1\r\nHost: localhost\r\n")
     await asyncio.sleep(HEADER / 2)
     await raw.send(b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body))
     await asyncio.sleep(BODY / 2)
@@ -340,7 +340,7 @@ async def test_a_post_asking_to_upgrade_is_served_with_its_body(
     body = register("agent-ws")
     raw = await connect(server, raws)
     await raw.send(
-        b"POST /v1/register HTTP/1.1\r\nHost: field\r\n"
+        b"POST /v1/register HTTP/1.1\r\nHost: localhost\r\n"
         + WS_HEAD
         + b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
     )
@@ -355,7 +355,7 @@ async def test_an_h2c_upgrade_with_a_chunked_body_is_served_as_http(
 ) -> None:
     raw = await connect(server, raws)
     await raw.send(
-        b"POST /v1/register HTTP/1.1\r\nHost: field\r\nConnection: Upgrade, HTTP2-Settings\r\n"
+        b"POST /v1/register HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade, HTTP2-Settings\r\n"
         b"Upgrade: h2c\r\nHTTP2-Settings: AAMAAABkAARAAAAAAAIAAAAA\r\n"
         b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
         + chunked(register("agent-h2c"))
@@ -386,7 +386,7 @@ async def test_a_handshake_the_field_cannot_take_gets_an_error_body(
     server: ThreadedServer, raws: list[Raw], head: bytes
 ) -> None:
     raw = await connect(server, raws)
-    await raw.send(head.replace(b"\r\n", b"\r\nHost: field\r\n", 1))
+    await raw.send(head.replace(b"\r\n", b"\r\nHost: localhost\r\n", 1))
     answer = await raw.response()
     assert_error(answer, 400, "INVALID_HANDSHAKE")
     assert answer[1]["sec-websocket-version"] == "13"  # the version the Field speaks
@@ -397,7 +397,7 @@ async def test_a_handshake_for_another_path_is_answered_404(
     server: ThreadedServer, raws: list[Raw]
 ) -> None:
     raw = await connect(server, raws)
-    await raw.send(b"GET /v1/field/status HTTP/1.1\r\nHost: field\r\n" + WS_HEAD + b"\r\n")
+    await raw.send(b"GET /v1/field/status HTTP/1.1\r\nHost: localhost\r\n" + WS_HEAD + b"\r\n")
     assert_error(await raw.response(), 404, "NOT_FOUND")
     assert await raw.closed() == b""
 

@@ -40,10 +40,10 @@ TIMEOUT = 5.0
 
 #: Requests llhttp cannot frame, each answered 400 INVALID_HTTP.
 MALFORMED = {
-    "negative-length": b"POST /v1/record HTTP/1.1\r\nHost: field\r\nContent-Length: -1\r\n\r\n",
-    "letters-length": b"POST /v1/record HTTP/1.1\r\nHost: field\r\nContent-Length: abc\r\n\r\n",
-    "control-byte-value": b"GET /v1/field/status HTTP/1.1\r\nHost: field\r\nX-Note: a\x01b\r\n\r\n",
-    "control-byte-name": b"GET /v1/field/status HTTP/1.1\r\nHost: field\r\nX-N\x01te: ab\r\n\r\n",
+    "negative-length": b"POST /v1/record HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n\r\n",
+    "letters-length": b"POST /v1/record HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n",
+    "control-byte-value": b"GET /v1/field/status HTTP/1.1\r\nHost: localhost\r\nX-Note: a\x01b\r\n\r\n",
+    "control-byte-name": b"GET /v1/field/status HTTP/1.1\r\nHost: localhost\r\nX-N\x01te: ab\r\n\r\n",
 }
 
 
@@ -63,7 +63,7 @@ async def test_malformed_framing_after_a_good_request_answers_both(
     field_server: ThreadedServer, raws: list[Raw]
 ) -> None:
     raw = await connect(field_server, raws)
-    good = b"GET /v1/field/status HTTP/1.1\r\nHost: field\r\n\r\n"
+    good = b"GET /v1/field/status HTTP/1.1\r\nHost: localhost\r\n\r\n"
     await raw.send(good + MALFORMED["negative-length"])
     status, _, _ = await raw.response()
     assert status == 200

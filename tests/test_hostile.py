@@ -217,7 +217,7 @@ async def test_a_client_leaving_mid_upload_leaves_no_traceback(hostile: Any) -> 
     for _ in range(5):
         reader, writer = await asyncio.open_connection(host, int(port))
         writer.write(
-            b"POST /v1/record HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/record HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b"Content-Length: 100000\r\n\r\n" + b'{"protocol": "akashik", ' * 10
         )
         await writer.drain()
@@ -251,9 +251,9 @@ async def test_slow_and_idle_connections_are_answered_and_let_go(
     host, port = server.url.removeprefix("http://").split(":")
     kinds = {
         "connect-only": b"",
-        "partial-head": b"POST /v1/record HTTP/1.1\r\nHost: x\r\nContent-Ty",
+        "partial-head": b"POST /v1/record HTTP/1.1\r\nHost: localhost\r\nContent-Ty",
         "partial-body": (
-            b"POST /v1/record HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"POST /v1/record HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
             b'Content-Length: 5000\r\n\r\n{"protocol"'
         ),
     }
@@ -277,7 +277,7 @@ async def test_slow_and_idle_connections_are_answered_and_let_go(
         reader, writer = await asyncio.open_connection(host, int(port))
         body = b'{"protocol":"akashik"}'
         writer.write(
-            b"POST /v1/record HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\n"
+            b"POST /v1/record HTTP/1.1\r\nHost: localhost\r\nConnection: Upgrade\r\n"
             b"Upgrade: websocket\r\nContent-Type: application/json\r\n"
             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
         )

@@ -9,13 +9,16 @@ Agents are registered over the HTTP binding. One server serves the module
 
 Notifications are awaited (``Updates``), never slept for: a test that checks
 that one did *not* come waits instead for a later one that must follow it on
-the same stream.
+the same stream. What the server does without telling any client (a session
+that expires) is awaited in its log, with a deadline. Sessions of other
+client addresses come from other loopback addresses (127.0.0.2, ...).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -31,6 +34,7 @@ from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
 from field.cli import main
 from field.client import AgentClient, FieldClient
+from field.config import Config
 
 from .conftest import ServerProcess, spawn_server
 from .schema_util import assert_valid
@@ -242,11 +246,14 @@ async def test_polls_and_the_default_session_are_kept_per_mcp_session(
 # -- refusals ----------------------------------------------------------------------------------
 
 
-async def post(url: str, body: Any, headers: dict[str, str]) -> tuple[int, Any, Any]:
-    """A raw POST to /mcp: (status, JSON body, headers); ``body`` bytes are sent as given."""
+async def post(
+    url: str, body: Any, headers: dict[str, str], local: str = "127.0.0.1"
+) -> tuple[int, Any, Any]:
+    """A raw POST to /mcp from the loopback address ``local``: (status, JSON body, headers);
+    ``body`` bytes are sent as given."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
     async with (
-        aiohttp.ClientSession() as http,
+        aiohttp.ClientSession(connector=aiohttp.TCPConnector(local_addr=(local, 0))) as http,
         http.post(f"{url}/mcp", data=data, headers=headers) as response,
     ):
         text = await response.text()
@@ -337,6 +344,53 @@ def tools_call(tool: str, **arguments: Any) -> dict[str, Any]:
         "method": "tools/call",
         "params": {"name": tool, "arguments": arguments},
     }
+
+
+async def open_raw(url: str, headers: dict[str, str], local: str = "127.0.0.1") -> dict[str, str]:
+    """Initialize a session over raw HTTP from the loopback address ``local`` (no GET stream,
+    no DELETE: a client that leaves it behind); the headers of its requests."""
+    status, body, answered = await post(url, initialize_message(), headers, local)
+    assert status == 200, body
+    session = {**headers, "Mcp-Session-Id": answered["Mcp-Session-Id"]}
+    initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+    assert (await post(url, initialized, session, local))[0] == 202
+    return session
+
+
+async def test_a_session_refuses_a_protocol_version_it_cannot_have(
+    field: ServerProcess, http: FieldClient
+) -> None:
+    (hu,) = await register(http, "t-hu")
+    headers = {
+        "Authorization": f"Bearer {hu.token}",
+        "Content-Type": "application/json",
+        "Accept": ACCEPT,
+    }
+    session = await open_raw(field.url, headers)
+    attune = tools_call("akashik_attune")
+    for version in ("1999-01-01", "2026-07-28", "v" * 200):
+        refused = {**session, "MCP-Protocol-Version": version}
+        status, body, _ = await post(field.url, attune, refused)
+        assert status == 400, body
+        assert body["jsonrpc"] == "2.0" and body["id"] is None
+        error = body["error"]
+        assert error["message"] == "Unsupported protocol version" and error["code"] < 0
+        assert error["data"]["requested"] == version[:64]
+        assert "2025-11-25" in error["data"]["supported"]
+    async with aiohttp.ClientSession() as raw:
+        refused = {**session, "MCP-Protocol-Version": "1999-01-01", "Accept": "text/event-stream"}
+        for method in ("GET", "DELETE"):  # the stream is not opened, the session not ended
+            async with raw.request(method, f"{field.url}/mcp", headers=refused) as answer:
+                assert answer.status == 400
+                assert (await answer.json())["error"]["data"]["requested"] == "1999-01-01"
+    for supported in ("2025-11-25", "2025-06-18", None):
+        served = session if supported is None else {**session, "MCP-Protocol-Version": supported}
+        status, body, _ = await post(field.url, attune, served)
+        assert status == 200 and body["result"]["isError"] is False, body
+    # outside a session the SDK answers an unsupported version alike: 400, a JSON-RPC error
+    stateless = {**headers, "MCP-Protocol-Version": "1999-01-01"}
+    status, body, _ = await post(field.url, attune, stateless)
+    assert status == 400 and body["jsonrpc"] == "2.0" and body["error"]["code"] < 0
 
 
 async def test_a_stateless_request_needs_no_initialize(
@@ -628,43 +682,154 @@ async def feeds_bounded(url: str, eve: AgentClient, fox: AgentClient) -> None:
         assert [n["memory_unit_id"] for n in page["notifications"]] == [late["memory_unit_id"]]
 
 
+async def logged(server: ServerProcess, text: str) -> float:
+    """Wait for a line of the server's log that holds ``text`` (it tells no client); the
+    time it was seen, on the monotonic clock."""
+    async with asyncio.timeout(HANG_GUARD):
+        while not any(text in line for line in server.lines):
+            await asyncio.sleep(0.02)
+    return time.monotonic()
+
+
+def raw_headers(agent: AgentClient | str) -> dict[str, str]:
+    token = agent if isinstance(agent, str) else agent.token
+    return {
+        "Authorization": f"Bearer {token}",
+        "Content-Type": "application/json",
+        "Accept": ACCEPT,
+    }
+
+
 async def test_an_idle_session_expires(tmp_path_factory: pytest.TempPathFactory) -> None:
     idle = 0.5
     server = spawn_server(tmp_path_factory.mktemp("mcp-idle"), f"--mcp-idle-timeout={idle}")
     try:
         async with FieldClient(server.url) as client:
             (eli,) = await register(client, "eli")
-        headers = {
-            "Authorization": f"Bearer {eli.token}",
-            "Content-Type": "application/json",
-            "Accept": ACCEPT,
-        }
-        async with aiohttp.ClientSession() as raw:
-            async with raw.post(
-                f"{server.url}/mcp", json=initialize_message(), headers=headers
-            ) as opened:
-                assert opened.status == 200
-                session = {**headers, "Mcp-Session-Id": opened.headers["Mcp-Session-Id"]}
-                await opened.read()
-            initialized = {"jsonrpc": "2.0", "method": "notifications/initialized"}
-            async with raw.post(f"{server.url}/mcp", json=initialized, headers=session) as done:
-                assert done.status == 202
-            async with raw.post(
-                f"{server.url}/mcp", json=tools_call("akashik_attune"), headers=session
-            ) as used:
-                assert used.status == 200 and '\\"status\\":\\"ok\\"' in await used.text()
-            await asyncio.sleep(3 * idle)  # no request in flight past the idle timeout
-            async with raw.post(
-                f"{server.url}/mcp", json=tools_call("akashik_attune"), headers=session
-            ) as gone:
-                assert gone.status == 404 and (await gone.json())["code"] == "NOT_FOUND"
+        session = await open_raw(server.url, raw_headers(eli))
+        status, body, _ = await post(server.url, tools_call("akashik_attune"), session)
+        assert status == 200 and body["result"]["isError"] is False
+        answered = time.monotonic()
+        # no request in flight, no stream: it ends once the idle timeout has passed
+        ended = await logged(server, "MCP session of agent eli expired")
+        assert ended - answered > idle / 2
+        status, body, _ = await post(server.url, tools_call("akashik_attune"), session)
+        assert status == 404 and body["code"] == "NOT_FOUND"
     finally:
         server.stop()
-    assert any("MCP session of agent eli expired" in line for line in server.lines)
+
+
+async def test_sessions_are_bounded_by_default() -> None:
+    """An idle session ends after a minute; one address holds a tenth of the sessions."""
+    config = Config()
+    assert config.mcp_idle_timeout == 60
+    assert config.mcp_max_sessions_per_client * 10 == config.mcp_max_sessions
+
+
+async def test_one_client_address_cannot_take_every_session(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    server = spawn_server(
+        tmp_path_factory.mktemp("mcp-per-client"),
+        "--mcp-max-sessions=3",
+        "--mcp-max-sessions-per-client=2",
+    )
+    try:
+        async with FieldClient(server.url) as client:
+            agents = await register(client, *(f"hoarder-{n}" for n in range(4)))
+        for agent in agents[:2]:  # left behind, never used again
+            await open_raw(server.url, raw_headers(agent))
+        third = raw_headers(agents[2])
+        status, body, _ = await post(server.url, initialize_message(), third)
+        assert status == 429 and body["code"] == "TOO_MANY_CONNECTIONS", body
+        assert_valid("error", body)
+        assert "client address" in body["message"] and body["recoverable"] is True
+        # another address has room, until the Field's own bound
+        await open_raw(server.url, third, local="127.0.0.2")
+        status, body, answered = await post(
+            server.url, initialize_message(), raw_headers(agents[3]), "127.0.0.3"
+        )
+        assert status == 503 and body["code"] == "OVERLOADED" and answered["Retry-After"]
+    finally:
+        server.stop()
+
+
+async def test_the_operator_is_never_locked_out(tmp_path_factory: pytest.TempPathFactory) -> None:
+    directory = tmp_path_factory.mktemp("mcp-operator")
+    operator = "operator-token-of-the-test"
+    (directory / "operator").write_text(operator)
+    server = spawn_server(
+        directory / "data",
+        f"--operator-token-file={directory / 'operator'}",
+        "--mcp-max-sessions=1",
+    )
+    try:
+        async with FieldClient(server.url) as client:
+            ada, bea = await register(client, "locker-ada", "locker-bea")
+        await open_raw(server.url, raw_headers(ada))  # every session the Field allows
+        for local in ("127.0.0.1", "127.0.0.2"):
+            status, body, _ = await post(server.url, initialize_message(), raw_headers(bea), local)
+            assert status == 503 and body["code"] == "OVERLOADED", body
+        async with (
+            mcp_session(server.url, operator) as first,
+            mcp_session(server.url, operator) as second,
+        ):
+            for session in (first, second):
+                listed = await asyncio.wait_for(session.list_tools(), HANG_GUARD)
+                assert "akashik_attune" in {tool.name for tool in listed.tools}
+    finally:
+        server.stop()
+
+
+async def test_a_session_left_behind_makes_room_for_its_agent(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """One session per agent; a session idle for half the idle timeout (2 s here) is ended
+    to make room for the agent's new one, a session with a stream open never."""
+    idle = 4.0
+    server = spawn_server(
+        tmp_path_factory.mktemp("mcp-room"), "--max-push-per-agent=1", f"--mcp-idle-timeout={idle}"
+    )
+    try:
+        async with FieldClient(server.url) as client:
+            (cy,) = await register(client, "room-cy")
+        headers = raw_headers(cy)
+        left = await open_raw(server.url, headers)
+        opened = time.monotonic()
+        # just used: it may be a client between two requests, so it is kept
+        status, body, _ = await post(server.url, initialize_message(), headers)
+        assert status == 429 and body["code"] == "TOO_MANY_CONNECTIONS", body
+        assert "DELETE" in body["suggested_action"]
+        async with asyncio.timeout(idle):  # then it makes room, before it would expire
+            while status != 200:
+                await asyncio.sleep(0.1)
+                status, body, answered = await post(server.url, initialize_message(), headers)
+        assert time.monotonic() - opened >= idle / 2
+        await logged(server, "an idle MCP session of agent room-cy ended to make room")
+        status, body, _ = await post(server.url, tools_call("akashik_attune"), left)
+        assert status == 404 and body["code"] == "NOT_FOUND"
+        listening = {**headers, "Mcp-Session-Id": answered["Mcp-Session-Id"]}
+        listening["Accept"] = "text/event-stream"
+        async with (
+            aiohttp.ClientSession() as raw,
+            raw.get(f"{server.url}/mcp", headers=listening) as stream,
+        ):
+            assert stream.status == 200
+            # a session with an open stream is in use however long: no new one ends it
+            await asyncio.sleep(idle / 2 + 0.5)
+            status, body, _ = await post(server.url, initialize_message(), headers)
+            assert status == 429 and body["code"] == "TOO_MANY_CONNECTIONS", body
+    finally:
+        server.stop()
 
 
 @pytest.mark.asyncio(loop_scope="function")
 async def test_the_bounds_are_checked_at_start(capsys: pytest.CaptureFixture[str]) -> None:
-    for flag in ("--mcp-max-sessions=0", "--mcp-idle-timeout=0", "--mcp-idle-timeout=nan"):
+    for flag in (
+        "--mcp-max-sessions=0",
+        "--mcp-max-sessions-per-client=0",
+        "--mcp-idle-timeout=0",
+        "--mcp-idle-timeout=nan",
+    ):
         assert main(["serve", "--in-memory", flag]) == 2
         assert "mcp_" in capsys.readouterr().err

@@ -12,9 +12,15 @@ A page may call the Field from another origin only if the Field says so:
   before headers are added to it, since the SSE streams share one.
 * **WebSocket**: browsers send ``Origin`` with a handshake but CORS does not
   apply to it, so the Field checks it: a handshake whose ``Origin`` is neither
-  an allowed origin nor the Field's own (the ``Host`` it was sent to) is
-  refused ``403 FORBIDDEN`` before the upgrade. A client that sends no
-  ``Origin`` is not a browser and is not concerned.
+  an allowed origin nor the Field's own is refused ``403 FORBIDDEN`` before
+  the upgrade. The Field's own origin is the host and port the handshake was
+  sent to (its ``Host``), when that host is one the Field answers to
+  (:mod:`field.transports.hosts`: a loopback name, or ``--allowed-host``): a
+  page of a rebound name sends ``Origin`` equal to ``Host`` too. A client that
+  sends no ``Origin`` is not a browser and is not concerned.
+* **MCP** (``/mcp``): an ``Origin`` must be an allowed one, or one whose host
+  the Field answers to, whatever the ``Host`` (MCP's rule against DNS
+  rebinding, as its SDK applies it).
 
 With no ``--cors-origin``, nothing answers a preflight (``405``, as before)
 and no response allows another origin, so browsers refuse every cross-origin
@@ -27,7 +33,7 @@ they carry no CORS headers: a browser sees them as a network error.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -38,6 +44,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Scope, Send
 
 from ..errors import Code, FieldError
+from .hosts import AllowedHosts
 
 #: Methods a page may use (a preflight for another is refused).
 ALLOWED_METHODS = ("GET", "HEAD", "POST", "DELETE")
@@ -139,11 +146,29 @@ def cors_middleware(app: ASGIApp, origins: Iterable[str]) -> ASGIApp:
 
 
 def websocket_refusal(
-    scope: Scope, origins: frozenset[str], what: str = "open a WebSocket"
+    scope: Scope, origins: frozenset[str], hosts: AllowedHosts
 ) -> FieldError | None:
-    """Why a WebSocket handshake (or a request ``what`` names) may not be accepted for its
-    ``Origin``; None if it may: it has none (not a browser), or an allowed one, or the
-    Field's own."""
+    """Why a WebSocket handshake may not be accepted for its ``Origin``; None if it may:
+    it has none (not a browser), or an allowed one, or the Field's own (the ``Host`` it was
+    sent to, a host the Field answers to)."""
+
+    def own(origin: str) -> bool:
+        return _same_origin(origin, _header(scope, b"host")) and hosts.allows_origin(origin)
+
+    return _origin_refusal(scope, origins, own, "open a WebSocket")
+
+
+def mcp_refusal(scope: Scope, origins: frozenset[str], hosts: AllowedHosts) -> FieldError | None:
+    """Why a request to ``/mcp`` may not be served for its ``Origin``; None if it may: it
+    has none (not a browser), an allowed one, or one of a host the Field answers to (a
+    loopback name, ``--allowed-host``), whatever its ``Host``."""
+    return _origin_refusal(scope, origins, hosts.allows_origin, "call the MCP endpoint")
+
+
+def _origin_refusal(
+    scope: Scope, origins: frozenset[str], allowed: Callable[[str], bool], what: str
+) -> FieldError | None:
+    """The refusal of a request whose ``Origin`` is neither in ``origins`` nor ``allowed``."""
     origin = _header(scope, b"origin")
     if origin is None or ANY_ORIGIN in origins:
         return None
@@ -152,7 +177,7 @@ def websocket_refusal(
     except ValueError:
         pass  # "null" (a sandboxed page, a file), or garbled: no origin to allow
     else:
-        if origin in origins or _same_origin(origin, _header(scope, b"host")):
+        if origin in origins or allowed(origin):
             return None
     return FieldError(
         f"a browser page of origin {origin[:100]!r} may not {what} here",

@@ -60,7 +60,7 @@ from ..service import FieldService
 from ..snapshots import Snapshotter, snapshot_command
 from ..store import WEBHOOK_KEY_FILENAME, EventLog, open_log
 from ..store.keys import load_or_create_key
-from .cors import cors_middleware, websocket_refusal
+from .cors import cors_middleware, mcp_refusal, websocket_refusal
 from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .health import health_routes
@@ -413,17 +413,30 @@ class _FieldApp(Starlette):
     thousands; each layer it passed through would stay on its stack for
     its whole life. Both endpoints turn every failure into a response.
     The same holds for an SSE stream (``GET /v1/subscriptions/<id>/events``).
+
+    Every request and handshake, whatever its path, is first checked for its
+    ``Host`` (``field.transports.hosts``: against DNS rebinding), here rather
+    than in a layer around the app for the same reason.
     """
 
     def __init__(self, binding: HTTPBinding, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._binding = binding
         self._operations = {f"/v1/{name}": op for name, op in OPERATION_ROUTES.items()}
-        #: the browser origins a WebSocket may come from besides the Field's own
+        #: the browser origins a WebSocket or /mcp may come from besides the Field's own
         self._origins = frozenset(binding.config.cors_origin)
+        #: the host names the Field answers to
+        self._hosts = binding.config.allowed_hosts()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
+        refusal = self._hosts.refusal(scope)
+        if refusal is not None:  # a host name the Field does not answer to
+            if kind == "websocket":
+                await deny_websocket(scope, send, refusal)
+            else:
+                await error_response(refusal)(scope, receive, send)
+            return
         if kind == "http" and scope["method"] == "POST":
             operation = self._operations.get(scope["path"])
             name = _event_source(scope["path"])
@@ -461,7 +474,7 @@ class _FieldApp(Starlette):
         if kind == "http" and scope["path"] == "/mcp" and self._binding.mcp is not None:
             # MCP over HTTP: its GET streams live as long as SSE streams. A browser page may
             # call it only from an allowed origin (MCP's rule against DNS rebinding)
-            refusal = websocket_refusal(scope, self._origins, "call the MCP endpoint")
+            refusal = mcp_refusal(scope, self._origins, self._hosts)
             if refusal is not None:
                 await error_response(refusal)(scope, receive, send)
                 return
@@ -476,7 +489,7 @@ class _FieldApp(Starlette):
         if kind == "websocket":
             scope["app"] = self
             hub = self._binding.hub
-            refusal = websocket_refusal(scope, self._origins)
+            refusal = websocket_refusal(scope, self._origins, self._hosts)
             if refusal is not None:  # a browser page of another origin
                 await deny_websocket(scope, send, refusal)
             elif scope["path"] != "/v1/ws":

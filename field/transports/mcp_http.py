@@ -13,23 +13,36 @@ it did not exist. A session holds the agent's ``poll`` cursor, its default
 Field session, its subscription resources and resource subscriptions
 (:mod:`.mcp_resources`), all released when it ends: DELETE, ``--mcp-idle-timeout``
 seconds with no request in flight (an open GET stream counts as one), the
-server stopping. At most ``--mcp-max-sessions`` sessions are open, and at
-most ``--max-push-per-agent`` of one agent. Any other POST without a session
-id is stateless: served on its own, as the SDK's stateless mode serves it
-(no ``initialize`` needed), with no cursor to keep. Every POST is answered
-with one JSON body: the Field sends nothing in the course of a request, and
-what it sends unasked (``notifications/resources/updated``) goes on the
-session's GET stream.
+server stopping. Its requests must name one of the protocol versions a
+session may have (``MCP-Protocol-Version``), or none; another is ``400``
+with a JSON-RPC error, as the SDK answers it outside a session. Any other
+POST without a session id is stateless: served on its own, as the SDK's
+stateless mode serves it (no ``initialize`` needed), with no cursor to keep.
+Every POST is answered with one JSON body: the Field sends nothing in the
+course of a request, and what it sends unasked
+(``notifications/resources/updated``) goes on the session's GET stream.
+
+Bounds. At most ``--max-push-per-agent`` sessions of one agent, at most
+``--mcp-max-sessions-per-client`` of one client address (an IPv6 /64, as
+:func:`~.connections.client_key` counts connections), at most
+``--mcp-max-sessions`` in all. The operator's sessions count against none
+but the first, so that it is never locked out. A new session that would pass
+a bound first ends the session of the same agent (from the same address, for
+that bound) that has waited longest with no request in flight and no open
+stream, if that is :data:`ROOM_AFTER` seconds at least: a client that goes
+away without DELETE (killed, or one of the SDK clients that never send it)
+and comes back is not locked out by the sessions it left behind. Only if the
+agent has none is the session refused.
 
 Everything the Field answers itself is its error body (code, message,
 recoverable, suggested_action) with the HTTP status of the code: a missing
 or bad token (401 and ``WWW-Authenticate: Bearer``), a body past
 ``--max-body-bytes`` (413), an unknown session (404), no room for another
-session (503, or 429 for the agent). What is wrong with the MCP messages
-themselves is MCP's to answer, as JSON-RPC errors; a failed tool call is a
-tool result with ``isError`` and the Field's error body; a failed resource
-read is a JSON-RPC error whose message starts with the Field's code and whose
-``data`` is its error body.
+session (503, or 429 for the agent or the client address). What is wrong
+with the MCP messages themselves is MCP's to answer, as JSON-RPC errors; a
+failed tool call is a tool result with ``isError`` and the Field's error
+body; a failed resource read is a JSON-RPC error whose message starts with
+the Field's code and whose ``data`` is its error body.
 
 The sessions are driven with the SDK's own parts (its Streamable HTTP
 transport, dispatcher and connection), not its session manager: the manager
@@ -41,7 +54,9 @@ per-request protocol) go to an SDK session manager in stateless mode.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
@@ -58,13 +73,16 @@ from mcp.server.runner import serve_connection
 from mcp.server.streamable_http import MCP_SESSION_ID_HEADER, StreamableHTTPServerTransport
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
+from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER, unsupported_protocol_version_rejection
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from .. import __version__
 from ..admission import Work
+from ..core.authority import OPERATOR_ID
 from ..core.context import Outcome
 from ..core.field import Field
 from ..errors import (
@@ -80,6 +98,7 @@ from ..errors import (
 from ..model import StoredEntry
 from ..tools import MCP_HTTP_TOOLS, SESSION_TOOLS, SUBSCRIPTION_FIELDS, definitions
 from . import mcp_resources as resources
+from .connections import client_key
 from .http import HTTPBinding, bearer_token, error_response, read_body
 from .streaming import absolute_urls
 
@@ -93,6 +112,10 @@ CALLER = "field.mcp"
 MAX_CREATED = 256
 #: Entity resources one session may be subscribed to.
 MAX_WATCHES = 256
+#: Seconds a session must have gone with no request in flight and no open stream before it
+#: is ended to make room for its agent's new one (at most half ``--mcp-idle-timeout``): a
+#: client between two requests, or whose GET stream is on its way, keeps its session.
+ROOM_AFTER = 5.0
 
 INSTRUCTIONS = (
     "Tools of an Akashik Field: shared memory and coordination for agents. This connection "
@@ -115,7 +138,13 @@ class McpSession:
     id: str
     agent_id: str
     transport: StreamableHTTPServerTransport
+    #: the client address it counts against (None: the operator's, counted against none)
+    client: str | None = None
     connection: Connection | None = None
+    #: its requests in flight (an open GET stream is one); none: it is idle
+    busy: int = 0
+    #: when its last request ended (or it opened), on the monotonic clock
+    used: float = field(default_factory=time.monotonic)
     #: the epoch of the last ``poll``: the next one's ``since_epoch``
     poll_epoch: int = 0
     #: the Field session RECORD and COORDINATE default to (created or joined here)
@@ -166,10 +195,14 @@ class McpHttpBinding:
         self.limits = config.limits
         self.max_sessions = config.mcp_max_sessions
         self.max_per_agent = config.max_push_per_agent
+        self.max_per_client = config.mcp_max_sessions_per_client
         self.idle_timeout = config.mcp_idle_timeout
+        #: seconds a session must have been idle before it may be ended for room
+        self.room_after = min(ROOM_AFTER, self.idle_timeout / 2)
         self.server = self._server()
         self.sessions: dict[str, McpSession] = {}
         self._per_agent: Counter[str] = Counter()
+        self._per_client: Counter[str] = Counter()
         self.watches = resources.Watches()
         self._group: anyio.abc.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
@@ -270,6 +303,11 @@ class McpHttpBinding:
         agent = self.http._service().field.authenticate(token)  # 401 without a valid token
         assert token is not None
         session_id = request.headers.get(MCP_SESSION_ID_HEADER)
+        version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
+        refusal = None if session_id is None else _version_refusal(version)
+        if refusal is not None:
+            await refusal(scope, receive, send)
+            return
         body = b""
         if request.method == "POST":
             body = await read_body(request, self.limits.max_body_bytes)
@@ -287,13 +325,15 @@ class McpHttpBinding:
                 await Response(status_code=200)(scope, receive, send)
                 return
             scope[CALLER] = Caller(agent.id, token, session, base)
-            await session.transport.handle_request(scope, replay, send)
+            await self._serve_in(session, scope, replay, send)
             return
         if request.method != "POST":
             raise _not_allowed(request.method, "without an Mcp-Session-Id")
-        if _is_initialize(body):
+        if _is_initialize(body) and _of_sessions(version):  # else the SDK's to answer
             self.http.admit(token)  # a session costs what an operation does
-            session = self._open(agent.id)
+            client = None if request.client is None else request.client.host
+            address = None if agent.id == OPERATOR_ID else client_key(client)
+            session = await self._open(agent.id, address)
             scope[CALLER] = Caller(agent.id, token, session, base)
             await self._serve_opening(session, scope, replay, send)
             return
@@ -303,32 +343,91 @@ class McpHttpBinding:
 
     # -- sessions ----------------------------------------------------------------------
 
-    def _open(self, agent_id: str) -> McpSession:
-        if len(self.sessions) >= self.max_sessions:
-            raise Overloaded(
-                f"the Field holds {len(self.sessions)} MCP sessions, as many as it allows",
-                suggested_action="Retry later, end sessions you no longer use (DELETE), or "
-                "send stateless requests (no initialize, no Mcp-Session-Id).",
+    async def _open(self, agent_id: str, client: str | None) -> McpSession:
+        """A new session of ``agent_id`` from ``client`` (None: the operator's), once the
+        agent's idle sessions that stand in its way have ended; refused if others do."""
+        while (bound := self._bound_passed(agent_id, client)) is not None:
+            victim = self._oldest_idle(agent_id, client if bound == "client" else None)
+            if victim is None:
+                raise self._refusal(bound, agent_id, client)
+            logger.info(
+                "an idle MCP session of agent %s ended to make room for its new one", agent_id
             )
-        if self._per_agent[agent_id] >= self.max_per_agent:
-            raise FieldError(
-                f"the agent already holds {self._per_agent[agent_id]} MCP sessions, as many "
-                "as the Field allows",
-                code=Code.TOO_MANY_CONNECTIONS,
-                recoverable=True,
-                suggested_action="End one first (DELETE /mcp with its Mcp-Session-Id); one "
-                "session carries all of an agent's tools and resources.",
-            )
+            await self._discard(victim)
         transport = StreamableHTTPServerTransport(
             mcp_session_id=uuid.uuid4().hex,
             is_json_response_enabled=True,
             idle_timeout=self.idle_timeout,
         )
         assert transport.mcp_session_id is not None
-        session = McpSession(transport.mcp_session_id, agent_id, transport)
+        session = McpSession(transport.mcp_session_id, agent_id, transport, client)
         self.sessions[session.id] = session
         self._per_agent[agent_id] += 1
+        if client is not None:
+            self._per_client[client] += 1
         return session
+
+    def _bound_passed(self, agent_id: str, client: str | None) -> str | None:
+        """The bound one more session of ``agent_id`` from ``client`` would pass: "agent",
+        "client" or "total"; None if it fits. The operator's (``client`` None) pass only
+        its own."""
+        if self._per_agent[agent_id] >= self.max_per_agent:
+            return "agent"
+        if client is None:
+            return None
+        if self._per_client[client] >= self.max_per_client:
+            return "client"
+        if len(self.sessions) - self._per_agent[OPERATOR_ID] >= self.max_sessions:
+            return "total"
+        return None
+
+    def _oldest_idle(self, agent_id: str, client: str | None) -> McpSession | None:
+        """The session of ``agent_id`` (from ``client``, unless None) that has waited
+        longest with no request in flight, if that is :attr:`room_after` at least."""
+        since = time.monotonic() - self.room_after
+        idle = [
+            session
+            for session in self.sessions.values()
+            if session.agent_id == agent_id
+            and not session.busy
+            and session.used <= since
+            and (client is None or session.client == client)
+        ]
+        return min(idle, key=lambda session: session.used, default=None)
+
+    def _refusal(self, bound: str, agent_id: str, client: str | None) -> FieldError:
+        """The refusal of a new session past ``bound``."""
+        if bound == "total":
+            return Overloaded(
+                f"the Field holds {self.max_sessions} MCP sessions, as many as it allows",
+                suggested_action="Retry later, end sessions you no longer use (DELETE), or "
+                "send stateless requests (no initialize, no Mcp-Session-Id).",
+            )
+        held, whose = (
+            (self._per_agent[agent_id], "the agent")
+            if bound == "agent"
+            else (self._per_client[client or ""], "this client address")
+        )
+        return FieldError(
+            f"{whose} already holds {held} MCP sessions, as many as the Field allows, and "
+            "the agent has none idle for long enough to end",
+            code=Code.TOO_MANY_CONNECTIONS,
+            recoverable=True,
+            suggested_action="End one first (DELETE /mcp with its Mcp-Session-Id), or retry "
+            f"once one has gone {self.room_after:g} s with no request and no stream; one "
+            "session carries all of an agent's tools and resources.",
+        )
+
+    async def _serve_in(
+        self, session: McpSession, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Serve a request of ``session``: it is busy meanwhile (never ended for room)."""
+        session.busy += 1
+        try:
+            await session.transport.handle_request(scope, receive, send)
+        finally:
+            session.busy -= 1
+            session.used = time.monotonic()
 
     async def _serve_opening(
         self, session: McpSession, scope: Scope, receive: Receive, send: Send
@@ -339,7 +438,9 @@ class McpHttpBinding:
         try:
             assert self._group is not None
             await self._group.start(self._run, session)
-            status = await _status_of(session.transport.handle_request, scope, receive, send)
+            status = await _status_of(
+                functools.partial(self._serve_in, session), scope, receive, send
+            )
             opened = status is not None and status < 400
         finally:
             if not opened:
@@ -378,6 +479,10 @@ class McpHttpBinding:
             self._per_agent[session.agent_id] -= 1
             if not self._per_agent[session.agent_id]:
                 del self._per_agent[session.agent_id]
+            if session.client is not None:
+                self._per_client[session.client] -= 1
+                if not self._per_client[session.client]:
+                    del self._per_client[session.client]
         self._release(session)
         for task in list(session.sending):
             task.cancel()
@@ -708,6 +813,28 @@ def _subscribe_payload(args: dict[str, Any]) -> dict[str, Any]:
     if action == "unsubscribe":
         return {"action": action, "subscription": {"id": subscription_id}}
     return {"action": action}
+
+
+def _of_sessions(version: str | None) -> bool:
+    """Whether ``MCP-Protocol-Version`` (None: not sent) names a version a session may have
+    (those ``initialize`` negotiates); another is the per-request protocol's or unknown."""
+    return version is None or version in HANDSHAKE_PROTOCOL_VERSIONS
+
+
+def _version_refusal(version: str | None) -> Response | None:
+    """MCP's answer to a request of a session whose ``MCP-Protocol-Version`` is not a version
+    a session may have: 400 and a JSON-RPC error, the one the SDK answers outside a
+    session; None if it is one, or not sent."""
+    if _of_sessions(version):
+        return None
+    rejection = unsupported_protocol_version_rejection(
+        str(version)[:64], HANDSHAKE_PROTOCOL_VERSIONS
+    )
+    if rejection is None:
+        return None
+    error = {"code": rejection.code, "message": rejection.message, "data": rejection.data}
+    body = orjson.dumps({"jsonrpc": "2.0", "id": None, "error": error})
+    return Response(body, status_code=400, media_type="application/json")
 
 
 def _is_initialize(body: bytes) -> bool:

@@ -181,12 +181,13 @@ class Endpoint:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-#: Codes any request may be answered, at the connection (``field.transports.connections``)
-#: or when the Field fails unexpectedly.
+#: Codes any request may be answered, at the connection (``field.transports.connections``),
+#: for its ``Host`` (``field.transports.hosts``) or when the Field fails unexpectedly.
 ANY_ENDPOINT = (
     Code.INVALID_HTTP,
     Code.REQUEST_TIMEOUT,
     Code.TOO_MANY_CONNECTIONS,
+    Code.MISDIRECTED_REQUEST,
     Code.OVERLOADED,
     Code.INTERNAL_ERROR,
 )
@@ -791,6 +792,7 @@ _STATUS_TEXT = {
     409: "Conflict with the Field's state",
     413: "Payload too large",
     415: "Unsupported media type",
+    421: "Misdirected request (a host name the Field does not answer to)",
     422: "Invalid payload",
     429: "Too many requests",
     500: "Internal error",
