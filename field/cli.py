@@ -450,6 +450,7 @@ _DELIVERY_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("webhook-max-response-bytes", int, "bytes of a receiver's answer read at most (65536)"),
     ("webhook-concurrency", int, "delivery requests under way at once (256)"),
     ("webhook-concurrency-per-host", int, "delivery requests under way to one host (32)"),
+    ("webhook-concurrency-per-agent", int, "delivery requests of one agent under way (64)"),
     ("webhook-retry-base", float, "seconds of the first retry's longest wait (1)"),
     ("webhook-retry-cap", float, "seconds of the longest wait between retries (60)"),
     ("webhook-max-attempts", int, "failed attempts of a notification before failing (10)"),

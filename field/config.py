@@ -95,6 +95,9 @@ class Config:
     #: Delivery requests under way at once, in all and to one host.
     webhook_concurrency: int = 256
     webhook_concurrency_per_host: int = 32
+    #: Delivery requests of one agent under way at once (its share of the ones in all,
+    #: which go to the agents waiting in turn); at most ``webhook_concurrency``.
+    webhook_concurrency_per_agent: int = 64
     #: A notification failing this many times, or for this many seconds, makes its
     #: delivery ``failing``; failing, it is tried every ``failing_interval`` seconds and
     #: ``suspended`` after ``suspend_after`` seconds.
@@ -335,6 +338,7 @@ class Config:
             max_response_bytes=self.webhook_max_response_bytes,
             concurrency=self.webhook_concurrency,
             concurrency_per_host=self.webhook_concurrency_per_host,
+            concurrency_per_agent=self.webhook_concurrency_per_agent,
             rate=self.delivery_rate,
             rest_after=self.delivery_rest_after,
             burst=self.delivery_burst,
@@ -391,6 +395,7 @@ _DELIVERY_COUNTS = (
     "webhook_max_response_bytes",
     "webhook_concurrency",
     "webhook_concurrency_per_host",
+    "webhook_concurrency_per_agent",
     "webhook_max_attempts",
     "delivery_burst",
     "rap_max_invocations",

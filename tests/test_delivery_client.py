@@ -1,6 +1,6 @@
-"""The delivery client: its slots (a bound on requests under way, first come, first
-served), what its requests carry, and each attempt signed when it is made, against
-receivers on loopback."""
+"""The delivery client against receivers on loopback: what its requests carry, each
+attempt signed when it is made, and how its caps, its slow share and its circuits keep
+one receiver from holding up another (its slots alone: ``test_slots.py``)."""
 
 from __future__ import annotations
 
@@ -14,78 +14,11 @@ from standardwebhooks.webhooks import Webhook
 
 from field.client import FieldClient
 from field.core.egress import EgressPolicy, parse_networks
-from field.transports.delivery import DeliverySettings, Poster, Slots
+from field.subscriptions.delivery import RetryPolicy
+from field.transports.delivery import Answer, DeliverySettings, Poster
 
 #: Failure guard for what is awaited (a lost slot would hang the test), never a pacing delay.
 GUARD = 5.0
-
-
-async def hold(slots: Slots, name: str, order: list[str], release: asyncio.Event) -> None:
-    async with slots:
-        order.append(name)
-        await release.wait()
-
-
-async def test_at_most_the_limit_hold_and_waiters_are_served_in_order() -> None:
-    slots = Slots(2)
-    order: list[str] = []
-    gates = {name: asyncio.Event() for name in "abcde"}
-    tasks = [asyncio.create_task(hold(slots, name, order, gates[name])) for name in "abcde"]
-    await asyncio.sleep(0)
-    assert order == ["a", "b"] and slots.users == 5
-    gates["b"].set()
-    await tasks[1]
-    await asyncio.sleep(0)
-    assert order == ["a", "b", "c"]
-    gates["a"].set()
-    gates["c"].set()
-    await asyncio.gather(tasks[0], tasks[2])
-    await asyncio.sleep(0)
-    assert order == ["a", "b", "c", "d", "e"]
-    gates["d"].set()
-    gates["e"].set()
-    await asyncio.gather(*tasks)
-    assert slots.users == 0
-    # every slot is free again: two holders at once, at once
-    again: list[str] = []
-    done = asyncio.Event()
-    done.set()
-    both = asyncio.gather(hold(slots, "x", again, done), hold(slots, "y", again, done))
-    await asyncio.wait_for(both, GUARD)
-    assert again == ["x", "y"]
-
-
-async def test_a_waiter_cancelled_while_waiting_gives_up_its_turn_not_a_slot() -> None:
-    slots = Slots(1)
-    order: list[str] = []
-    first, later = asyncio.Event(), asyncio.Event()
-    holder = asyncio.create_task(hold(slots, "a", order, first))
-    cancelled = asyncio.create_task(hold(slots, "b", order, later))
-    waiting = asyncio.create_task(hold(slots, "c", order, later))
-    await asyncio.sleep(0)
-    cancelled.cancel()
-    await asyncio.gather(cancelled, return_exceptions=True)
-    assert slots.users == 2
-    first.set()
-    later.set()
-    await asyncio.wait_for(asyncio.gather(holder, waiting), GUARD)
-    assert order == ["a", "c"] and slots.users == 0
-
-
-async def test_a_waiter_handed_a_slot_then_cancelled_passes_it_on() -> None:
-    slots = Slots(1)
-    order: list[str] = []
-    go = asyncio.Event()
-    go.set()
-    await slots.__aenter__()  # this test holds the slot
-    handed = asyncio.create_task(hold(slots, "b", order, go))
-    waiting = asyncio.create_task(hold(slots, "c", order, go))
-    await asyncio.sleep(0)
-    await slots.__aexit__(None, None, None)  # hands the slot to "b", which has not run yet
-    handed.cancel()
-    await asyncio.gather(handed, return_exceptions=True)
-    await asyncio.wait_for(waiting, GUARD)
-    assert order == ["c"] and slots.users == 0
 
 
 OK_WITH_COOKIE = b"HTTP/1.1 200 OK\r\nSet-Cookie: session=abc; Path=/\r\nContent-Length: 0\r\n\r\n"
@@ -204,9 +137,33 @@ async def test_requests_waiting_for_a_busy_host_hold_none_of_the_clients_slots()
     settings = DeliverySettings(concurrency=2, concurrency_per_host=1, timeout=30)
     poster = Poster(settings, EgressPolicy(parse_networks(["127.0.0.0/8"])))
     await poster.start()
-    stuck = [asyncio.create_task(poster.post(hung_url, b"{}", {})) for _ in range(3)]
+    stuck = [asyncio.create_task(poster.post(hung_url, b"{}", {}, agent="a")) for _ in range(3)]
     try:
         while not hung.heads:  # the first holds the hung host's only slot
+            hung.arrived.clear()
+            await asyncio.wait_for(hung.arrived.wait(), GUARD)
+        # (another agent's: one agent's requests wait for its own share first)
+        answer = await asyncio.wait_for(poster.post(url, b"{}", {}, agent="b"), GUARD)
+        assert answer.status == 200
+    finally:
+        for task in stuck:
+            task.cancel()
+        await asyncio.gather(*stuck, return_exceptions=True)
+        await poster.close()
+        await hung.close()
+        await other.close()
+
+
+async def test_an_endpoint_is_a_host_and_a_port() -> None:
+    """A receiver that hangs takes the slots of its own port, not of its host's others."""
+    hung, other = Receiver((b"",)), Receiver()
+    hung_url, url = await hung.start("127.0.0.2"), await other.start("127.0.0.2")
+    settings = DeliverySettings(concurrency=4, concurrency_per_host=1, timeout=30)
+    poster = Poster(settings, EgressPolicy(parse_networks(["127.0.0.0/8"])))
+    await poster.start()
+    stuck = [asyncio.create_task(poster.post(hung_url, b"{}", {})) for _ in range(2)]
+    try:
+        while not hung.heads:
             hung.arrived.clear()
             await asyncio.wait_for(hung.arrived.wait(), GUARD)
         answer = await asyncio.wait_for(poster.post(url, b"{}", {}), GUARD)
@@ -218,3 +175,65 @@ async def test_requests_waiting_for_a_busy_host_hold_none_of_the_clients_slots()
         await poster.close()
         await hung.close()
         await other.close()
+
+
+async def test_requests_that_hang_leave_a_quarter_of_the_slots_to_others() -> None:
+    """One agent's hung requests hold every slot: once they have run ``slow_after``, the
+    newest is cut short for another agent's request, which is answered at once."""
+    hung, prompt = Receiver((b"",)), Receiver()
+    hung_url, url = await hung.start("127.0.0.2"), await prompt.start("127.0.0.3")
+    settings = DeliverySettings(concurrency=4, concurrency_per_agent=4, slow_after=0.2, timeout=30)
+    poster = Poster(settings, EgressPolicy(parse_networks(["127.0.0.0/8"])))
+    await poster.start()
+    stuck = [asyncio.create_task(poster.post(hung_url, b"{}", {}, agent="slow")) for _ in range(6)]
+    try:
+        while len(hung.heads) < 4:  # every slot is held by a request that hangs
+            hung.arrived.clear()
+            await asyncio.wait_for(hung.arrived.wait(), GUARD)
+        started = time.monotonic()
+        answer = await asyncio.wait_for(poster.post(url, b"{}", {}, agent="prompt"), GUARD)
+        waited = time.monotonic() - started
+        assert answer.status == 200 and waited < 2.0, f"waited {waited:.2f} s"
+        (cut,) = [task.result() for task in stuck if task.done()]
+        assert cut.status is None and cut.timed_out and "cut short" in (cut.error or "")
+    finally:
+        for task in stuck:
+            task.cancel()
+        await asyncio.gather(*stuck, return_exceptions=True)
+        await poster.close()
+        await hung.close()
+        await prompt.close()
+
+
+async def test_an_endpoint_that_keeps_timing_out_gets_one_request_at_a_time() -> None:
+    """Three timeouts in a row open the agent's circuit: its requests are deferred, not
+    sent, but for one probe once the delay has passed; another agent's requests still
+    go; an answer closes the circuit."""
+    receiver = Receiver((b"",))
+    url = await receiver.start("127.0.0.2")
+    now = [1000.0]
+    settings = DeliverySettings(timeout=0.3, retry=RetryPolicy(base=0.5, cap=2.0, open_after=3))
+    poster = Poster(settings, EgressPolicy(parse_networks(["127.0.0.0/8"])), clock=lambda: now[0])
+    await poster.start()
+
+    async def burst(agent: str, n: int) -> list[Answer]:
+        posts = [poster.post(url, b"{}", {}, agent=agent) for _ in range(n)]
+        return await asyncio.wait_for(asyncio.gather(*posts), GUARD)
+
+    try:
+        assert all(a.timed_out and a.sent for a in await burst("a", 3))
+        deferred = await burst("a", 4)
+        assert not any(a.sent for a in deferred) and len(receiver.heads) == 3
+        assert "timed out 3 times in a row" in (deferred[0].error or "")
+        assert 0.25 <= (deferred[0].retry_after or 0) <= 0.5
+        assert all(a.sent for a in await burst("b", 2))  # another agent's circuit is closed
+        receiver.answers = (OK_WITH_COOKIE,)  # the endpoint answers again
+        now[0] += 0.5
+        probed = await burst("a", 4)
+        assert sorted(a.status or 0 for a in probed) == [0, 0, 0, 200]
+        assert len(receiver.heads) == 3 + 2 + 1
+        assert all("under way" in (a.error or "") for a in probed if not a.sent)
+        assert [a.status for a in await burst("a", 3)] == [200, 200, 200]  # closed
+    finally:
+        await poster.close()
+        await receiver.close()

@@ -547,6 +547,7 @@ def test_delivery_settings_come_from_flags_and_the_environment(
     monkeypatch.setenv("FIELD_WEBHOOK_TIMEOUT", "9")
     monkeypatch.setenv("FIELD_MAX_SUBSCRIPTIONS_PER_THREAD", "4")
     monkeypatch.setenv("FIELD_DELIVERY_RATE", "20")
+    monkeypatch.setenv("FIELD_WEBHOOK_CONCURRENCY_PER_AGENT", "16")
     args = _parser().parse_args(
         ["serve", "--webhook-timeout", "3", "--webhook-max-attempts", "2",
          "--delivery-burst", "7", "--webhook-retry-base", "0.5"]
@@ -556,6 +557,7 @@ def test_delivery_settings_come_from_flags_and_the_environment(
     assert settings.timeout == 3  # the flag wins
     assert (settings.rate, settings.burst) == (20, 7)
     assert (settings.retry.max_attempts, settings.retry.base) == (2, 0.5)
+    assert settings.concurrency_per_agent == 16
     assert config.limits.max_subscriptions_per_thread == 4
     policy = config.egress_policy()
     assert policy.check_url("http://10.1.2.3/x") == ("http", "10.1.2.3", 80)
@@ -573,6 +575,7 @@ def test_delivery_settings_come_from_flags_and_the_environment(
         ("--webhook-allow-net", "nowhere", "nowhere"),
         ("--webhook-timeout", "0", "webhook_timeout must be a positive number"),
         ("--webhook-concurrency", "0", "webhook_concurrency must be at least 1"),
+        ("--webhook-concurrency-per-agent", "0", "webhook_concurrency_per_agent must be at"),
         ("--delivery-rate", "-1", "delivery_rate must be a positive number"),
         ("--max-subscriptions-per-thread", "0", "max_subscriptions_per_thread"),
     ],

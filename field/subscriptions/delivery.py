@@ -24,6 +24,22 @@ Nothing is dropped in any state: a delivery keeps its cursor, and the log
 holds what it owes. ``failing`` keeps trying, at ``failing_interval``;
 ``suspended`` waits for a ``resume``.
 
+Beside each delivery's state, the Field keeps a :class:`Circuit` per agent and
+endpoint (a receiver's scheme, host and port) whose requests keep timing out;
+it is not in the log (a restart forgets it), and its table is
+:data:`CIRCUIT`::
+
+    closed  --trip-->       open      (open_after timeouts in a row, no answer between)
+    open    --probe-->      probing   (its delay passed: one request goes)
+    probing --probe_fail--> open      (that request got no answer: a longer delay)
+    probing --abandon-->    open      (the Field gave the probe up: the next one probes)
+    any     --answer-->     closed    (the endpoint answered something)
+
+While it is not closed, the agent's deliveries to the endpoint are deferred
+(no request: the delivery counts a failed attempt, waits and tries again) but
+for the one probe, so an endpoint that keeps timing out holds one request of the
+agent's at a time, where it held one per delivery.
+
 This module is pure: it decides, the transport acts (``field/transports/delivery.py``).
 """
 
@@ -104,6 +120,9 @@ class RetryPolicy:
     max_age: float = 3600.0
     failing_interval: float = 300.0
     suspend_after: float = 86400.0
+    #: requests of one agent to one endpoint that time out this many times in a row
+    #: open its :class:`Circuit`
+    open_after: int = 3
 
     def __post_init__(self) -> None:
         for name in ("base", "cap", "max_age", "failing_interval", "suspend_after"):
@@ -112,13 +131,19 @@ class RetryPolicy:
                 raise ValueError(f"{name} must be a positive number of seconds, not {value!r}")
         if self.max_attempts < 1:
             raise ValueError(f"max_attempts must be at least 1, not {self.max_attempts}")
+        if self.open_after < 1:
+            raise ValueError(f"open_after must be at least 1, not {self.open_after}")
+
+    def ceiling(self, attempt: int) -> float:
+        """The longest wait after the ``attempt``-th failure in a row: ``base * 2**(n-1)``,
+        at most ``cap``."""
+        return min(self.cap, self.base * 2.0 ** min(attempt - 1, 62))
 
     def delay(
         self, attempt: int, draw: Callable[[], float], retry_after: float | None = None
     ) -> float:
         """Seconds before attempt ``attempt + 1``, after ``attempt`` failed (``draw``: [0, 1))."""
-        ceiling = min(self.cap, self.base * 2.0 ** min(attempt - 1, 62))
-        wait = draw() * ceiling
+        wait = draw() * self.ceiling(attempt)
         if retry_after is not None and math.isfinite(retry_after):
             wait = max(wait, min(retry_after, self.failing_interval))
         return wait
@@ -126,6 +151,108 @@ class RetryPolicy:
     def exhausted(self, attempts: int, first_failure: float, now: float) -> bool:
         """Whether a notification failing since ``first_failure`` makes the delivery failing."""
         return attempts >= self.max_attempts or now - first_failure >= self.max_age
+
+
+#: An endpoint's circuit: state -> {action: state after} (see the module docstring).
+#: ``timeout`` and ``fail`` (no answer, not a timeout) of requests other than the probe
+#: leave an open or probing circuit as it is; only an answer closes it.
+CIRCUIT: dict[str, dict[str, str]] = {
+    "closed": {"answer": "closed", "timeout": "closed", "fail": "closed", "trip": "open"},
+    "open": {"answer": "closed", "timeout": "open", "fail": "open", "probe": "probing"},
+    "probing": {
+        "answer": "closed",
+        "timeout": "probing",
+        "fail": "probing",
+        "probe_fail": "open",
+        "abandon": "open",
+    },
+}
+
+
+class Outcome(enum.Enum):
+    """What became of one request, as a circuit sees it."""
+
+    ANSWERED = "answer"  #: any HTTP status: the endpoint is there and answers
+    TIMED_OUT = "timeout"  #: no answer in time (or cut short: see ``DeliverySettings``)
+    FAILED = "fail"  #: no answer, at once (refused, reset, the egress policy)
+    ABANDONED = "abandon"  #: the request was given up by the Field (its delivery stopped)
+
+
+class Circuit:
+    """The timeouts of one agent's requests to one endpoint, and what they allow now.
+
+    ``timeouts`` counts timeouts in a row (an answer resets it, a failure at once does
+    not); ``trips`` counts the times it opened in a row, each delay longer than the one
+    before (:meth:`RetryPolicy.ceiling`, with equal jitter: between half of it and all
+    of it). Pure: the caller passes the time and the random draw.
+    """
+
+    __slots__ = ("state", "timeouts", "trips", "retry_at", "delay")
+
+    def __init__(self) -> None:
+        self.state = "closed"
+        self.timeouts = 0
+        self.trips = 0
+        #: while open: when the next request may go, as the probe
+        self.retry_at = 0.0
+        #: the delay of the last opening, in seconds
+        self.delay = 0.0
+
+    @property
+    def fresh(self) -> bool:
+        """Closed with nothing counted: the same as no circuit at all."""
+        return self.state == "closed" and self.timeouts == 0
+
+    def admit(self, now: float) -> tuple[bool, float]:
+        """Whether a request may go now, as (probe, wait): ``wait`` > 0 defers it that
+        many seconds; ``probe`` says the request that goes is the one probe."""
+        if self.state == "closed":
+            return False, 0.0
+        if self.state == "open" and now >= self.retry_at:
+            self._step("probe")
+            return True, 0.0
+        if self.state == "open":
+            return False, self.retry_at - now
+        return False, self.delay  # probing: the probe's answer decides
+
+    def record(
+        self,
+        outcome: Outcome,
+        now: float,
+        *,
+        probe: bool,
+        policy: RetryPolicy,
+        draw: Callable[[], float],
+    ) -> None:
+        """Note how one request ended (``probe``: it was the one :meth:`admit` let probe)."""
+        if outcome is Outcome.ANSWERED:
+            self._step("answer")
+            self.timeouts = self.trips = 0
+            return
+        if outcome is Outcome.TIMED_OUT:
+            self.timeouts += 1
+        probing = probe and self.state == "probing"
+        if outcome is Outcome.ABANDONED:
+            if probing:  # not the endpoint's doing: the next request probes at once
+                self._step("abandon")
+                self.retry_at = now
+            return
+        if probing:
+            self._step("probe_fail")
+        elif self.state == "closed" and self.timeouts >= policy.open_after:
+            self._step("trip")
+        else:
+            self._step(outcome.value)
+            return
+        self.trips += 1
+        self.delay = policy.ceiling(self.trips) * (0.5 + draw() / 2)
+        self.retry_at = now + self.delay
+
+    def _step(self, action: str) -> None:
+        after = CIRCUIT[self.state].get(action)
+        if after is None:  # the transport's mistake, never an outside party's
+            raise ValueError(f"a {self.state} circuit cannot {action}")
+        self.state = after
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,10 +19,14 @@ and cursors.
   than the Field overflows it, the hub lets go, and the sink attaches
   again from what it delivered, reading the log like a resumed stream.
 * **Isolated.** Requests go through one client with caps on concurrent
-  requests in all and per host, connect and total timeouts, a bound on the
-  response bytes read, no redirects, and the egress policy at every
-  connection. A receiver that is slow, dead or refusing holds only its own
-  sink: never the writer, another sink or a stream.
+  requests in all, per agent and per endpoint, connect and total timeouts, a
+  bound on the response bytes read, no redirects, and the egress policy at
+  every connection. A receiver that is slow, dead or refusing holds only its
+  own sink: never the writer, another sink or a stream.
+* **Fair.** The client's slots go to agents in turn, each agent has a share
+  of them, an endpoint that keeps timing out gets one request at a time, and
+  requests that run long never hold more than three quarters of the slots:
+  :class:`Poster` says how, and what a prompt receiver can count on.
 
 * **One sender.** When several nodes serve one Field, one of them owns
   the deliveries (:meth:`DeliveryEngine.own`: a lease,
@@ -43,16 +47,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import itertools
 import logging
 import random
 import time
-from collections import Counter, deque
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
+from yarl import URL
 
 from .. import __version__
 from ..client import retry_after_seconds
@@ -65,17 +71,28 @@ from ..core.validation import MAX_URL_CHARS
 from ..errors import FieldError
 from ..model import StoredEntry
 from ..service import FieldService
-from ..subscriptions.delivery import RetryPolicy, Verdict, public_delivery, verdict
+from ..subscriptions.delivery import (
+    Circuit,
+    Outcome,
+    RetryPolicy,
+    Verdict,
+    public_delivery,
+    verdict,
+)
 from ..subscriptions.outbox import Frame, Outbox
 from ..subscriptions.stream import format_cursor, parse_cursor
 from .egress import PolicyConnector, check_destination, refusal_of
 from .push import Connection, PushHub
+from .slots import FairSlots, Slots
 
 logger = logging.getLogger("field.delivery")
 
 USER_AGENT = f"akashik-field/{__version__} (webhook delivery)"
 #: Seconds before an acknowledgement the log refused is written again.
 ACK_RETRY_SECONDS = 1.0
+#: Circuits (agent, endpoint) that counted a timeout the client keeps; past it the one
+#: used least recently is forgotten (its endpoint starts over, closed).
+MAX_CIRCUITS = 10_000
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,7 +103,13 @@ class DeliverySettings:
     timeout: float = 15.0
     max_response_bytes: int = 64 << 10
     concurrency: int = 256
+    #: requests of one agent under way at once (at most ``concurrency``)
+    concurrency_per_agent: int = 64
+    #: requests under way to one endpoint (scheme, host and port)
     concurrency_per_host: int = 32
+    #: seconds after which a request under way is slow: slow requests hold all the
+    #: client's slots but a quarter (at least one) at most (see :class:`Poster`)
+    slow_after: float = 1.0
     #: notifications one delivery may send per second, and in a burst
     rate: float = 50.0
     burst: int = 100
@@ -101,73 +124,94 @@ class DeliverySettings:
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """What one POST got: a status (None: no answer), an error, a Retry-After in seconds."""
+    """What one POST got: a status (None: no answer), an error, a Retry-After in seconds;
+    whether it timed out, and whether it was sent at all (no: deferred by a circuit)."""
 
     status: int | None
     error: str | None = None
     retry_after: float | None = None
+    timed_out: bool = False
+    sent: bool = True
+
+    @property
+    def outcome(self) -> Outcome:
+        if self.status is not None:
+            return Outcome.ANSWERED
+        return Outcome.TIMED_OUT if self.timed_out else Outcome.FAILED
 
 
-class Slots:
-    """At most ``limit`` holders at once; the others wait, first come, first served.
-
-    ``asyncio.Semaphore`` (Python 3.11) looks through its waiters on every release,
-    past those it woke that have not run yet: with hundreds of deliveries waiting for
-    the client's slots, that was tens of microseconds a release. Here a release hands
-    its slot to the first waiter still waiting, so a free slot and a waiter never
-    coexist, and both acquiring and releasing take constant time.
-    """
-
-    __slots__ = ("_free", "_waiters", "users")
-
-    def __init__(self, limit: int) -> None:
-        self._free = limit
-        self._waiters: deque[asyncio.Future[None]] = deque()
-        #: tasks holding a slot or waiting for one
-        self.users = 0
-
-    async def __aenter__(self) -> None:
-        self.users += 1
-        if self._free > 0:  # then no one is waiting
-            self._free -= 1
-            return
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            await waiter
-        except asyncio.CancelledError:
-            self.users -= 1
-            if waiter.cancelled():
-                with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
-            else:  # handed a slot, then cancelled before it ran: pass the slot on
-                self._release()
-            raise
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        self.users -= 1
-        self._release()
-
-    def _release(self) -> None:
-        waiters = self._waiters
-        while waiters:
-            waiter = waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
-                return
-        self._free += 1
+#: What a request carries, made once it may go: (body, headers).
+Compose = Callable[[], tuple[bytes, dict[str, str]]]
 
 
 class Poster:
-    """The one HTTP client of durable deliveries (see the module docstring)."""
+    """The one HTTP client of durable deliveries (see the module docstring).
 
-    def __init__(self, settings: DeliverySettings, policy: EgressPolicy) -> None:
+    A request passes, in this order (while it waits at one it holds only what the
+    steps before gave it, its agent's own share or a slot of its endpoint's):
+
+    1. **its agent's circuit at the endpoint** (:class:`Circuit`; an endpoint is a
+       URL's scheme, host and port): once the agent's requests to it timed out
+       ``retry.open_after`` times in a row, the next ones are answered at once, not
+       sent (``sent=False``, with a Retry-After), but for one probe after a delay that
+       grows each time the probe gets no answer, until the endpoint answers again;
+    2. **its agent's share**, ``concurrency_per_agent`` requests at once, first come
+       first served (one request per delivery at a time: round robin across the
+       agent's deliveries);
+    3. **the endpoint's slots**, ``concurrency_per_host``, and
+    4. **the client's slots**, ``concurrency``: a released slot goes to the waiting
+       agent that holds the fewest, in turn among equals (:class:`FairSlots`).
+
+    Then the request runs, and once it has run ``slow_after`` seconds it is *slow*.
+    Slow requests may hold all the client's slots but a quarter (at least one); when
+    one more turns slow beyond that while an agent waits, or an agent starts to wait
+    while they are beyond it, the newest slow request is cut short (a timeout, which
+    its circuit counts; the delivery tries again). So a quarter of the slots are
+    always free or held by requests younger than ``slow_after``, and the request of an
+    agent that holds fewer slots than the others waits at most about ``slow_after``
+    for one, however many requests of theirs hang.
+
+    Endpoints are told apart by their host as the URL names it, not by the address
+    it resolves to (that is known only once the connector resolves it, after the
+    slots): names that share an address have a cap each, and what they can hold is
+    bounded by their agents' shares and the slow share. aiohttp's own limits (the
+    connector's, keyed by host, port and TLS as the endpoint's are) equal these caps
+    and are never the ones reached.
+    """
+
+    def __init__(
+        self,
+        settings: DeliverySettings,
+        policy: EgressPolicy,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        rng: Callable[[], float] = random.random,
+    ) -> None:
         self.settings = settings
         self.policy = policy
+        self.clock = clock
+        self.random = rng
         self._session: aiohttp.ClientSession | None = None
-        self._all = Slots(settings.concurrency)
-        #: each host's slots, while some request holds or waits for one
-        self._hosts: dict[str, Slots] = {}
+        self._all = FairSlots(settings.concurrency)
+        self._share = min(settings.concurrency_per_agent, settings.concurrency)
+        #: each agent's share, and each endpoint's slots, while some request holds or
+        #: waits for one
+        self._agents: dict[str, Slots] = {}
+        self._hosts: dict[str, FairSlots] = {}
+        #: (agent, endpoint) -> its circuit, least recently used first; a circuit that
+        #: counts nothing is not kept
+        self._circuits: OrderedDict[tuple[str, str], Circuit] = OrderedDict()
+        #: requests under way, by ticket: those not known to be slow, with when each
+        #: started (oldest first), and the slow ones, in the order they were found slow;
+        #: the tickets of those being cut short; how many slow ones may hold slots while
+        #: others wait; the one timer that looks for requests turning slow (while
+        #: someone waits for the client's slots, and only then)
+        self._young: OrderedDict[int, tuple[float, asyncio.Task[Any]]] = OrderedDict()
+        self._slow: OrderedDict[int, asyncio.Task[Any]] = OrderedDict()
+        self._cutting: set[int] = set()
+        self._slow_share = settings.concurrency - max(1, settings.concurrency // 4)
+        self._shedder: asyncio.TimerHandle | None = None
+        self._tickets = itertools.count()
 
     async def start(self) -> None:
         connector = PolicyConnector(
@@ -186,26 +230,148 @@ class Poster:
         )
 
     async def close(self) -> None:
+        if self._shedder is not None:
+            self._shedder.cancel()
+            self._shedder = None
         if self._session is not None:
             await self._session.close()
             self._session = None
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Answer:
-        """POST ``body`` to ``url``: the receiver's answer, or why there was none."""
-        assert self._session is not None, "the poster is not started"
-        target = aiohttp.helpers.URL(url)  # parsed once: aiohttp takes it as it is
-        host = target.host or ""
-        gate = self._hosts.get(host)
-        if gate is None:
-            gate = self._hosts[host] = Slots(self.settings.concurrency_per_host)
-        try:
-            async with gate, self._all:  # waiting for a busy host holds no slot of all
-                return await self._post(target, body, headers)
-        finally:
-            if not gate.users and self._hosts.get(host) is gate:
-                del self._hosts[host]
+    async def post(
+        self, url: str, body: bytes, headers: dict[str, str], *, agent: str = ""
+    ) -> Answer:
+        """POST ``body`` to ``url`` for ``agent``: the receiver's answer, or why there was
+        none."""
+        return await self.send(url, lambda: (body, headers), agent=agent)
 
-    async def _post(self, url: aiohttp.helpers.URL, body: bytes, headers: dict[str, str]) -> Answer:
+    async def send(self, url: str, compose: Compose, *, agent: str = "") -> Answer:
+        """POST what ``compose`` makes once the request may go (so that it is signed when
+        it is sent, not when it started to wait): the answer, or why there was none."""
+        assert self._session is not None, "the poster is not started"
+        target = URL(url)  # parsed once: aiohttp takes it as it is
+        endpoint = str(target.origin())
+        key = (agent, endpoint)
+        circuit = self._circuits.get(key) if self._circuits else None
+        probe = False
+        if circuit is not None:
+            probe, wait = circuit.admit(self.clock())
+            if wait > 0:
+                return _deferred(endpoint, circuit, wait)
+        outcome = Outcome.ABANDONED
+        try:
+            answer = await self._queue(target, endpoint, agent, compose)
+            outcome = answer.outcome
+            return answer
+        finally:
+            self._record(key, outcome, probe)
+
+    async def _queue(self, target: URL, endpoint: str, agent: str, compose: Compose) -> Answer:
+        """The request, once it has its agent's share, its endpoint's slot and the client's
+        (each taken at once when free: most requests never wait), among those under way
+        (which :meth:`_shed` may cut short)."""
+        share = self._agents.get(agent)
+        if share is None:
+            share = self._agents[agent] = Slots(self._share)
+        gate = self._hosts.get(endpoint)
+        if gate is None:
+            gate = self._hosts[endpoint] = FairSlots(self.settings.concurrency_per_host)
+        everyone = self._all
+        try:
+            if not share.take():
+                await share.wait()
+            try:
+                if not gate.take(agent):
+                    await gate.wait(agent)
+                try:
+                    if not everyone.take(agent):
+                        self._shed(waits=True)  # this request waits: make room if due
+                        await everyone.wait(agent)
+                    try:
+                        return await self._timed(target, compose)
+                    finally:
+                        everyone.release(agent)
+                finally:
+                    gate.release(agent)
+            finally:
+                share.release()
+        finally:
+            if not gate.users and self._hosts.get(endpoint) is gate:
+                del self._hosts[endpoint]
+            if not share.users and self._agents.get(agent) is share:
+                del self._agents[agent]
+
+    async def _timed(self, target: URL, compose: Compose) -> Answer:
+        """The request, among those under way (which :meth:`_shed` may cut short)."""
+        ticket = next(self._tickets)
+        task = asyncio.current_task()
+        assert task is not None
+        self._young[ticket] = (asyncio.get_running_loop().time(), task)
+        try:
+            body, headers = compose()
+            return await self._post(target, body, headers)
+        except asyncio.CancelledError:
+            if ticket not in self._cutting:
+                raise
+            self._cutting.discard(ticket)
+            if task.uncancel():  # cancelled by someone else too: that stands
+                raise
+            slow = self.settings.slow_after
+            return Answer(None, f"cut short after {slow:g} s: others waited", timed_out=True)
+        finally:
+            if self._young.pop(ticket, None) is None:
+                self._slow.pop(ticket, None)
+            if ticket in self._cutting:  # the request swallowed its cancellation
+                self._cutting.discard(ticket)
+                task.uncancel()
+
+    def _shed(self, *, waits: bool = False) -> None:
+        """While some request waits for the client's slots (``waits``: one is about to):
+        requests that have run ``slow_after`` seconds are slow, and those beyond the slow
+        share are cut short, the newest first; then, if any request is not slow yet,
+        look again when the oldest of them turns slow."""
+        if not (waits or self._all.waiting):
+            return
+        loop = asyncio.get_running_loop()
+        young, slow = self._young, self._slow
+        since = loop.time() - self.settings.slow_after
+        while young:
+            ticket = next(iter(young))
+            started, task = young[ticket]
+            if started > since:
+                break
+            del young[ticket]
+            slow[ticket] = task
+        while len(slow) > self._slow_share:
+            ticket, task = slow.popitem()
+            self._cutting.add(ticket)
+            task.cancel()  # it waits inside _timed, which takes the cancellation back
+        if young and self._shedder is None:
+            started, _ = young[next(iter(young))]
+            self._shedder = loop.call_at(started + self.settings.slow_after, self._look_again)
+
+    def _look_again(self) -> None:
+        self._shedder = None
+        self._shed()
+
+    def _record(self, key: tuple[str, str], outcome: Outcome, probe: bool) -> None:
+        """Note a request's outcome in its circuit (made by a first timeout, dropped once
+        it counts nothing)."""
+        circuits = self._circuits
+        circuit = circuits.get(key)
+        if circuit is None:
+            if outcome is not Outcome.TIMED_OUT:
+                return
+            if len(circuits) >= MAX_CIRCUITS:
+                circuits.popitem(last=False)
+            circuit = circuits[key] = Circuit()
+        else:
+            circuits.move_to_end(key)
+        now = self.clock()
+        circuit.record(outcome, now, probe=probe, policy=self.settings.retry, draw=self.random)
+        if circuit.fresh:
+            del circuits[key]
+
+    async def _post(self, url: URL, body: bytes, headers: dict[str, str]) -> Answer:
         assert self._session is not None
         try:
             async with self._session.post(
@@ -223,7 +389,17 @@ class Poster:
             why = f"refused by the egress policy: {refused}" if refused else _why(exc)
             return Answer(None, why)
         except (aiohttp.ClientError, TimeoutError, OSError) as exc:
-            return Answer(None, _why(exc))
+            return Answer(None, _why(exc), timed_out=isinstance(exc, TimeoutError))
+
+
+def _deferred(endpoint: str, circuit: Circuit, wait: float) -> Answer:
+    """The answer to a request its circuit holds back (nothing was sent)."""
+    if circuit.state == "probing":
+        then = "one request to it is under way, and the others wait for its answer"
+    else:
+        then = f"the next goes alone in {wait:.1f} s"
+    why = f"not sent: requests to {endpoint} timed out {circuit.timeouts} times in a row; {then}"
+    return Answer(None, why, wait, sent=False)
 
 
 def _why(exc: BaseException) -> str:
@@ -425,9 +601,10 @@ class Sink:
         a connection, to which the hub binds the stream live (:meth:`PushHub.sleep`)."""
         if self.closed or self.connection is not None:
             return None
-        self.connection = self._connect()
+        connection = self._connect()
+        self.connection = connection
         self.quiet = 0
-        return self.connection
+        return connection
 
     def _connect(self) -> Connection:
         settings = self.engine.settings
@@ -586,15 +763,17 @@ class Sink:
             if not engine.may_send():
                 engine.disown()  # the lease is gone: another node sends from now on
                 return False
-            body, headers = message(engine.clock())
             self.in_flight = True
             try:
-                answer = await engine.poster.post(self.frames.url, body, headers)
+                answer = await engine.poster.send(
+                    self.frames.url, lambda: message(engine.clock()), agent=self.agent_id
+                )
             finally:
                 self.in_flight = False
             self.last_status = answer.status
             judged = verdict(answer.status)
-            engine.attempts[(self.kind, judged.value)] += 1
+            if answer.sent:  # a request its circuit held back is no POST
+                engine.attempts[(self.kind, judged.value)] += 1
             now = engine.clock()
             if judged is Verdict.DELIVERED:
                 self.attempts, self.first_failure, self.next_attempt = 0, None, None
@@ -681,7 +860,7 @@ class DeliveryEngine:
         self.hub = hub
         self.settings = settings
         self.secret_box = secret_box
-        self.poster = Poster(settings, policy)
+        self.poster = Poster(settings, policy, rng=rng)
         self.clock = clock
         self.random = rng
         self.sinks: dict[str, Sink] = {}

@@ -307,7 +307,7 @@ class RapBinding:
         try:
             token = bearer_token(request)
             service = self.http._service()
-            service.field.authenticate(token)
+            agent = service.field.authenticate(token)
             self.http.admit(token)  # an invocation is one of the agent's operations
             call = parse_invocation(await read_json(request, self.limits))
             operation = call.operation
@@ -325,7 +325,7 @@ class RapBinding:
             return error_response(error, operation)
         except ClientDisconnect:
             return Response(status_code=400)
-        task = asyncio.get_running_loop().create_task(self._run(call, token))
+        task = asyncio.get_running_loop().create_task(self._run(call, token, agent.id))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         return _json({"status": "accepted"})
@@ -366,7 +366,7 @@ class RapBinding:
 
     # -- running an invocation ---------------------------------------------------------
 
-    async def _run(self, call: Invocation, token: str | None) -> None:
+    async def _run(self, call: Invocation, token: str | None, agent_id: str) -> None:
         started = time.perf_counter()
         observer = self.http.observer
         try:
@@ -380,21 +380,24 @@ class RapBinding:
             error = exc if isinstance(exc, FieldError) else internal_error(call.operation)
             if observer is not None:
                 observer.operation("rap", call.operation, started, error)
-            await self._answer(call, error.to_response(call.operation), is_error=True)
+            await self._answer(call, error.to_response(call.operation), agent_id, is_error=True)
             return
         if observer is not None:
             observer.operation("rap", call.operation, started, outcome)
         if call.operation != "SUBSCRIBE":  # a subscription's result is the engine's to send
-            await self._answer(call, outcome.response, is_error=False)
+            await self._answer(call, outcome.response, agent_id, is_error=False)
 
-    async def _answer(self, call: Invocation, body: dict[str, Any], *, is_error: bool) -> None:
-        """POST the tool result; try again on 5xx or no answer, a few times."""
+    async def _answer(
+        self, call: Invocation, body: dict[str, Any], agent_id: str, *, is_error: bool
+    ) -> None:
+        """POST the tool result (a request of ``agent_id``'s: its share of the delivery
+        client, its circuits); try again on 5xx or no answer, a few times."""
         engine = self.http.deliveries
         if engine is None:
             return  # stopping
         message = tool_result(call, body, is_error=is_error)
         for attempt in range(1, RESULT_ATTEMPTS + 1):
-            answer = await engine.poster.post(call.callback_url, message, {})
+            answer = await engine.poster.post(call.callback_url, message, {}, agent=agent_id)
             judged = verdict(answer.status)
             if judged is Verdict.DELIVERED:
                 return
