@@ -1188,12 +1188,14 @@ async def test_detect_list_filters(
     assert await get("?status=resolved") == []
     assert await get("?status=detected&type=factual") == [ab, cc]
     assert await get("?type=interpretive") == []
-    for query in ("?status=bogus", "?type=bogus"):
+    for query in ("?status=bogus", "?type=bogus", "?involving_agent=-x", "?involving_agent=%C3%91"):
         expect(
             await field.raw("GET", "/v1/conflicts" + query, token=carol.token),
             422,
             "INVALID_PAYLOAD",
         )
+    # agent ids are validated as the document's schema for them says
+    expect(await field.raw("GET", "/v1/agents?id=%C3%91", token=carol.token), 422, "INVALID_PAYLOAD")
 
     before = await snapshot(field)
     body = await fails(alice.detect("check"), 422, "INVALID_PAYLOAD")  # no target_id

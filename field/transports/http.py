@@ -14,10 +14,11 @@ import importlib.util
 import logging
 import math
 import os
+import re
 import secrets
 import socket
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -39,6 +40,7 @@ from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
 from ..core.ratelimit import Rate
 from ..core.secrets import SecretBox
 from ..core.state import AgentRecord
+from ..core.validation import AGENT_ID
 from ..errors import (
     Code,
     FieldError,
@@ -282,7 +284,7 @@ class HTTPBinding:
         params = request.query_params
 
         def listing(field: Field, _: AgentRecord) -> dict[str, Any]:
-            ids = _query_values(params, "id", None, field.limits)
+            ids = _query_values(params, "id", AGENT_ID, field.limits)
             return field.agents_page(_page_request(params, field.limits), ids=ids)
 
         return await self._read(request, listing)
@@ -294,7 +296,7 @@ class HTTPBinding:
             limits = field.limits
             statuses = _query_values(params, "status", CONFLICT_STATUSES, limits)
             types = _query_values(params, "type", CONFLICT_TYPES, limits)
-            agents = _query_values(params, "involving_agent", None, limits)
+            agents = _query_values(params, "involving_agent", AGENT_ID, limits)
             return field.conflicts_page(
                 viewer,
                 _page_request(params, limits),
@@ -317,12 +319,19 @@ def webhook_key_of(config: Config) -> bytes:
     return secrets.token_bytes(32)
 
 
-def _query_values(params: Any, name: str, allowed: Any, limits: Limits) -> list[str]:
-    """The values of a repeatable, comma-separated parameter; ``allowed`` None: any."""
+def _query_values(
+    params: Any, name: str, allowed: Collection[str] | re.Pattern[str], limits: Limits
+) -> list[str]:
+    """The values of a repeatable, comma-separated parameter: each one of ``allowed``, or
+    (a pattern) one that it matches whole, as the document's schema for the values says."""
     values = [v for item in params.getlist(name) for v in item.split(",") if v]
     if len(values) > limits.max_page_items:
         raise InvalidPayload(f"at most {limits.max_page_items} {name} values")
-    unknown = [v for v in values if allowed is not None and v not in allowed]
+    if isinstance(allowed, re.Pattern):
+        invalid = [v for v in values if allowed.fullmatch(v) is None]
+        if invalid:
+            raise InvalidPayload(f"{name} value(s) not of the form allowed: {_quoted(invalid)}")
+    unknown = [v for v in values if not isinstance(allowed, re.Pattern) and v not in allowed]
     if unknown:
         raise InvalidPayload(f"unknown {name} value(s): {_quoted(unknown)}")
     return values
