@@ -18,7 +18,9 @@ from typing import Any
 import cel
 from _common import bracketed
 
-from field.core.filters import MAX_PATTERN_WIDTH, compile_expression, new_context
+from field.core.filters import MAX_PATTERN_WIDTH, Context, compile_expression
+from field.model import Limits
+from field.subscriptions.filtering import filter_shapes
 
 REALISTIC = {
     "a word": r"deploy",
@@ -28,6 +30,9 @@ REALISTIC = {
     "a commit hash": r"\b[0-9a-f]{40}\b",
     "letters of any script": r"\pL+ \pL+",
 }
+#: what a subscription filter's event may hold (a summary of 4096 characters, a unit's
+#: content of 65536)
+SHAPES = filter_shapes(Limits())
 SUMMARY = "finding from researcher-01: the checkout deploy of PAY-1234 caused an outage"
 
 
@@ -55,8 +60,8 @@ def library(text: str, variables: dict[str, Any]) -> Any:
 
 
 def field(text: str, variables: dict[str, Any]) -> Any:
-    expression = compile_expression(text, ["event"], field="filter")
-    context = new_context(variables)
+    expression = compile_expression(text, ["event"], field="filter", shapes=SHAPES)
+    context = Context(expression.bind_all(variables))
     return lambda: expression.evaluate(context)
 
 
@@ -84,10 +89,15 @@ def main() -> None:
     widest = f"a[ab]{{{MAX_PATTERN_WIDTH - 6}}}c"
     rng = random.Random(1)
     print(f"\nthe widest accepted pattern at its worst, {widest} (ms an evaluation):")
-    for chars in (4096, 65536):
-        adverse = {"event": {"summary": "".join(rng.choice("ab") for _ in range(chars))}}
-        plain = {"event": {"summary": ("the checkout deploy " * chars)[:chars]}}
-        text = f'event.summary.matches(r"{widest}")'
+    for chars, where in ((4096, "summary"), (65536, "content")):
+
+        def event(text: str, where: str = where) -> dict[str, Any]:
+            return {"summary": text} if where == "summary" else {"unit": {"content": text}}
+
+        adverse = {"event": event("".join(rng.choice("ab") for _ in range(chars)))}
+        plain = {"event": event(("the checkout deploy " * chars)[:chars])}
+        path = "event.summary" if where == "summary" else "event.unit.content"
+        text = f'{path}.matches(r"{widest}")'
         worst = per_evaluation(field(text, adverse), 3) / 1000
         usual = per_evaluation(field(text, plain), 3) / 1000
         print(f"  {chars:>6} characters: {worst:8.2f} (random a/b)  {usual:8.3f} (prose)")

@@ -276,6 +276,18 @@ def _parser() -> argparse.ArgumentParser:
         "host is 421 (none; bound elsewhere without any, Host is not checked)",
     )
     serve.add_argument(
+        "--filter-share",
+        type=float,
+        help="the fraction of one core each agent's subscription filters may use on "
+        "average; past it its filtered streams are resumed from the log at that pace "
+        "(0: no share) (0.05)",
+    )
+    serve.add_argument(
+        "--filter-burst",
+        type=float,
+        help="seconds of filter time an agent may use at once (0.02)",
+    )
+    serve.add_argument(
         "--mcp-max-sessions",
         type=int,
         help="most MCP sessions open at once over HTTP (/mcp), the operator's not counted; "
@@ -512,6 +524,8 @@ def _config(args: argparse.Namespace) -> Config:
         mcp_max_sessions=args.mcp_max_sessions,
         mcp_max_sessions_per_client=args.mcp_max_sessions_per_client,
         mcp_idle_timeout=args.mcp_idle_timeout,
+        filter_share=args.filter_share,
+        filter_burst=args.filter_burst,
         **delivery,
         operator_token=(
             args.operator_token_file.read_text().strip() if args.operator_token_file else None

@@ -25,6 +25,7 @@ from .snapshots import DEFAULT_ENTRIES as DEFAULT_SNAPSHOT_ENTRIES
 from .snapshots import DEFAULT_SECONDS as DEFAULT_SNAPSHOT_SECONDS
 from .snapshots import SnapshotPolicy
 from .subscriptions.delivery import RetryPolicy
+from .subscriptions.filtering import FilterTime
 from .subscriptions.outbox import PushLimits
 from .transports.cors import parse_origins
 from .transports.delivery import DeliverySettings
@@ -92,6 +93,12 @@ class Config:
     webhook_timeout: float = 15.0
     #: Bytes of a receiver's answer that are read (the rest is not).
     webhook_max_response_bytes: int = 65_536
+    #: Each agent's share of the time subscription filters take: the fraction of one core
+    #: its filters may use on average, and the seconds they may use at once (0: no share,
+    #: filters run as they come). An agent past it has its filtered streams resumed from
+    #: the log at the pace its share allows (protocol/README.md, "Filters").
+    filter_share: float = 0.05
+    filter_burst: float = 0.02
     #: Delivery requests under way at once, in all and to one host.
     webhook_concurrency: int = 256
     webhook_concurrency_per_host: int = 32
@@ -261,6 +268,10 @@ class Config:
         ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, not {getattr(self, name)}")
+        if not (math.isfinite(self.filter_share) and 0 <= self.filter_share <= 1):
+            raise ValueError(f"filter_share must be from 0 (off) to 1, not {self.filter_share}")
+        if not (math.isfinite(self.filter_burst) and 0.001 <= self.filter_burst <= 10):
+            raise ValueError(f"filter_burst must be 0.001 to 10 seconds, not {self.filter_burst}")
         if not (math.isfinite(self.mcp_idle_timeout) and 0 < self.mcp_idle_timeout <= MAX_TIMEOUT):
             raise ValueError(f"mcp_idle_timeout must be a positive number, at most {MAX_TIMEOUT:g}")
         self._check_registration()
@@ -289,6 +300,12 @@ class Config:
     def snapshot_policy(self) -> SnapshotPolicy:
         """When the server writes a snapshot of the state."""
         return SnapshotPolicy(entries=self.snapshot_entries, seconds=self.snapshot_seconds)
+
+    def filter_time(self) -> FilterTime | None:
+        """Each agent's share of filter time (None: off)."""
+        if self.filter_share == 0:
+            return None
+        return FilterTime(self.filter_share, self.filter_burst)
 
     def admission_policy(self) -> AdmissionPolicy:
         """The targets of admission control."""
@@ -439,6 +456,8 @@ _FLOATS = (
     "agent_rate",
     "notify_rate",
     "mcp_idle_timeout",
+    "filter_share",
+    "filter_burst",
     "cluster_interval",
     "snapshot_seconds",
 )

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from field.core.allow_lists import ALLOW_LIST_NAMES
+from field.core.expressions import parse
 from field.errors import FieldError
 from field.model import StoredEntry
 from field.subscriptions import filtering
@@ -467,7 +468,9 @@ def test_the_probes_shortcut_answers_as_evaluating_every_input(steps: Any) -> No
 
 
 def test_what_reads_the_subscriber_otherwise_gets_no_probes() -> None:
-    probes = filtering._probes
+    def probes(text: str) -> Any:
+        return filtering._probes(parse(text, "f"))
+
     assert probes("event.unit.intent.task_id in parameters.task_id") == (
         filtering.Probe(("unit", "intent", "task_id"), "parameters", "task_id", True),
     )

@@ -31,8 +31,14 @@ async def agents(field_server: ThreadedServer) -> Any:
         yield Agents(a, b, c)
 
 
-NESTED = "[1].all(x, [2].exists(y, y > x))"
-THREE = "[1].all(x, x > 0) && [1].exists(x, x > 0) && [1].map(x, x).size() > 0"
+NESTED = "[1].all(x, [2].exists(y, [3].exists(z, z > y)))"
+FIVE = " && ".join(f"[1].all({v}, {v} > 0)" for v in "abcde")
+COSTLY = "parameters.task_id.all(k, size(" + " + ".join(["k"] * 40) + ") > 0)"
+#: comprehensions hidden from a text scan by comments: three deep, over allow lists
+HIDDEN = (
+    "parameters.task_id.//x\nall(k, parameters.unit_id.//y\n"
+    'all(j, parameters.session_id.//"""\nexists(i, k + j + i == "")))'
+)
 
 
 @pytest.mark.parametrize(
@@ -46,7 +52,10 @@ THREE = "[1].all(x, x > 0) && [1].exists(x, x > 0) && [1].map(x, x).size() > 0"
         pytest.param("   ", {}, id="blank"),
         pytest.param(42, {}, id="not-a-string"),
         pytest.param(NESTED, {}, id="nested-comprehension"),
-        pytest.param(THREE, {}, id="three-comprehensions"),
+        pytest.param(FIVE, {}, id="five-comprehensions"),
+        pytest.param(COSTLY, {"max_cost": 50_000}, id="costly"),
+        pytest.param(HIDDEN, {}, id="hidden-by-comments"),
+        pytest.param("[1].all(event, event > 0)", {"variable": "event"}, id="shadowing"),
         pytest.param('event.epoch + "x" == 1', {}, id="type-error"),
         pytest.param("event.summary.matches(event.actor)", {"offset": 22}, id="pattern-variable"),
         pytest.param('event.summary.matches("(a")', {"offset": 22}, id="pattern-invalid"),
@@ -126,7 +135,9 @@ async def test_a_filtered_stream_live_and_resumed_delivers_the_same(
 async def test_a_matches_filter_delivers_the_units_its_pattern_finds(
     field_server: ThreadedServer, http: aiohttp.ClientSession, agents: Agents
 ) -> None:
-    text = r'event.unit.content.matches(r"(?i)\bsev[12]\b|\boutage\b")'
+    # a unit's content is up to 65536 characters: its worst search with a pattern this wide
+    # costs more than a filter may (field.core.costs); a summary's 4096 do not
+    text = r'event.summary.matches(r"(?i)\bsev[12]\b|\boutage\b")'
     response = await subscribe(agents.b, ["memory.recorded"], filter=text)
     async with sse_stream(http, response["sse_url"], agents.b.token) as sse:
         await sse.ready()

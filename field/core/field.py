@@ -37,7 +37,7 @@ from ..model import (
     StoredEntry,
 )
 from ..subscriptions.delivery import RapCall
-from ..subscriptions.filtering import FilterStage
+from ..subscriptions.filtering import FilterStage, FilterTime
 from ..subscriptions.stream import format_cursor
 from . import (
     attune,
@@ -107,6 +107,7 @@ class Field:
         secret_box: SecretBox | None = None,
         registration_policy: str = "open",
         max_agents: int = DEFAULT_MAX_AGENTS,
+        filter_time: FilterTime | None = None,
     ) -> None:
         self.limits = limits or Limits()
         if registration_policy not in registration.POLICIES:
@@ -141,8 +142,12 @@ class Field:
         #: a durable delivery's progress for SUBSCRIBE list; the delivery engine sets it
         self.delivery_status: Callable[[str], dict[str, Any] | None] | None = None
         #: subscription filters: the stage after the vectorized matcher, and its counts
+        #: each agent's share of the time subscription filters take (None: unbounded)
+        self.filter_time = filter_time
         self.filters = FilterStage(
-            self.state, lambda position: format_cursor(self.field_tag, position)
+            self.state,
+            lambda position: format_cursor(self.field_tag, position),
+            time=filter_time,
         )
         self._handlers: dict[str, Callable[[Context], Outcome]] = {
             "REGISTER": self._register,
@@ -169,7 +174,11 @@ class Field:
         """Take ``state`` (read from a snapshot of this Field's log) as the Field's own; the
         entries after its ``last_position`` are then replayed as usual."""
         self.state = state
-        self.filters = FilterStage(state, lambda position: format_cursor(self.field_tag, position))
+        self.filters = FilterStage(
+            state,
+            lambda position: format_cursor(self.field_tag, position),
+            time=self.filter_time,
+        )
 
     def genesis(self) -> list[LogEntry]:
         """The entries that start a new log: the Field's identity."""

@@ -120,6 +120,18 @@ class KeyedLimiter:
         cost = min(cost, self.rate.burst)
         return 0.0 if tokens >= cost else (cost - tokens) / self.rate.per_second
 
+    def charge(self, key: str, cost: float) -> None:
+        """Take ``cost`` tokens whatever the bucket holds: for a cost known only once it
+        was paid (time measured), which may leave the bucket in debt until it refills."""
+        now = self.clock()
+        bucket = self._buckets.pop(key, None)
+        if bucket is None:
+            bucket = TokenBucket(self.rate.burst, now)
+            if len(self._buckets) >= self.max_keys:
+                self._make_room(now)
+        self._buckets[key] = bucket
+        bucket.tokens = bucket.level(self.rate, now) - cost
+
     def forget(self, key: str) -> None:
         """Drop ``key``'s bucket (an agent that is gone)."""
         self._buckets.pop(key, None)

@@ -35,13 +35,14 @@ import re
 import secrets
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from ..errors import AuthError, Code, FieldError, InvalidPayload, NotFound, StateError
 from ..model import MEMORY_TYPES, Limits, LogEntry
+from . import costs
 from .authority import OPERATOR_ID
 from .clock import iso_timestamp
 from .filters import Expression, check_types, compile_expression
@@ -78,6 +79,21 @@ MAX_GITHUB_SECRET_CHARS = 1024
 DELIVERY_ID = re.compile(r"[!-+\--~]{1,256}")
 #: The variables a source filter may read.
 FILTER_VARIABLES = ("payload", "headers")
+#: Most headers of an event a filter may read, and all of them together.
+MAX_HEADERS = 100
+MAX_HEADER_CHARS = 65536
+
+
+def filter_shapes(max_payload_bytes: int, limits: Limits) -> dict[str, costs.Shape]:
+    """The largest values a source's filter can be given (:mod:`field.core.costs`): the
+    event as any JSON document of the source's ``max_payload_bytes``, and its headers."""
+    header = costs.string(MAX_HEADER_CHARS)
+    headers = replace(costs.map_of(costs.string(256), header, MAX_HEADERS), total=MAX_HEADER_CHARS)
+    return {
+        "payload": costs.document(max_payload_bytes, limits.max_json_items),
+        "headers": headers,
+    }
+
 
 _PLACEHOLDER = re.compile(r"\{\{|\}\}|\{([^{}]*)\}|[{}]")
 _PATH = re.compile(r"(payload|headers)((?:\.[A-Za-z0-9_-]+)*)")
@@ -286,7 +302,13 @@ def compiled(definition: dict[str, Any]) -> Source:
         definition,
         None
         if text is None
-        else compile_expression(text, FILTER_VARIABLES, field="filter", stored=True),
+        else compile_expression(
+            text,
+            FILTER_VARIABLES,
+            field="filter",
+            shapes=filter_shapes(definition["max_payload_bytes"], Limits()),
+            stored=True,
+        ),
         compile_template(unit["content"], "unit.content"),
         compile_template(unit["purpose"], "unit.purpose"),
     )
@@ -316,14 +338,15 @@ def validate_definition(
     if scheme not in SCHEMES:
         raise InvalidPayload(f"scheme must be one of {', '.join(SCHEMES)}")
     secret, made = _secret(body.get("secret"), scheme)
-    text = body.get("filter")
-    if text is not None:
-        expression = compile_expression(text, FILTER_VARIABLES, field="filter")
-        check_types(expression, [{"payload": {}, "headers": {}}], "filter")
     most = min(DEFAULT_MAX_PAYLOAD_BYTES * 16, limits.max_body_bytes)
     size = body.get("max_payload_bytes", DEFAULT_MAX_PAYLOAD_BYTES)
     if isinstance(size, bool) or not isinstance(size, int) or not 2 <= size <= most:
         raise InvalidPayload(f"max_payload_bytes must be an integer from 2 to {most}")
+    text = body.get("filter")
+    if text is not None:
+        shapes = filter_shapes(size, limits)
+        expression = compile_expression(text, FILTER_VARIABLES, field="filter", shapes=shapes)
+        check_types(expression, [{"payload": {}, "headers": {}}], "filter")
     definition = {
         "name": name,
         "scheme": scheme,

@@ -42,7 +42,7 @@ nothing), and :meth:`FilterStage.status` shows the count and the last error.
 
 from __future__ import annotations
 
-import re
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -50,28 +50,33 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ..core import costs
 from ..core.allow_lists import ALLOW_LIST_NAMES
+from ..core.expressions import Ident, Node, Operator, Select
 from ..core.filters import (
+    Context,
     Expression,
     InvalidFilter,
-    blank_strings,
+    Path,
+    TooLarge,
     check_types,
     compile_expression,
-    new_context,
 )
+from ..core.ratelimit import KeyedLimiter, Rate
+from ..model import Limits
 from .events import FieldEvent
 from .matcher import Match
 
 if TYPE_CHECKING:
     from ..core.state import FieldState
 
+#: The longest a step of a filter's estimated cost takes, in seconds (benchmarks/
+#: filters_hostile.py measures it: at most about 70 ns on the machines of benchmarks/README.md).
+STEP_SECONDS = 1e-7
 #: The variables a subscription filter may read.
 FILTER_VARIABLES: tuple[str, ...] = ("event", "subscriber", "parameters")
 #: Most characters of a ``last_error`` kept.
 ERROR_CHARS = 200
-_SUBSCRIBER_WORD = re.compile(r"\bsubscriber\b")
-_SUBSCRIBER_FIELD = re.compile(r"\bsubscriber\s*\.\s*([A-Za-z_]\w*)")
-_PARAMETER = re.compile(r"""\bparameters\s*(?:\.\s*([A-Za-z_]\w*)|\[\s*["']([^"']*)["']\s*\])""")
 
 
 def event_context(event: FieldEvent, cursor: str) -> dict[str, Any]:
@@ -91,6 +96,127 @@ def event_context(event: FieldEvent, cursor: str) -> dict[str, Any]:
     return context
 
 
+def filter_shapes(limits: Limits) -> dict[str, costs.Shape]:
+    """The largest values a filter can be given (:mod:`field.core.costs`): a unit by the
+    RECORD limits, every other entity (and a unit's payload) as any JSON document of a
+    request's size, the subscriber as registered, allow lists by their cap."""
+    string, record = costs.string, costs.record
+    document = costs.document(limits.max_body_bytes, limits.max_json_items)
+    ident, text = string(limits.max_id_chars), string(limits.max_text_chars)
+    word = string(64)
+    unit = record(
+        {
+            "id": ident,
+            "type": word,
+            "content": string(limits.max_content_chars),
+            "confidence": record({"score": costs.DOUBLE, "reasoning": text}),
+            "intent": record({"purpose": text, "task_id": ident, "rationale": text}),
+            "source": record(
+                {
+                    "agent_id": ident,
+                    "agent_role": string(limits.max_role_chars),
+                    "session_id": ident,
+                }
+            ),
+            "relations": costs.list_of(
+                record({"type": word, "target_id": ident, "description": text}),
+                limits.max_relations,
+            ),
+            "status": word,
+            "epoch": costs.INT,
+            "timestamp": word,
+            "visibility": word,
+            "payload": document,
+        },
+        rest=document,
+    )
+    event = record(
+        {
+            "name": word,
+            "epoch": costs.INT,
+            "cursor": string(128),
+            "actor": ident,
+            "summary": text,
+            "entity": record({"type": word, "id": ident}),
+            "memory_unit_id": ident,
+            "conflict_id": ident,
+            "unit": unit,
+            "conflict": record(
+                {
+                    "id": ident,
+                    "unit_a": ident,
+                    "unit_b": ident,
+                    "status": word,
+                    "type": word,
+                    "description": text,
+                    "detected_by": ident,
+                    "resolution": text,
+                },
+                rest=document,
+            ),
+            "task": record(
+                {
+                    "id": ident,
+                    "title": text,
+                    "description": text,
+                    "status": word,
+                    "assignee": ident,
+                    "created_by": ident,
+                    "depends_on": costs.list_of(ident, limits.max_list_items),
+                },
+                rest=document,
+            ),
+            "handoff": record(
+                {"id": ident, "task_id": ident, "from_agent_id": ident, "to_agent_id": ident},
+                rest=document,
+            ),
+            "agent": record(
+                {
+                    "id": ident,
+                    "role": string(limits.max_role_chars),
+                    "interests": costs.list_of(
+                        string(limits.max_interest_chars), limits.max_list_items
+                    ),
+                    "current_task_id": ident,
+                    "registered_epoch": costs.INT,
+                    "authority": costs.INT,
+                    "status": word,
+                },
+                rest=document,
+            ),
+            "session": record(
+                {
+                    "id": ident,
+                    "name": text,
+                    "status": word,
+                    "members": costs.list_of(ident, limits.max_list_items),
+                },
+                rest=document,
+            ),
+        }
+    )
+    interest = string(limits.max_interest_chars)
+    subscriber = record(
+        {
+            "id": ident,
+            "role": string(limits.max_role_chars),
+            "interests": costs.list_of(interest, limits.max_list_items),
+            "authority": costs.INT,
+            "current_task": ident,
+        }
+    )
+    allow_list = costs.map_of(string(MAX_BINDING_CHARS), costs.BOOL, MAX_LIST_VALUES)
+    parameters = record(dict.fromkeys(ALLOW_LIST_NAMES, allow_list))
+    return {"event": event, "subscriber": subscriber, "parameters": parameters}
+
+
+#: An allow list's cap and the longest value a binding seals (field.core.allow_lists and
+#: SUBSCRIBE's validation hold them to these).
+MAX_LIST_VALUES = 1000
+MAX_BINDING_CHARS = 256
+_SHAPES = filter_shapes(Limits())
+
+
 @dataclass(frozen=True, slots=True)
 class _Program:
     expression: Expression
@@ -104,6 +230,8 @@ class _Program:
     #: when it reads ``subscriber`` and ``parameters`` only through :class:`Probe` s:
     #: those; the result then depends on the subscriber only through their answers
     probes: tuple[Probe, ...] | None = None
+    #: the paths of ``event`` it reads (None: all of it)
+    event_paths: frozenset[Path] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,71 +253,121 @@ def compile_filter(
     (``INVALID_FILTER``): see :func:`~field.core.filters.compile_expression` (and its
     ``stored``); also an allow list that does not exist, and a type error no event can
     avoid."""
-    expression = compile_expression(text, FILTER_VARIABLES, field=field, stored=stored)
+    expression = compile_expression(
+        text, FILTER_VARIABLES, field=field, shapes=_SHAPES, stored=stored
+    )
     names: tuple[str, ...] = ()
     if "parameters" in expression.variables:
-        named = {a or b for a, b in _PARAMETER.findall(expression.text)}
-        unknown = sorted(named - set(ALLOW_LIST_NAMES))
+        paths = expression.paths["parameters"]
+        named = None if paths is None else {path[0] for path in paths}
+        unknown = sorted((named or set()) - set(ALLOW_LIST_NAMES))
         if unknown:
             raise InvalidFilter(
                 f"{field} reads unknown allow list(s) parameters.{', parameters.'.join(unknown)}; "
                 f"the Field keeps {', '.join(ALLOW_LIST_NAMES)}",
                 details={"field": field, "unknown_parameters": unknown},
             )
-        # named none (``size(parameters)``): it may read any of them
-        names = tuple(n for n in ALLOW_LIST_NAMES if n in named) if named else ALLOW_LIST_NAMES
+        # read otherwise than by name (``size(parameters)``): it may read any of them
+        names = (
+            ALLOW_LIST_NAMES if named is None else tuple(n for n in ALLOW_LIST_NAMES if n in named)
+        )
     check_types(expression, _SAMPLES, field)
-    fields = None
+    fields: tuple[str, ...] | None = ()
     if "subscriber" in expression.variables:
-        dotted = _SUBSCRIBER_FIELD.findall(expression.text)
-        if len(dotted) == len(_SUBSCRIBER_WORD.findall(expression.text)):
-            fields = tuple(sorted(set(dotted)))
-    else:
-        fields = ()
-    probes = _probes(expression.text) if not expression.variables <= {"event"} else None
-    return _Program(expression, expression.variables <= {"event"}, names, fields, probes)
+        paths = expression.paths["subscriber"]
+        fields = None if paths is None else tuple(sorted({path[0] for path in paths}))
+    event_only = expression.variables <= {"event"}
+    probes = None if event_only else _probes(expression.tree)
+    return _Program(
+        expression,
+        event_only,
+        names,
+        fields,
+        probes,
+        expression.paths.get("event"),
+    )
 
 
-#: What may stand before and after a probe for it to be a whole operand of ``&&``, ``||``,
-#: ``?:``, a call's or a literal's list: nothing binds tighter than ``in`` and ``==`` there.
-_OPEN = ("(", ",", "&&", "||", "?", ":", "[", "{")
-_CLOSE = (")", ",", "&&", "||", "?", ":", "]", "}")
-_PATH = r"\bevent(?:\s*\.\s*[A-Za-z_]\w*)+"
-_TARGET = r"(parameters|subscriber)\s*\.\s*([A-Za-z_]\w*)"
-_PROBE_FORMS = (
-    (re.compile(rf"({_PATH})\s+in\s+{_TARGET}"), "in"),
-    (re.compile(rf"({_PATH})\s*(?:==|!=)\s*subscriber\s*\.\s*([A-Za-z_]\w*)"), "eq"),
-    (re.compile(rf"subscriber\s*\.\s*([A-Za-z_]\w*)\s*(?:==|!=)\s*({_PATH})"), "qe"),
-)
-
-
-def _probes(text: str) -> tuple[Probe, ...] | None:
+def _probes(tree: Node) -> tuple[Probe, ...] | None:
     """The probes of an expression that reads ``subscriber`` and ``parameters`` only
     through them, or None (then every distinct input is evaluated)."""
-    code = blank_strings(text)
     found: list[Probe] = []
-    covered: list[tuple[int, int]] = []
-    for pattern, form in _PROBE_FORMS:
-        for match in pattern.finditer(code):
-            before = code[: match.start()].rstrip()
-            after = code[match.end() :].lstrip()
-            if before and not before.endswith(_OPEN):
-                continue
-            if after and not after.startswith(_CLOSE):
-                continue
-            if form == "in":
-                path, target, name = match[1], match[2], match[3]
-            elif form == "eq":
-                path, target, name = match[1], "subscriber", match[2]
-            else:
-                path, target, name = match[2], "subscriber", match[1]
-            keys = tuple(part.strip() for part in path.split(".")[1:])
-            found.append(Probe(keys, target, name, membership=form == "in"))
-            covered.append(match.span())
-    for variable in re.finditer(r"\b(?:parameters|subscriber)\b", code):
-        if not any(start <= variable.start() < end for start, end in covered):
-            return None  # read some other way: no shortcut
-    return tuple(found)
+
+    def visit(node: Node) -> bool:  # False: reads the subscriber some other way
+        probe = _probe(node)
+        if probe is not None:
+            found.append(probe)
+            return True
+        if isinstance(node, Ident):
+            return node.name not in ("subscriber", "parameters")
+        return all(visit(child) for child in node.children())
+
+    return tuple(found) if visit(tree) else None
+
+
+def _probe(node: Node) -> Probe | None:
+    if not (isinstance(node, Operator) and node.op in ("in", "==", "!=")):
+        return None
+    left, right = node.args
+    if node.op == "in":
+        path, target = _event_path(left), _target(right)
+        if path is None or target is None:
+            return None
+        return Probe(path, target[0], target[1], membership=True)
+    for one, other in ((left, right), (right, left)):
+        path, target = _event_path(one), _target(other)
+        if path is not None and target is not None and target[0] == "subscriber":
+            return Probe(path, "subscriber", target[1], membership=False)
+    return None
+
+
+def _event_path(node: Node) -> tuple[str, ...] | None:
+    names: list[str] = []
+    while isinstance(node, Select):
+        names.append(node.name)
+        node = node.operand
+    if isinstance(node, Ident) and node.name == "event" and names:
+        return tuple(reversed(names))
+    return None
+
+
+def _target(node: Node) -> tuple[str, str] | None:
+    if (
+        isinstance(node, Select)
+        and isinstance(node.operand, Ident)
+        and node.operand.name in ("parameters", "subscriber")
+    ):
+        return node.operand.name, node.name
+    return None
+
+
+class FilterTime:
+    """Each agent's share of the time its subscriptions' filters take to evaluate: a
+    token bucket of seconds per agent, ``share`` of a second every second and ``burst``
+    at once, spent by what each evaluation measured (so it may run into debt, which
+    time pays back). An agent whose bucket is empty has its filters set aside
+    (:meth:`FilterStage.screen`) until it refills."""
+
+    def __init__(
+        self, share: float, burst: float, *, clock: Callable[[], float] = time.perf_counter
+    ) -> None:
+        # counted in microseconds: a bucket's burst is at least one token
+        self._limiter = KeyedLimiter(Rate(share * 1e6, max(1.0, burst * 1e6)), clock=clock)
+        self.burst = burst
+        self.clock = clock
+
+    def available(self, agent_id: str) -> bool:
+        return self._limiter.wait(agent_id) == 0.0
+
+    def wait(self, agent_id: str) -> float:
+        """Seconds until ``agent_id`` has time again (0.0: it has)."""
+        return self._limiter.wait(agent_id)
+
+    def spend(self, agent_id: str, seconds: float) -> None:
+        self._limiter.charge(agent_id, seconds * 1e6)
+
+    def forget(self, agent_id: str) -> None:
+        self._limiter.forget(agent_id)
 
 
 @dataclass(slots=True)
@@ -201,14 +379,15 @@ class _Errors:
 
 
 class _EventRun:
-    """One event's evaluations: its context, converted once, shared by every program."""
+    """One event's evaluations: the ``event`` each program reads (what it reads of it,
+    converted once per event and program), the subscriber's inputs through a resolver."""
 
-    __slots__ = ("_context", "_event", "_cursor", "_current", "_values")
+    __slots__ = ("_contexts", "_event", "_cursor", "_current", "_values")
 
     def __init__(self, event: FieldEvent, cursor: Callable[[int], str]) -> None:
         self._event = event
         self._cursor = cursor
-        self._context: Any = None
+        self._contexts: dict[int, Context | str] = {}
         self._current: dict[str, Any] = {}
         self._values: dict[str, Any] | None = None
 
@@ -226,22 +405,55 @@ class _EventRun:
         subscriber: dict[str, Any] | None,
         parameters: dict[str, Any] | None,
     ) -> tuple[bool, str | None]:
-        if self._context is None:
-            context = new_context({"event": self.values})
-            # per subscriber: read through the resolver, converted only when read
-            context.set_variable_resolver(self._current.get)
-            self._context = context
-        self._current["subscriber"] = subscriber
-        self._current["parameters"] = parameters
-        return program.expression.outcome(self._context)
+        context = self._contexts.get(id(program))
+        expression = program.expression
+        if context is None:
+            try:
+                event = expression.bind("event", self.values)
+            except TooLarge as error:
+                context = self._contexts[id(program)] = str(error)
+            else:
+                context = self._contexts[id(program)] = Context(event)
+                # per subscriber: read through the resolver, converted only when read
+                context.set_variable_resolver(self._current.get)
+        if isinstance(context, str):  # the event is larger than the program may read
+            return False, context
+        self._current.clear()
+        try:
+            if subscriber is not None:
+                self._current.update(expression.bind("subscriber", subscriber))
+            if parameters is not None:
+                self._current.update(expression.bind("parameters", parameters))
+        except TooLarge as error:
+            return False, str(error)
+        return expression.outcome(context)
 
 
 class FilterStage:
-    """Drops the notifications whose subscription filter is not true."""
+    """Drops the notifications whose subscription filter is not true.
 
-    def __init__(self, state: FieldState, cursor: Callable[[int], str]) -> None:
+    With a :class:`FilterTime`, the time each evaluation takes is charged to the agent
+    whose subscription needed it. When the screening of newly written events is asked to
+    (``screen(..., defer=True)``), the rows of an agent that has used its share are not
+    evaluated: they are set aside in :attr:`deferred` (subscription id → the first
+    position set aside), and the caller resumes those subscriptions from the log later,
+    at the pace the agent's share allows. What reaches a subscription stays a function of
+    the log; only when it arrives depends on the agent's filters.
+    """
+
+    def __init__(
+        self,
+        state: FieldState,
+        cursor: Callable[[int], str],
+        *,
+        time: FilterTime | None = None,
+    ) -> None:
         self.state = state
         self._cursor = cursor
+        self.time = time
+        #: subscriptions set aside by the last screenings with ``defer`` (see above)
+        self.deferred: dict[str, int] = {}
+        self._deferring = False
         #: compiled programs by the registry's filter code (the log keeps the text)
         self._programs: dict[int, _Program | None] = {}
         self._errors: dict[str, _Errors] = {}
@@ -269,11 +481,13 @@ class FilterStage:
         errors = self._errors.get(subscription_id) or _Errors()
         return {"expression": text, "errors": errors.count, "last_error": errors.last_error}
 
-    def screen(self, matches: list[Match]) -> list[Match]:
-        """The matches without the rows whose filter is false or failed."""
+    def screen(self, matches: list[Match], *, defer: bool = False) -> list[Match]:
+        """The matches without the rows whose filter is false or failed (and, with
+        ``defer``, without the rows set aside: :attr:`deferred`)."""
         registry = self.state.registry
         if not registry.filter_texts:
             return matches
+        self._deferring = defer and self.time is not None
         codes_of = registry.filter.view
         screened = []
         for match in matches:
@@ -296,10 +510,77 @@ class FilterStage:
                 )
         return screened
 
+    def replay_page(self, subscription_id: str, most: int) -> int:
+        """How many entries a replay of ``subscription_id`` may screen at once: as many as
+        its filter's worst cost lets run within its agent's burst of filter time."""
+        if self.time is None:
+            return most
+        text = self.state.subscriptions[subscription_id].get("filter")
+        if text is None:
+            return most
+        code = self.state.registry.filters.find(text)
+        program = self._program(code) if code >= 0 else None
+        if program is None:
+            return most
+        worst = program.expression.cost * STEP_SECONDS
+        return max(1, min(most, int(self.time.burst / worst)))
+
+    def take_deferred(self) -> dict[str, int]:
+        """The subscriptions set aside since the last call, and where each was."""
+        deferred, self.deferred = self.deferred, {}
+        return deferred
+
+    def _agent_of(self, row: int) -> str:
+        registry = self.state.registry
+        return registry.agents.names[int(registry.agent.view[row])]
+
+    def _set_aside(self, match: Match, at: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
+        """``at`` without the rows of agents out of time (or set aside already), which
+        are set aside."""
+        if not self._deferring or self.time is None:
+            return at
+        registry = self.state.registry
+        rows = match.rows[at]
+        codes = registry.agent.view[rows]
+        names = registry.agents.names
+        out = {code for code in np.unique(codes).tolist() if not self.time.available(names[code])}
+        aside = np.isin(codes, list(out)) if out else np.zeros(len(rows), dtype=bool)
+        if self.deferred:
+            ids = registry.ids
+            aside |= np.fromiter(
+                (ids[row] in self.deferred for row in rows.tolist()), bool, len(rows)
+            )
+        if not aside.any():
+            return at
+        for row in rows[aside].tolist():
+            self.deferred.setdefault(registry.ids[row], match.event.position)
+        return at[~aside]
+
+    def _out_of_time(self, agent_id: str) -> bool:
+        return self._deferring and self.time is not None and not self.time.available(agent_id)
+
+    def _run(
+        self,
+        run: _EventRun,
+        program: _Program,
+        subscriber: dict[str, Any] | None,
+        parameters: dict[str, Any] | None,
+        agent_id: str,
+    ) -> tuple[bool, str | None]:
+        """One evaluation, its time charged to ``agent_id``."""
+        self.evaluations += 1
+        if self.time is None:
+            return run.run(program, subscriber, parameters)
+        began = time.perf_counter()
+        try:
+            return run.run(program, subscriber, parameters)
+        finally:
+            self.time.spend(agent_id, time.perf_counter() - began)
+
     def _keep(self, match: Match, codes: npt.NDArray[np.int32]) -> npt.NDArray[np.bool_]:
         event = match.event
         keep = codes < 0
-        filtered = np.flatnonzero(~keep)
+        filtered = self._set_aside(match, np.flatnonzero(~keep))
         run = _EventRun(event, self._cursor)
         of_filtered = codes[filtered]
         for code in np.unique(of_filtered).tolist():
@@ -309,8 +590,8 @@ class FilterStage:
                 self._failed(match, at, "the filter no longer compiles")
                 continue
             if program.event_only:
-                self.evaluations += 1
-                passed, error = run.run(program, None, None)
+                agent_id = self._agent_of(int(match.rows[at[0]]))
+                passed, error = self._run(run, program, None, None, agent_id)
                 if passed:
                     keep[at] = True
                 elif error is not None:
@@ -369,6 +650,7 @@ class FilterStage:
         # one evaluation per distinct key, with the inputs of a class that gave it
         passed_by_key = np.zeros(len(keys), dtype=bool)
         failed_by_key: dict[int, str] = {}
+        aside: set[int] = set()  # keys whose agent is out of time
         present, first = np.unique(key_of, return_index=True)
         for key, j in zip(present.tolist(), first.tolist(), strict=True):
             if key < 0:
@@ -382,8 +664,11 @@ class FilterStage:
                     if cls in lists
                     else self._parameters(program, agent_id, sealed, position)
                 )
-            self.evaluations += 1
-            ok, error = run.run(program, self.state.registry.profile_agent[profile], parameters)
+            if self._out_of_time(agent_id):
+                aside.add(key)
+                continue
+            subscriber = self.state.registry.profile_agent[profile]
+            ok, error = self._run(run, program, subscriber, parameters, agent_id)
             if ok:
                 passed_by_key[key] = True
             elif error is not None:
@@ -392,6 +677,11 @@ class FilterStage:
         passed = np.zeros(len(unique), dtype=bool)
         passed[valid] = passed_by_key[key_of[valid]]
         keep[at] = passed[inverse]
+        if aside:
+            ids = self.state.registry.ids
+            for i, row in enumerate(rows.tolist()):
+                if int(key_of[inverse[i]]) in aside:
+                    self.deferred.setdefault(ids[row], position)
         if failed_by_key:
             ids = self.state.registry.ids
             for i, row in enumerate(rows.tolist()):
@@ -492,8 +782,11 @@ class FilterStage:
             key = (who, *(id(values) for values in (parameters or {}).values()))
             result = results.get(key)
             if result is None:
-                self.evaluations += 1
-                result = results[key] = run.run(program, subscriber, parameters)
+                agent_id = self._agent_of(row)
+                if self._out_of_time(agent_id):
+                    self.deferred.setdefault(subscription_id, position)
+                    continue
+                result = results[key] = self._run(run, program, subscriber, parameters, agent_id)
             passed, error = result
             if passed:
                 keep[i] = True

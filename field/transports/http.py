@@ -602,6 +602,7 @@ def create_app(
             log = open_log(config.data_dir, synchronous=config.sync, url=config.log)
         chosen = embedder or load_embedder(config.embedder)
         box = SecretBox(webhook_key or webhook_key_of(config))
+        filter_time = config.filter_time()
         service = FieldService(
             log,
             lambda: Field(
@@ -613,6 +614,7 @@ def create_app(
                 secret_box=box,
                 registration_policy=config.registration,
                 max_agents=config.max_agents,
+                filter_time=filter_time,
             ),
             max_queue=config.max_queue,
             max_batch=config.max_batch,

@@ -462,11 +462,17 @@ class PushHub:
             def target() -> int:
                 return until if binding.ending is None else binding.ending - 1
 
+            filtered = state.subscriptions[stream.subscription_id].get("filter") is not None
+            agent_id = binding.connection.agent_id
+            # a page's filters run at once: no more of them than the agent's burst holds
+            most = self.field.filters.replay_page(stream.subscription_id, REPLAY_PAGE)
             while position < target() and binding.connection.ended is None and not binding.detached:
                 await outbox.wait_for_room()
+                if filtered:  # at the pace the agent's filter time allows
+                    await self._filter_time(agent_id)
                 if ahead is None:
                     # an entry yields at most one notification: never read more than fit
-                    page = max(1, min(REPLAY_PAGE, outbox.room(), target() - position))
+                    page = max(1, min(most, outbox.room(), target() - position))
                     entries = await asyncio.to_thread(self.service.log.read, position, page)
                 else:
                     entries, ahead = await ahead, None
@@ -479,7 +485,7 @@ class PushHub:
                 position = entries[-1].position
                 # read the next page while this one is matched and encoded; it fits in
                 # what is left of the outbox after this page, whatever the consumer does
-                page = min(REPLAY_PAGE, outbox.room() - len(entries), target() - position)
+                page = min(most, outbox.room() - len(entries), target() - position)
                 if page > 0:
                     ahead = asyncio.ensure_future(
                         asyncio.to_thread(self.service.log.read, position, page)
@@ -508,6 +514,12 @@ class PushHub:
         finally:
             if ahead is not None:  # the replay stopped early: its read is not wanted
                 ahead.cancel()
+
+    async def _filter_time(self, agent_id: str) -> None:
+        """Wait until ``agent_id``'s filters may run again (its share of filter time)."""
+        clock = self.field.filters.time
+        while clock is not None and (delay := clock.wait(agent_id)) > 0:
+            await asyncio.sleep(delay)
 
     def _replay_start(self, stream: Stream, after: int) -> int:
         """Where replay must begin: the start of the debounce window holding ``after``.
@@ -612,9 +624,14 @@ class PushHub:
         stream.after = binding.queued = position
         return True
 
-    def _matcher(self) -> Matcher:
-        """A matcher over the Field as it is, telling events only to their audience."""
+    def _matcher(self, *, live: bool = False) -> Matcher:
+        """A matcher over the Field as it is, telling events only to their audience.
+
+        ``live``: for newly written events, whose filters an agent out of filter time
+        does not run (:class:`~field.subscriptions.filtering.FilterStage`): the hub then
+        resumes its subscriptions from the log (:meth:`_set_aside`)."""
         state = self.field.state
+        filters = self.field.filters
         return Matcher(
             state.registry,
             state.index,
@@ -623,8 +640,25 @@ class PushHub:
             audience=functools.partial(visibility.event_audience, state)
             if state.sessions
             else None,
-            screen=self.field.filters.screen,
+            screen=functools.partial(filters.screen, defer=True) if live else filters.screen,
         )
+
+    def _set_aside(self, deferred: dict[str, int]) -> None:
+        """The subscriptions whose filters were not run for newly written events because
+        their agent used its share of filter time: each stream is ended as a slow
+        consumer's is, with the cursor it resumes from (before what was set aside), and
+        a dormant one is woken to read the log; both then read it at the pace the
+        agent's filter time allows (:meth:`_replay`)."""
+        for subscription_id, position in deferred.items():
+            if subscription_id in self._dormant:
+                self._wake(subscription_id, position - 1)
+            for binding in list(self._by_subscription.get(subscription_id, ())):
+                self.overflow(
+                    binding.connection,
+                    "filter time",
+                    "the agent's filters used their share of the Field's time; resume from "
+                    "the cursors",
+                )
 
     # -- live --------------------------------------------------------------------
 
@@ -665,14 +699,18 @@ class PushHub:
             return
         events = self._events(entries)
         if events:
-            matcher = self._matcher()
+            matcher = self._matcher(live=True)
             scope = self._scope
             if scope is None or not scope.fits(matcher.registry):
                 state = self.field.state
                 rows = [state.registry_row(sid) for sid in self._by_subscription]
                 rows.extend(state.registry_row(sid) for sid in self._dormant)  # some in both
                 scope = self._scope = matcher.scope(np.unique(np.array(rows, dtype=np.intp)))
-            for match in matcher.match(events, scope=scope):
+            matches = matcher.match(events, scope=scope)
+            deferred = self.field.filters.take_deferred()
+            if deferred:  # before anything of the batch reaches their streams
+                self._set_aside(deferred)
+            for match in matches:
                 self._route(match)
                 yield
         for subscription_id, position in ended.items():
