@@ -80,6 +80,8 @@ def _middle(name: str, flags: int, requires_action: bool) -> bytes:
 
 
 REPLAY_PAGE = 2000
+#: Longest a replay waiting for its agent's filter time sleeps before looking again.
+FILTER_TIME_POLL = 0.05
 #: ``Connection.ended`` of every connection when the server stops (close code, reason).
 SHUTDOWN = (1001, "server shutting down")
 #: Default of ``--max-push-per-agent``.
@@ -519,7 +521,8 @@ class PushHub:
         """Wait until ``agent_id``'s filters may run again (its share of filter time)."""
         clock = self.field.filters.time
         while clock is not None and (delay := clock.wait(agent_id)) > 0:
-            await asyncio.sleep(delay)
+            # looked at again every so often: a restored or forgiven share counts at once
+            await asyncio.sleep(min(delay, FILTER_TIME_POLL))
 
     def _replay_start(self, stream: Stream, after: int) -> int:
         """Where replay must begin: the start of the debounce window holding ``after``.

@@ -1,0 +1,144 @@
+"""Each agent's share of filter time: its filters cannot take everyone's.
+
+The time each evaluation takes is charged to the agent whose subscription needed it. An
+agent past its share has its filtered streams set aside for new events (ended as a slow
+consumer's, with the cursors before what was set aside) while everyone else's are served
+as usual; it resumes from the log, at the pace its share allows, and gets every
+notification it is owed, once and in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import orjson
+import pytest
+
+from field.core.field import Field
+from field.service import FieldService
+from field.store.memory import MemoryEventLog
+from field.subscriptions.filtering import FilterTime
+from field.subscriptions.stream import format_cursor
+from field.transports.push import Connection, PushHub
+
+from .test_push_hub import Hub, units
+
+FILTER = 'event.unit.type == "finding" && subscriber.interests.exists(i, i != "")'
+
+
+class Clock:
+    """A clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_time_spent_is_paid_back_at_the_agents_share() -> None:
+    clock = Clock()
+    share = FilterTime(0.05, 0.02, clock=clock)
+    assert share.available("a") and share.wait("a") == 0.0
+    share.spend("a", 0.5)  # far past its burst: in debt
+    assert not share.available("a")
+    # until a microsecond is there again
+    assert share.wait("a") == pytest.approx((0.5 - 0.02 + 1e-6) / 0.05, rel=1e-9)
+    assert share.available("b")  # another agent's share is its own
+    clock.now += 9.0
+    assert not share.available("a")
+    clock.now += 0.7
+    assert share.available("a")
+
+
+@pytest.fixture
+async def shared() -> AsyncIterator[tuple[Hub, FilterTime, Clock]]:
+    clock = Clock()
+    share = FilterTime(0.05, 0.02, clock=clock)
+    service = FieldService(MemoryEventLog(), lambda: Field(filter_time=share))
+    hub = Hub(PushHub(service), service, {})
+    await service.start()
+    for agent_id in ("writer", "a", "b"):
+        await hub.register(agent_id)
+    yield hub, share, clock
+    await service.stop()
+
+
+async def subscribe(hub: Hub, agent_id: str) -> str:
+    subscription = {"events": ["memory.recorded"], "filter": FILTER}
+    response = await hub.call(
+        "SUBSCRIBE", agent_id, {"action": "subscribe", "subscription": subscription}
+    )
+    return str(response["subscription_id"])
+
+
+async def notified(connection: Connection, count: int) -> list[str]:
+    """The next ``count`` notifications' units, awaited (control frames skipped)."""
+    found: list[str] = []
+    async with asyncio.timeout(10):
+        while len(found) < count:
+            frame = await connection.outbox.get()
+            assert frame is not None, connection.ended
+            if frame.cursor is not None:
+                found.append(orjson.loads(frame.body)["memory_unit_id"])
+    return found
+
+
+async def test_an_agent_out_of_filter_time_is_set_aside_and_resumes_with_all_it_is_owed(
+    shared: tuple[Hub, FilterTime, Clock],
+) -> None:
+    hub, share, clock = shared
+    a_sub, b_sub = await subscribe(hub, "a"), await subscribe(hub, "b")
+    a, b = hub.stream("a", a_sub), hub.stream("b", b_sub)
+    first = await hub.record("writer", "pricing one")
+    assert (units(a), units(b)) == ([first], [first])
+
+    share.spend("a", 1.0)  # a's filters took a second: twenty of its share
+    second = await hub.record("writer", "pricing two")
+    third = await hub.record("writer", "pricing three")
+    assert units(b) == [second, third]  # the other agent is served as ever
+    frames = a.outbox.drain_now(100)
+    assert [frame.kind for frame in frames] == ["overflow"]
+    body: dict[str, Any] = orjson.loads(frames[0].body)
+    assert body["reason"].startswith("filter time")
+    assert a.ended == (4008, "filter time")
+
+    # its share paid back, it resumes from the cursor it was given: both units, in order
+    clock.now += 20.0
+    again = hub.hub.connect("a", "sse")
+    hub.hub.attach(again, a_sub, body["cursors"][a_sub])
+    assert await notified(again, 2) == [second, third]
+    fourth = await hub.record("writer", "pricing four")
+    assert await notified(again, 1) == [fourth]
+    assert units(b) == [fourth]
+
+
+async def test_a_resumed_stream_waits_for_the_agents_share(
+    shared: tuple[Hub, FilterTime, Clock],
+) -> None:
+    hub, share, clock = shared
+    a_sub = await subscribe(hub, "a")
+    written = [await hub.record("writer", f"pricing {n}") for n in range(3)]
+    share.spend("a", 1.0)
+    told_to_wait = asyncio.Event()
+    wait = share.wait
+
+    def waiting_for(agent_id: str) -> float:
+        delay = wait(agent_id)
+        if delay > 0:
+            told_to_wait.set()
+        return delay
+
+    share.wait = waiting_for  # type: ignore[method-assign]
+    connection = hub.hub.connect("a", "sse")
+    hub.hub.attach(connection, a_sub, format_cursor(hub.hub.tag, 0))  # from the log's start
+    # nothing is replayed while the agent is in debt (the replay waits on its share) ...
+    waiting = asyncio.ensure_future(notified(connection, 3))
+    async with asyncio.timeout(10):
+        await told_to_wait.wait()
+    assert not waiting.done() and connection.outbox.drain_now(100) == []
+    # ... and all of it once the debt is paid
+    clock.now += 20.0
+    assert await waiting == written
