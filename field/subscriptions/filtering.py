@@ -26,18 +26,23 @@ What an expression reads (documented in ``protocol/README.md``, "Filters"):
   is empty means "no match", without evaluating (as a tool event whose
   allow list is empty is discarded).
 
-Cost: an expression that reads only ``event`` runs once per event whatever
-the number of subscriptions holding it (texts are compiled once and shared);
-one that reads ``subscriber`` or ``parameters`` runs once per event and
-distinct input: the ``subscriber`` fields it reads (all of them unless it
-reads them only as ``subscriber.<field>``) and the allow lists it reads
-(the same map for one agent's list as of one position, and for equal
-bindings).
+Cost: what a filter may cost is estimated before it is accepted (with the
+largest values of :func:`filter_shapes`) and bounded as it runs
+(:mod:`field.core.filters`). An expression that reads only ``event`` runs
+once per event whatever the number of subscriptions holding it (texts are
+compiled once and shared); one that reads ``subscriber`` or ``parameters``
+runs once per event and distinct input: the ``subscriber`` fields it reads
+(all of them unless it reads them only as ``subscriber.<field>``) and the
+allow lists it reads (the same map for one agent's list as of one position,
+and for equal bindings). The time each evaluation takes is charged to the
+agent that needed it (:class:`FilterTime`); see :class:`FilterStage` for
+what happens to an agent past its share.
 
 A failed evaluation (a missing field, a wrong type, a result that is not a
-boolean) is "no match" for that subscription; the stage counts it, in
-memory, once per event position (a replay of events already counted adds
-nothing), and :meth:`FilterStage.status` shows the count and the last error.
+boolean, its budget spent) is "no match" for that subscription; the stage
+counts it, in memory, once per event position (a replay of events already
+counted adds nothing), and :meth:`FilterStage.status` shows the count and
+the last error.
 """
 
 from __future__ import annotations
