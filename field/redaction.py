@@ -50,11 +50,11 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
     (re.compile(r"(?i)\b(bearer\s+)[^\s'\",;)\]}]+"), r"\1" + REDACTED),
     # "token": "x", 'webhook_secret': 'x', token='x'
     (
-        re.compile(r"(?i)(\w*(?:token|secret)['\"]?\s*[:=]\s*b?['\"])[^'\"]+"),
+        re.compile(r"(?i)\b(\w*(?:token|secret)['\"]?\s*[:=]\s*b?['\"])[^'\"]+"),
         r"\1" + REDACTED,
     ),
     # ?token=x, &secret=x, access_token=x
-    (re.compile(r"(?i)(\w*(?:token|secret)=)(?!b?['\"])[^&\s'\"#]+"), r"\1" + REDACTED),
+    (re.compile(r"(?i)\b(\w*(?:token|secret)=)(?!b?['\"])[^&\s'\"#]+"), r"\1" + REDACTED),
     (re.compile(r"whsec_[A-Za-z0-9+/=_-]+"), "whsec_" + REDACTED),
     # a registration token, wherever it stands
     (re.compile(r"fieldreg_[A-Za-z0-9_-]+"), "fieldreg_" + REDACTED),
