@@ -279,7 +279,7 @@ def _parser() -> argparse.ArgumentParser:
         "--filter-share",
         type=float,
         help="the fraction of one core each agent's subscription filters may use on "
-        "average; past it its filtered streams are resumed from the log at that pace "
+        "average; past it its filtered streams catch up from the log at that pace "
         "(0: no share) (0.05)",
     )
     serve.add_argument(

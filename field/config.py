@@ -95,7 +95,7 @@ class Config:
     webhook_max_response_bytes: int = 65_536
     #: Each agent's share of the time subscription filters take: the fraction of one core
     #: its filters may use on average, and the seconds they may use at once (0: no share,
-    #: filters run as they come). An agent past it has its filtered streams resumed from
+    #: filters run as they come). An agent past it has its filtered streams catch up from
     #: the log at the pace its share allows (protocol/README.md, "Filters").
     filter_share: float = 0.05
     filter_burst: float = 0.02

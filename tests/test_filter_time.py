@@ -1,17 +1,16 @@
 """Each agent's share of filter time: its filters cannot take everyone's.
 
 The time each evaluation takes is charged to the agent whose subscription needed it. An
-agent past its share has its filtered streams set aside for new events (ended as a slow
-consumer's, with the cursors before what was set aside) while everyone else's are served
-as usual; it resumes from the log, at the pace its share allows, and gets every
-notification it is owed, once and in order.
+agent past its share has its filtered streams set aside for new events while everyone
+else's are served as usual: each reads what it missed from the log on the same
+connection, at the pace its share allows, and gets every notification it is owed, once
+and in order, then takes live notifications again.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from typing import Any
 
 import orjson
 import pytest
@@ -86,7 +85,7 @@ async def notified(connection: Connection, count: int) -> list[str]:
     return found
 
 
-async def test_an_agent_out_of_filter_time_is_set_aside_and_resumes_with_all_it_is_owed(
+async def test_an_agent_out_of_filter_time_catches_up_from_the_log_with_all_it_is_owed(
     shared: tuple[Hub, FilterTime, Clock],
 ) -> None:
     hub, share, clock = shared
@@ -99,20 +98,34 @@ async def test_an_agent_out_of_filter_time_is_set_aside_and_resumes_with_all_it_
     second = await hub.record("writer", "pricing two")
     third = await hub.record("writer", "pricing three")
     assert units(b) == [second, third]  # the other agent is served as ever
-    frames = a.outbox.drain_now(100)
-    assert [frame.kind for frame in frames] == ["overflow"]
-    body: dict[str, Any] = orjson.loads(frames[0].body)
-    assert body["reason"].startswith("filter time")
-    assert a.ended == (4008, "filter time")
+    # a's stream is set aside, not ended: it waits on the same connection
+    assert units(a) == [] and a.ended is None
+    (binding,) = a.streams.values()
+    assert binding.lagging
 
-    # its share paid back, it resumes from the cursor it was given: both units, in order
+    # its share paid back, it reads what it missed from the log, in order, then goes live
     clock.now += 20.0
-    again = hub.hub.connect("a", "sse")
-    hub.hub.attach(again, a_sub, body["cursors"][a_sub])
-    assert await notified(again, 2) == [second, third]
+    assert await notified(a, 2) == [second, third]
     fourth = await hub.record("writer", "pricing four")
-    assert await notified(again, 1) == [fourth]
+    assert await notified(a, 1) == [fourth]
     assert units(b) == [fourth]
+    assert not binding.lagging and a.ended is None
+
+
+async def test_a_stream_set_aside_while_it_replays_catches_up_after_its_replay(
+    shared: tuple[Hub, FilterTime, Clock],
+) -> None:
+    hub, share, clock = shared
+    a_sub = await subscribe(hub, "a")
+    before = [await hub.record("writer", f"pricing {n}") for n in range(3)]
+    share.spend("a", 1.0)
+    connection = hub.hub.connect("a", "sse")
+    hub.hub.attach(connection, a_sub, format_cursor(hub.hub.tag, 0))  # replaying, held
+    after = [await hub.record("writer", f"pricing later {n}") for n in range(2)]
+    clock.now += 20.0
+    assert await notified(connection, 5) == before + after
+    last = await hub.record("writer", "pricing live")
+    assert await notified(connection, 1) == [last]
 
 
 async def test_a_resumed_stream_waits_for_the_agents_share(

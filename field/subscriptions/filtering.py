@@ -441,9 +441,10 @@ class FilterStage:
     whose subscription needed it. When the screening of newly written events is asked to
     (``screen(..., defer=True)``), the rows of an agent that has used its share are not
     evaluated: they are set aside in :attr:`deferred` (subscription id → the first
-    position set aside), and the caller resumes those subscriptions from the log later,
-    at the pace the agent's share allows. What reaches a subscription stays a function of
-    the log; only when it arrives depends on the agent's filters.
+    position set aside), and the caller has those subscriptions' streams catch up from the
+    log, at the pace the agent's share allows; until one of them has (:attr:`lagging`),
+    their rows are set aside whatever the agent's time. What reaches a subscription stays
+    a function of the log; only when it arrives depends on the agent's filters.
     """
 
     def __init__(
@@ -458,6 +459,8 @@ class FilterStage:
         self.time = time
         #: subscriptions set aside by the last screenings with ``defer`` (see above)
         self.deferred: dict[str, int] = {}
+        #: subscriptions whose streams are catching up (the caller keeps it)
+        self.lagging: set[str] = set()
         self._deferring = False
         #: compiled programs by the registry's filter code (the log keeps the text)
         self._programs: dict[int, _Program | None] = {}

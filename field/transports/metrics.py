@@ -502,6 +502,18 @@ def _push_metrics(binding: HTTPBinding, guard: ConnectionGuard | None) -> Iterat
     for (kind, reason), count in sorted(_merged(counts.overflows, _OVERFLOW_REASONS).items()):
         overflows.add_metric([TRANSPORTS.get(kind, OTHER), reason], count)
     yield overflows
+    set_aside = CounterMetricFamily(
+        "field_streams_set_aside",
+        "Streams set aside for new events because their agent used its share of filter "
+        "time (each then catches up from the log on its connection), by transport.",
+        labels=["transport"],
+    )
+    by_transport: Tally[str] = Tally(dict.fromkeys(TRANSPORTS.values(), 0))
+    for kind, count in counts.set_aside.items():
+        by_transport[TRANSPORTS.get(kind, OTHER)] += count
+    for transport, count in sorted(by_transport.items()):
+        set_aside.add_metric([transport], count)
+    yield set_aside
     sent = CounterMetricFamily(
         "field_notifications_sent",
         "Notifications written to push connections and delivered to webhooks and RAP "

@@ -115,6 +115,9 @@ class PushCounts:
     resumes: Counter[tuple[str, bool]] = field(default_factory=Counter)
     #: connections ended for falling behind, by (connection kind, the bound reached)
     overflows: Counter[tuple[str, str]] = field(default_factory=Counter)
+    #: streams set aside because their agent used its share of filter time (they then
+    #: catch up from the log), by connection kind
+    set_aside: Counter[str] = field(default_factory=Counter)
     #: notifications written, by connection kind, then event name
     sent: dict[str, dict[str, int]] = field(default_factory=dict)
 
@@ -158,6 +161,11 @@ class _Binding:
     #: the log position where the subscription ended (it was cancelled), once it has:
     #: the stream owes what matched before it, then ends
     ending: int | None = None
+    #: set while the stream catches up from the log after its agent ran out of filter
+    #: time: live routing passes it by until it has caught up (:meth:`PushHub._catch_up`)
+    lagging: bool = False
+    #: where it catches up from (the position before the first event it did not take)
+    lag_after: int = 0
 
 
 class PushHub:
@@ -192,7 +200,7 @@ class PushHub:
         self.published = service.field.state.last_position
         self._timer: asyncio.TimerHandle | None = None
         self._deadline: float | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         #: the steps of the batch being routed, if one is under way
         self._publishing: Iterator[None] | None = None
         #: wakes the connections' senders a few per turn of the loop after a fan-out
@@ -341,6 +349,7 @@ class PushHub:
         if not bindings:
             self._by_subscription.pop(subscription_id, None)
             self._scope = None
+            self.field.filters.lagging.discard(subscription_id)
 
     def end(self, connection: Connection, code: int, reason: str, frame: Frame | None) -> None:
         """Close a connection from the hub's side, after what is queued and ``frame``."""
@@ -468,10 +477,12 @@ class PushHub:
             agent_id = binding.connection.agent_id
             # a page's filters run at once: no more of them than the agent's burst holds
             most = self.field.filters.replay_page(stream.subscription_id, REPLAY_PAGE)
-            while position < target() and binding.connection.ended is None and not binding.detached:
+
+            def gone() -> bool:
+                return binding.connection.ended is not None or binding.detached
+
+            while position < target() and not gone():
                 await outbox.wait_for_room()
-                if filtered:  # at the pace the agent's filter time allows
-                    await self._filter_time(agent_id)
                 if ahead is None:
                     # an entry yields at most one notification: never read more than fit
                     page = max(1, min(most, outbox.room(), target() - position))
@@ -479,8 +490,13 @@ class PushHub:
                 else:
                     entries, ahead = await ahead, None
                 entries = [e for e in entries if e.position <= target()]
-                if not entries:
+                if not entries or gone():
                     break
+                if filtered:  # at the pace the agent's filter time allows, looked at just
+                    # before its filters run: the charge of one page is seen by the next
+                    await self._filter_time(agent_id)
+                    if gone():
+                        break
                 # each entry is at most one frame: never offer more than fits now (a page
                 # read ahead was sized earlier), the rest is read again next time
                 entries = entries[: max(1, outbox.room())]
@@ -505,6 +521,10 @@ class PushHub:
             held, binding.held = binding.held or [], None
             for notification in held:
                 self._offer(binding, notification)
+            if binding.lagging:  # set aside meanwhile: what followed is read from the log
+                replayed += await self._catch_up(binding, binding.lag_after)
+                if gone():
+                    return
             if not self.service.busy:  # a window that ended while replaying goes before "live"
                 now = max(time.time(), self.field.state.last_ts)
                 replayed += self._deliver(binding, stream.advance(now))
@@ -631,8 +651,8 @@ class PushHub:
         """A matcher over the Field as it is, telling events only to their audience.
 
         ``live``: for newly written events, whose filters an agent out of filter time
-        does not run (:class:`~field.subscriptions.filtering.FilterStage`): the hub then
-        resumes its subscriptions from the log (:meth:`_set_aside`)."""
+        does not run (:class:`~field.subscriptions.filtering.FilterStage`): the streams of
+        those subscriptions then catch up from the log (:meth:`_set_aside`)."""
         state = self.field.state
         filters = self.field.filters
         return Matcher(
@@ -646,22 +666,80 @@ class PushHub:
             screen=functools.partial(filters.screen, defer=True) if live else filters.screen,
         )
 
-    def _set_aside(self, deferred: dict[str, int]) -> None:
-        """The subscriptions whose filters were not run for newly written events because
-        their agent used its share of filter time: each stream is ended as a slow
-        consumer's is, with the cursor it resumes from (before what was set aside), and
-        a dormant one is woken to read the log; both then read it at the pace the
-        agent's filter time allows (:meth:`_replay`)."""
-        for subscription_id, position in deferred.items():
+    def _set_aside(self, deferred: dict[str, int], before: int) -> None:
+        """The subscriptions whose filters were not run for newly written events (their
+        agent used its share of filter time), the batch starting after ``before``: each
+        of their streams stops taking live notifications and reads the log from
+        ``before`` on instead, on the same connection, at the pace its agent's filter time
+        allows, until it has caught up (a dormant one is woken to do the same)."""
+        for subscription_id in deferred:
+            # its live events are set aside (not evaluated) until one of its streams is back
+            self.field.filters.lagging.add(subscription_id)
             if subscription_id in self._dormant:
-                self._wake(subscription_id, position - 1)
-            for binding in list(self._by_subscription.get(subscription_id, ())):
-                self.overflow(
-                    binding.connection,
-                    "filter time",
-                    "the agent's filters used their share of the Field's time; resume from "
-                    "the cursors",
-                )
+                self._wake(subscription_id, before)
+            for binding in self._by_subscription.get(subscription_id, ()):
+                if binding.lagging or binding.connection.ended is not None:
+                    continue
+                binding.lagging = True
+                binding.lag_after = before
+                if self.counts is not None:
+                    self.counts.set_aside[binding.connection.kind] += 1
+                if binding.held is not None:
+                    continue  # replaying: it catches up once its replay is done
+                task = asyncio.create_task(self._catch_up(binding, before))
+                self._tasks.add(task)
+                task.add_done_callback(self._tasks.discard)
+
+    async def _catch_up(self, binding: _Binding, after: int) -> int:
+        """Offer a lagging stream every event after ``after`` from the log, as its agent's
+        filter time allows, up to the log's end; then take it live again (or end it, if
+        its subscription ended meanwhile). Returns how many notifications it queued."""
+        stream = binding.stream
+        connection = binding.connection
+        subscription_id = stream.subscription_id
+        state = self.field.state
+        row = np.array([state.registry_row(subscription_id)])
+        names = frozenset(state.subscriptions[subscription_id]["events"])
+        most = self.field.filters.replay_page(subscription_id, REPLAY_PAGE)
+        position = after
+        offered = 0
+
+        def gone() -> bool:
+            return connection.ended is not None or binding.detached
+
+        try:
+            while not gone():
+                target = self.published if binding.ending is None else binding.ending - 1
+                if position >= target:
+                    if self.routing:  # a batch is under way: take it live between two
+                        await asyncio.sleep(0)
+                        continue
+                    break
+                await connection.outbox.wait_for_room()
+                page = max(1, min(most, connection.outbox.room(), target - position))
+                entries = await asyncio.to_thread(self.service.log.read, position, page)
+                entries = [e for e in entries if e.position <= target]
+                if gone() or not entries:
+                    break
+                # the agent's time is looked at just before its filters run, with no
+                # wait between: the charge of one page is seen by the next
+                await self._filter_time(connection.agent_id)
+                if gone():
+                    break
+                position = entries[-1].position
+                offered += self._offer_entries(binding, entries, row, names)
+            if gone():
+                return offered
+            binding.lagging = False
+            self.field.filters.lagging.discard(subscription_id)  # it takes live events again
+            if binding.ending is not None:
+                self._end_stream(binding, self._ended_because(binding))
+            else:
+                self._schedule(stream.deadline)
+        except Exception:
+            logger.exception("catching up %s failed", subscription_id)
+            self.end(connection, 1011, "catching up failed", None)
+        return offered
 
     # -- live --------------------------------------------------------------------
 
@@ -712,7 +790,7 @@ class PushHub:
             matches = matcher.match(events, scope=scope)
             deferred = self.field.filters.take_deferred()
             if deferred:  # before anything of the batch reaches their streams
-                self._set_aside(deferred)
+                self._set_aside(deferred, entries[0].position - 1)
             for match in matches:
                 self._route(match)
                 yield
@@ -742,6 +820,8 @@ class PushHub:
                 shared = encode_event(event, cursor)
                 tail = shared_tail(shared)
             for binding in bindings:
+                if binding.lagging:  # it reads this from the log
+                    continue
                 if binding.held is None and not binding.stream.window_ms:
                     self._direct(binding, event, cursor, tail, relevance[i], flags[i], actions[i])
                     continue
@@ -770,7 +850,7 @@ class PushHub:
             self.field.state.last_ts = now
         soonest: float | None = None
         for binding in list(self._windowed):
-            if binding.held is None:
+            if binding.held is None and not binding.lagging:
                 self._deliver(binding, binding.stream.advance(now))
             deadline = binding.stream.deadline
             if deadline is None:
@@ -923,8 +1003,8 @@ class PushHub:
         before = [e for e in entries if e.position < ended]
         for binding in bindings:
             binding.ending = ended
-            if binding.held is not None:
-                continue
+            if binding.held is not None or binding.lagging:
+                continue  # it reads up to its end from the log, then ends
             if before:
                 self._offer_entries(binding, before, row, names)
             if binding.connection.ended is None:
