@@ -155,3 +155,20 @@ async def test_a_resumed_stream_waits_for_the_agents_share(
     # ... and all of it once the debt is paid
     clock.now += 20.0
     assert await waiting == written
+
+
+async def test_a_stream_opened_while_another_catches_up_misses_nothing(
+    shared: tuple[Hub, FilterTime, Clock],
+) -> None:
+    hub, share, clock = shared
+    a_sub = await subscribe(hub, "a")
+    first = hub.stream("a", a_sub)
+    share.spend("a", 1.0)
+    missed = await hub.record("writer", "pricing while set aside")
+    second = hub.stream("a", a_sub)  # live from here, beside one catching up
+    later = await hub.record("writer", "pricing later")
+    clock.now += 20.0
+    assert await notified(first, 2) == [missed, later]
+    assert await notified(second, 1) == [later]
+    last = await hub.record("writer", "pricing live")
+    assert (await notified(first, 1), await notified(second, 1)) == ([last], [last])

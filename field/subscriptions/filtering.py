@@ -359,6 +359,8 @@ class FilterTime:
         # counted in microseconds: a bucket's burst is at least one token
         self._limiter = KeyedLimiter(Rate(share * 1e6, max(1.0, burst * 1e6)), clock=clock)
         self.burst = burst
+        #: seconds charged in all, to every agent
+        self.spent = 0.0
         self.clock = clock
 
     def available(self, agent_id: str) -> bool:
@@ -370,6 +372,7 @@ class FilterTime:
 
     def spend(self, agent_id: str, seconds: float) -> None:
         self._limiter.charge(agent_id, seconds * 1e6)
+        self.spent += seconds
 
     def forget(self, agent_id: str) -> None:
         self._limiter.forget(agent_id)
@@ -459,8 +462,13 @@ class FilterStage:
         self.time = time
         #: subscriptions set aside by the last screenings with ``defer`` (see above)
         self.deferred: dict[str, int] = {}
-        #: subscriptions whose streams are catching up (the caller keeps it)
+        #: subscriptions whose streams are catching up (:meth:`lag`, :meth:`unlag`)
         self.lagging: set[str] = set()
+        self._lagging_changes = 0
+        self._lagging_key: tuple[int, ...] | None = None
+        self._lagging_mask: npt.NDArray[np.bool_] = np.zeros(0, dtype=bool)
+        #: registry rows set aside in the screening under way
+        self._deferred_rows: set[int] = set()
         self._deferring = False
         #: compiled programs by the registry's filter code (the log keeps the text)
         self._programs: dict[int, _Program | None] = {}
@@ -496,6 +504,7 @@ class FilterStage:
         if not registry.filter_texts:
             return matches
         self._deferring = defer and self.time is not None
+        self._deferred_rows.clear()
         codes_of = registry.filter.view
         screened = []
         for match in matches:
@@ -543,26 +552,53 @@ class FilterStage:
         return registry.agents.names[int(registry.agent.view[row])]
 
     def _set_aside(self, match: Match, at: npt.NDArray[np.intp]) -> npt.NDArray[np.intp]:
-        """``at`` without the rows of agents out of time (or set aside already), which
-        are set aside."""
+        """``at`` without the rows set aside: those of agents out of time (added to
+        :attr:`deferred`), of subscriptions set aside earlier in this screening, and of
+        those whose streams are catching up (:attr:`lagging`)."""
         if not self._deferring or self.time is None:
             return at
         registry = self.state.registry
         rows = match.rows[at]
+        aside = self._lagging_rows()[rows]
         codes = registry.agent.view[rows]
         names = registry.agents.names
-        out = {code for code in np.unique(codes).tolist() if not self.time.available(names[code])}
-        aside = np.isin(codes, list(out)) if out else np.zeros(len(rows), dtype=bool)
-        if self.deferred:
-            ids = registry.ids
-            aside |= np.fromiter(
-                (ids[row] in self.deferred for row in rows.tolist()), bool, len(rows)
-            )
+        out = [code for code in np.unique(codes).tolist() if not self.time.available(names[code])]
+        if out:
+            aside |= np.isin(codes, out)
+        if self._deferred_rows:
+            aside |= np.isin(rows, list(self._deferred_rows))
         if not aside.any():
             return at
         for row in rows[aside].tolist():
-            self.deferred.setdefault(registry.ids[row], match.event.position)
+            subscription_id = registry.ids[row]
+            if subscription_id not in self.lagging:
+                self.deferred.setdefault(subscription_id, match.event.position)
+                self._deferred_rows.add(row)
         return at[~aside]
+
+    def _lagging_rows(self) -> npt.NDArray[np.bool_]:
+        """Whether each registry row's subscription is catching up (kept while neither
+        the set nor the registry changes)."""
+        registry = self.state.registry
+        key = (registry.version, len(registry), len(self.lagging), self._lagging_changes)
+        if self._lagging_key != key:
+            mask = np.zeros(len(registry), dtype=bool)
+            rows = [registry.rows[sid] for sid in self.lagging if sid in registry.rows]
+            mask[rows] = True
+            self._lagging_mask, self._lagging_key = mask, key
+        return self._lagging_mask
+
+    def lag(self, subscription_id: str) -> None:
+        """The subscription's streams catch up from the log: set its rows aside."""
+        if subscription_id not in self.lagging:
+            self.lagging.add(subscription_id)
+            self._lagging_changes += 1
+
+    def unlag(self, subscription_id: str) -> None:
+        """One of the subscription's streams takes live events again."""
+        if subscription_id in self.lagging:
+            self.lagging.discard(subscription_id)
+            self._lagging_changes += 1
 
     def _out_of_time(self, agent_id: str) -> bool:
         return self._deferring and self.time is not None and not self.time.available(agent_id)

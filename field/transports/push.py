@@ -29,7 +29,7 @@ import logging
 import math
 import time
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -349,7 +349,7 @@ class PushHub:
         if not bindings:
             self._by_subscription.pop(subscription_id, None)
             self._scope = None
-            self.field.filters.lagging.discard(subscription_id)
+            self.field.filters.unlag(subscription_id)
 
     def end(self, connection: Connection, code: int, reason: str, frame: Frame | None) -> None:
         """Close a connection from the hub's side, after what is queued and ``frame``."""
@@ -394,6 +394,12 @@ class PushHub:
         until = last if ending is None else min(last, ending - 1)
         binding = self._bind(connection, subscription, after, replaying=after < until)
         binding.ending = ending
+        if subscription_id in self.field.filters.lagging:
+            # its other streams catch up from the log, and live events are set aside for
+            # them: this one reads from the log too once it is where they would take it
+            binding.lagging, binding.lag_after = True, until
+            if binding.held is None:
+                self._spawn(self._catch_up(binding, until))
         report["from"] = format_cursor(self.tag, after)
         self._control(connection, "resume", report, subscription_id)
         if binding.held is None and ending is not None:
@@ -674,7 +680,8 @@ class PushHub:
         allows, until it has caught up (a dormant one is woken to do the same)."""
         for subscription_id in deferred:
             # its live events are set aside (not evaluated) until one of its streams is back
-            self.field.filters.lagging.add(subscription_id)
+            self.field.filters.lag(subscription_id)
+            self._scope = None  # its rows are no longer matched live
             if subscription_id in self._dormant:
                 self._wake(subscription_id, before)
             for binding in self._by_subscription.get(subscription_id, ()):
@@ -686,9 +693,32 @@ class PushHub:
                     self.counts.set_aside[binding.connection.kind] += 1
                 if binding.held is not None:
                     continue  # replaying: it catches up once its replay is done
-                task = asyncio.create_task(self._catch_up(binding, before))
-                self._tasks.add(task)
-                task.add_done_callback(self._tasks.discard)
+                self._spawn(self._catch_up(binding, before))
+
+    def _charged(
+        self,
+        agent_id: str,
+        binding: _Binding,
+        entries: list[StoredEntry],
+        row: np.ndarray,
+        names: frozenset[str],
+    ) -> int:
+        """:meth:`_offer_entries`, its whole time charged to the agent's filter time (its
+        filters charge their own evaluations; the matching and encoding around them too,
+        here: catching up is the agent's doing)."""
+        clock = self.field.filters.time
+        if clock is None:
+            return self._offer_entries(binding, entries, row, names)
+        began, charged = time.perf_counter(), clock.spent
+        offered = self._offer_entries(binding, entries, row, names)
+        rest = time.perf_counter() - began - (clock.spent - charged)
+        clock.spend(agent_id, max(0.0, rest))
+        return offered
+
+    def _spawn(self, work: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _catch_up(self, binding: _Binding, after: int) -> int:
         """Offer a lagging stream every event after ``after`` from the log, as its agent's
@@ -727,11 +757,12 @@ class PushHub:
                 if gone():
                     break
                 position = entries[-1].position
-                offered += self._offer_entries(binding, entries, row, names)
+                offered += self._charged(connection.agent_id, binding, entries, row, names)
             if gone():
                 return offered
             binding.lagging = False
-            self.field.filters.lagging.discard(subscription_id)  # it takes live events again
+            self.field.filters.unlag(subscription_id)  # it takes live events again
+            self._scope = None
             if binding.ending is not None:
                 self._end_stream(binding, self._ended_because(binding))
             else:
@@ -784,7 +815,12 @@ class PushHub:
             scope = self._scope
             if scope is None or not scope.fits(matcher.registry):
                 state = self.field.state
-                rows = [state.registry_row(sid) for sid in self._by_subscription]
+                # streams catching up read from the log: their rows are not matched live
+                rows = [
+                    state.registry_row(sid)
+                    for sid, bindings in self._by_subscription.items()
+                    if not all(binding.lagging for binding in bindings)
+                ]
                 rows.extend(state.registry_row(sid) for sid in self._dormant)  # some in both
                 scope = self._scope = matcher.scope(np.unique(np.array(rows, dtype=np.intp)))
             matches = matcher.match(events, scope=scope)
