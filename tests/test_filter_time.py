@@ -10,8 +10,10 @@ and in order, then takes live notifications again.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import contextlib
+from collections.abc import AsyncIterator, Callable
 
+import aiohttp
 import orjson
 import pytest
 
@@ -22,9 +24,12 @@ from field.subscriptions.filtering import FilterTime
 from field.subscriptions.stream import format_cursor
 from field.transports.push import Connection, PushHub
 
+from .conftest import ThreadedServer
 from .test_push_hub import Hub, units
+from .test_webhooks import FAST_RETRIES, Receiver, agents, in_order_without_loss, note
 
 FILTER = 'event.unit.type == "finding" && subscriber.interests.exists(i, i != "")'
+SEALED = 'event.unit.type == "finding" && parameters.task_id.all(t, size(t) > 0)'
 
 
 class Clock:
@@ -172,3 +177,59 @@ async def test_a_stream_opened_while_another_catches_up_misses_nothing(
     assert await notified(second, 1) == [later]
     last = await hub.record("writer", "pricing live")
     assert (await notified(first, 1), await notified(second, 1)) == ([last], [last])
+
+
+async def test_a_webhook_out_of_filter_time_gets_everything_in_order(
+    server_factory: Callable[..., ThreadedServer],
+) -> None:
+    """On a real server whose burst of filter time is tiny (1 ms; 5% of a core on average,
+    the default), a reader's filtered webhook runs out of filter time under a burst of 200
+    units: it is set aside, catches up from the log, and its receiver gets every unit once,
+    in order."""
+    server = server_factory(
+        webhook_allow_net=("127.0.0.0/8",),
+        filter_share=0.05,
+        filter_burst=0.001,
+        delivery_rate=10_000.0,  # the webhook's own pace out of the way
+        delivery_burst=10_000,
+        **FAST_RETRIES,
+    )
+    receiver = await Receiver().start()
+    field_client, writer, reader = await agents(server.url)
+    async with field_client, contextlib.AsyncExitStack() as stack:
+        stack.push_async_callback(receiver.stop)
+        subscribed = await reader.send(
+            "SUBSCRIBE",
+            {
+                "action": "subscribe",
+                "subscription": {
+                    "events": ["memory.recorded"],
+                    "filter": SEALED,  # about 0.1 ms an evaluation: converting the list
+                    "bindings": {"task_id": [f"{n:0256d}" for n in range(100)]},
+                    "delivery": {"type": "webhook", "url": receiver.url},
+                },
+            },
+        )
+        written = await asyncio.gather(*(note(writer, f"market note {n}") for n in range(200)))
+        await receiver.until(lambda: len(receiver.delivered) >= len(written), "every unit")
+        cursors = list(dict.fromkeys(r.cursor for r in receiver.delivered))
+        in_order_without_loss(receiver, cursors)
+        positions = [int(cursor.rpartition("-")[2]) for cursor in cursors]
+        assert positions == sorted(positions)  # the log's order
+        units = [orjson.loads(r.body)["memory_unit_id"] for r in receiver.delivered]
+        assert sorted(units) == sorted(w["memory_unit_id"] for w in written)
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{server.url}/metrics") as reply,
+        ):
+            exposition = await reply.text()
+        set_aside = [
+            line
+            for line in exposition.splitlines()
+            if line.startswith('field_streams_set_aside_total{transport="webhook"}')
+        ]
+        assert set_aside and float(set_aside[0].rpartition(" ")[2]) >= 1, set_aside
+        # set aside is not failing: no evaluation was counted as an error
+        listed = await reader.send("SUBSCRIBE", {"action": "list"})
+        (shown,) = [s for s in listed["subscriptions"] if s["id"] == subscribed["subscription_id"]]
+        assert shown["filter"] == {"expression": SEALED, "errors": 0, "last_error": None}

@@ -638,6 +638,8 @@ class Sink:
         binding = connection.streams.get(self.subscription_id)
         if binding is None or binding.held is not None or binding.stream.deadline is not None:
             return False
+        if binding.lagging:  # catching up from the log: what it owes is still to be read
+            return False
         subscription = self.engine.field.state.subscriptions.get(self.subscription_id)
         if subscription is None or subscription["status"] != "active":
             return False
