@@ -1195,7 +1195,9 @@ async def test_detect_list_filters(
             "INVALID_PAYLOAD",
         )
     # agent ids are validated as the document's schema for them says
-    expect(await field.raw("GET", "/v1/agents?id=%C3%91", token=carol.token), 422, "INVALID_PAYLOAD")
+    expect(
+        await field.raw("GET", "/v1/agents?id=%C3%91", token=carol.token), 422, "INVALID_PAYLOAD"
+    )
 
     before = await snapshot(field)
     body = await fails(alice.detect("check"), 422, "INVALID_PAYLOAD")  # no target_id

@@ -347,8 +347,8 @@ class _Estimator:
         shapes = [s for _, s in parts]
         name = node.name
         subject = shapes[0] if shapes else NOTHING
-        if name == "size":
-            return cost + subject.chars * COPY, INT
+        if name == "size":  # of a string: its code points, counted
+            return cost + subject.chars * SCAN, INT
         if name in ("contains", "endsWith"):
             return cost + (subject.chars + shapes[-1].chars) * SCAN, BOOL
         if name == "startsWith":

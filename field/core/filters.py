@@ -286,7 +286,6 @@ class Expression:
             return result, None
         return False, f"the expression gave a {type(result).__name__}, not a boolean"
 
-
     def _reason(self, error: Exception) -> str:
         """Why an evaluation failed, in the expression's terms: a path that is not there
         is named as written, never as the interpreter's variable."""
