@@ -200,6 +200,15 @@ FAMILIES = [
         largest=120,
     ),
     Family(
+        "matches with a small DFA over the content",
+        lambda n: (
+            'event.unit.content.matches("(?i)a{3}[^a]*(?:ab|ba)[ab]*[^a]a")'
+            + ' && event.unit.content.matches("(?i)a{3}[^a]*(?:ab|ba)[ab]*[^a]ab")' * (n - 1)
+        ),
+        lambda: _event(unit=_unit(content=_adversarial_text(CONTENT))),
+        largest=8,
+    ),
+    Family(
         "matches over every relation",
         lambda n: 'event.unit.relations.exists(r, r.target_id.matches("a[ab]{' + str(n) + '}c"))',
         lambda: _event(

@@ -62,6 +62,7 @@ from .expressions import (
     parse,
     walk,
 )
+from .patterns import dfa_states
 
 __all__ = ["InvalidFilter", "Expression", "Context", "compile_expression", "check_types"]
 
@@ -85,6 +86,11 @@ MAX_PATTERN_CHARS = 256
 MAX_PATTERN_WIDTH = 128
 #: Most memory RE2 may use for one pattern, its program and its DFA's states together.
 MAX_PATTERN_MEMORY = 1 << 20
+#: Most ``matches`` patterns in one expression (each is analysed when it is accepted).
+MAX_PATTERNS = 8
+#: A pattern whose DFA has at most this many states (:mod:`field.core.patterns`) is costed
+#: as RE2's DFA reads; RE2's memory above holds about four times as many.
+DFA_STATES = 64
 #: Most items and characters of a JSON document's value (a unit's payload, an entity's
 #: field the Field does not define, an inbound event) that one evaluation may read: what
 #: it reads of a larger one fails it (no match, counted), as converting it for the
@@ -342,7 +348,7 @@ def compile_expression(
     allowed = frozenset(allowed)
     tree = parse(text, field)
     names = _check_names(tree, allowed, field)
-    widths = _check_calls(tree, field, stored=stored)
+    searches = _check_calls(tree, field, stored=stored)
     _check_comprehensions(tree, field)
     _check_result(tree, field)
     paths = {name: reads(tree, name) for name in names}
@@ -352,7 +358,7 @@ def compile_expression(
     base = sum(costs.converting(shape) for shape in whole.values())
     base += sum(costs.converting(binding.shape) for binding in bindings)
     leaves = {key: bindings[index].shape for key, index in nodes.items()}
-    estimate = costs.estimate(tree, whole, leaves=leaves, widths=widths, base=base)
+    estimate = costs.estimate(tree, whole, leaves=leaves, searches=searches, base=base)
     if estimate.cost > max_cost:
         raise InvalidFilter(
             f"{field} may cost up to {estimate.cost} steps an evaluation (its comprehensions "
@@ -360,7 +366,7 @@ def compile_expression(
             details={"field": field, "estimated_cost": estimate.cost, "max_cost": max_cost},
         )
     names_of = {key: bindings[index].name for key, index in nodes.items()}
-    program_text = emit(tree, _Rewriter(estimate.charges, widths), names_of)
+    program_text = emit(tree, _Rewriter(estimate.charges, searches), names_of)
     try:
         program = cel.compile(program_text)
     except Exception as error:  # ValueError with the parser's report
@@ -419,13 +425,15 @@ def _leaf(shape: Shape, path: Path) -> Shape:
 class _Rewriter:
     """Prints comprehensions charging the budget first, ``matches`` on the cached RE2."""
 
-    def __init__(self, charges: Mapping[int, costs.Charge], widths: Mapping[int, int]) -> None:
+    def __init__(
+        self, charges: Mapping[int, costs.Charge], searches: Mapping[int, costs.Search]
+    ) -> None:
         self.charges = charges
-        self.widths = widths
+        self.searches = searches
 
     def __call__(self, node: Node, first: str, second: str) -> str | None:
         if isinstance(node, Call):  # matches(first, second)
-            if id(node) not in self.widths:
+            if id(node) not in self.searches:
                 return None  # a stored pattern this version refuses: the interpreter's own
             return f"{_MATCHES}({first}, {second})"
         assert isinstance(node, Comprehension)
@@ -475,10 +483,11 @@ def _check_names(tree: Node, allowed: frozenset[str], field: str) -> set[str]:
     return free
 
 
-def _check_calls(tree: Node, field: str, *, stored: bool) -> dict[int, int]:
-    """Refuse unknown functions and unchecked ``matches`` patterns; the width of each
-    checked pattern, by its call's node identity."""
-    widths: dict[int, int] = {}
+def _check_calls(tree: Node, field: str, *, stored: bool) -> dict[int, costs.Search]:
+    """Refuse unknown functions and unchecked ``matches`` patterns; how each checked
+    pattern searches, by its call's node identity."""
+    searches: dict[int, costs.Search] = {}
+    patterns: set[str] = set()
     for node in walk(tree):
         if not isinstance(node, Call):
             continue
@@ -500,11 +509,18 @@ def _check_calls(tree: Node, field: str, *, stored: bool) -> dict[int, int]:
         if node.name == "matches":
             pattern = node.args[-1]
             try:
-                widths[id(node)] = _pattern(pattern, field)
+                searches[id(node)] = _pattern(pattern, field)
+                patterns.add(pattern.value if isinstance(pattern, Literal) else "")
+                if len(patterns) > MAX_PATTERNS:
+                    raise InvalidFilter(
+                        f"{field} has more than {MAX_PATTERNS} matches patterns (offset "
+                        f"{node.offset})",
+                        details={"field": field, "offset": node.offset},
+                    )
             except InvalidFilter:
                 if not stored:
                     raise
-    return widths
+    return searches
 
 
 def _check_comprehensions(tree: Node, field: str) -> None:
@@ -551,9 +567,9 @@ def _check_result(tree: Node, field: str) -> None:
         )
 
 
-def _pattern(node: Node, field: str) -> int:
-    """The width of a ``matches`` pattern; refuses one that is not a string literal RE2
-    runs cheaply."""
+def _pattern(node: Node, field: str) -> costs.Search:
+    """How a ``matches`` pattern searches (:class:`~field.core.costs.Search`); refuses one
+    that is not a string literal RE2 runs cheaply."""
     offset = node.offset
     details = {"field": field, "offset": offset}
     if not (isinstance(node, Literal) and node.kind == "string"):
@@ -590,7 +606,10 @@ def _pattern(node: Node, field: str) -> int:
             "repeats)",
             details=details | {"width": width, "max_width": MAX_PATTERN_WIDTH},
         )
-    return int(width)
+    if _METACHARACTER.search(value) is None:  # a plain substring (``_compiled``)
+        return costs.Search(int(width), substring=True)
+    states = dfa_states(value, DFA_STATES)
+    return costs.Search(int(width), dfa=states is not None and states <= DFA_STATES)
 
 
 @functools.lru_cache(maxsize=1024)
