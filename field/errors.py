@@ -291,7 +291,7 @@ class LogWriteError(OperationalError):
 class Overloaded(OperationalError):
     code = Code.OVERLOADED
     recoverable = True
-    retry_after = 1
+    retry_after: float | None = 1  # admission sets its policy's, which may be a fraction
     suggested_action = "Retry after a short delay."
 
 

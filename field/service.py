@@ -437,10 +437,10 @@ class FieldService:
             logger.exception(
                 "operation %s failed unexpectedly (%s)", pending.operation, type(exc).__name__
             )
-            error = internal_error(pending.operation)
+            failure = internal_error(pending.operation)
             if self.field.broken:
-                return _Broken(error)
-            return error  # nothing was committed: the Field is as it was
+                return _Broken(failure)
+            return failure  # nothing was committed: the Field is as it was
 
     async def _settle(
         self,

@@ -89,9 +89,10 @@ class _Failed(Exception):
 
 
 def _token(args: argparse.Namespace) -> str:
-    if args.operator_token_file is not None:
+    token_file: Path | None = args.operator_token_file
+    if token_file is not None:
         try:
-            return args.operator_token_file.read_text().strip()
+            return token_file.read_text().strip()
         except OSError as exc:
             raise _Failed(f"cannot read the operator token file: {exc}") from None
     if not args.operator_token:

@@ -65,7 +65,8 @@ def erf(x: npt.NDArray[np.floating[Any]]) -> npt.NDArray[np.floating[Any]]:
     a = np.abs(x)
     t = 1.0 / (1.0 + _P * a)
     poly = t * (_A[0] + t * (_A[1] + t * (_A[2] + t * (_A[3] + t * _A[4]))))
-    return sign * (1.0 - poly * np.exp(-a * a))
+    result: npt.NDArray[np.floating[Any]] = sign * (1.0 - poly * np.exp(-a * a))
+    return result
 
 
 def gelu(x: Vectors) -> Vectors:
@@ -100,7 +101,9 @@ def layer_norm(x: Vectors, weight: Vectors, bias: Vectors, eps: float) -> Vector
     mean = x.mean(axis=-1, keepdims=True)
     centered = x - mean
     variance = np.einsum("...i,...i->...", centered, centered)[..., None] / x.shape[-1]
-    return (centered / np.sqrt(variance + np.float32(eps)) * weight + bias).astype(np.float32)
+    scaled = centered / np.sqrt(variance + np.float32(eps)) * weight + bias
+    normed: Vectors = scaled.astype(np.float32)
+    return normed
 
 
 def model_dir() -> Path:
@@ -259,4 +262,5 @@ class MiniLMEmbedder:
             )
         pooled = x.reshape(count, length, self._dim).mean(axis=1)
         norms = np.sqrt(np.einsum("ij,ij->i", pooled, pooled))[:, None]
-        return (pooled / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
+        embedded: Vectors = (pooled / np.maximum(norms, np.float32(1e-12))).astype(np.float32)
+        return embedded

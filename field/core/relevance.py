@@ -62,7 +62,7 @@ import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -329,7 +329,8 @@ class KeywordRows:
         at = np.arange(total) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
         found = np.isin(self._codes.view[at], np.array(wanted, dtype=np.int32))
         of = np.repeat(np.arange(len(rows)), lengths)
-        return np.bincount(of, weights=found, minlength=len(rows))
+        # weighted, the counts are float64 (numpy's stubs say intp whatever the weights)
+        return cast(npt.NDArray[np.float64], np.bincount(of, weights=found, minlength=len(rows)))
 
 
 def semantic_text(interests: Iterable[str], hint: str | None = None) -> str:
@@ -362,13 +363,14 @@ def interest_factor(hits: Any, unit: Any, power: float) -> Any:
     return np.power(share, power)
 
 
-def semantic_factor(cosines: Any) -> Any:
+def semantic_factor(cosines: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """The semantic factor of cosine similarities: the cosine, 0 where it is negative.
 
     (``benchmarks/relevance.py --tune`` also tried a floor under which cosines count as 0,
     rescaling above it: on the labelled set no floor did better than none.)
     """
-    return np.maximum(np.asarray(cosines, dtype=np.float64), 0.0)
+    factor: npt.NDArray[np.float64] = np.maximum(np.asarray(cosines, dtype=np.float64), 0.0)
+    return factor
 
 
 def role_alignment(

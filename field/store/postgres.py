@@ -398,7 +398,7 @@ class PostgresEventLog(EventLog):
     def head(self) -> int:
         """The newest position in the database now (one query on the read connection)."""
         with self._read_lock:
-            head = self._query(_LAST, ())[0][0]
+            head: int = self._query(_LAST, ())[0][0]
         self._last = max(self._last, head)
         return head
 
@@ -419,7 +419,9 @@ class PostgresEventLog(EventLog):
                 await conn.execute(f"LISTEN {CHANNEL}")
                 backoff = 0.1
                 while True:
-                    yield (await (await conn.execute(_LAST)).fetchone())[0]
+                    row = await (await conn.execute(_LAST)).fetchone()
+                    assert row is not None  # the schema's first migration inserts the head's row
+                    yield row[0]
                     async for notify in conn.notifies(timeout=FOLLOW_POLL_SECONDS):
                         yield int(notify.payload)
             except psycopg.Error as exc:
@@ -443,7 +445,8 @@ class PostgresEventLog(EventLog):
                 self._drop(self._reader)
                 self._reader = None
                 self._reader = self._connect()
-            return self._reader.execute(query, params).fetchall()
+            rows: list[Any] = self._reader.execute(query, params).fetchall()
+            return rows
         except psycopg.Error as exc:
             if not self._usable(self._reader):
                 self._drop(self._reader)

@@ -409,7 +409,8 @@ class Presence:
             "seen": list(marks),
             "marks": list(marks.values()),
         }
-        return conn.execute(_FLUSH, params).fetchall()
+        answer: list[Any] = conn.execute(_FLUSH, params).fetchall()
+        return answer
 
     def _leave(self, version: int, now: float, conn: Any) -> None:
         """This node stops: its connections closed ``now``, the node dead at once."""

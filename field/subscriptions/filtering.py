@@ -752,7 +752,7 @@ class FilterStage:
         return known
 
     def _classes_for(
-        self, code: int, program: _Program, rows: npt.NDArray[np.intp]
+        self, code: int, program: _Program, rows: npt.NDArray[np.int32]
     ) -> npt.NDArray[np.int32]:
         """The class of each of ``rows`` for program ``code``, made for rows not seen yet."""
         registry = self.state.registry
@@ -954,7 +954,7 @@ _UNIT = {
     "visibility": "field",
     "payload": {},
 }
-_TASK = {
+_TASK: dict[str, Any] = {
     "id": "task_1",
     "title": "t",
     "description": "d",

@@ -540,7 +540,7 @@ def _agents(state: FieldState, connections: dict[str, dict[str, int]]) -> dict[s
 
 def _conflicts(state: FieldState, viewer: AgentRecord, operator: bool) -> dict[str, Any]:
     """The unresolved conflicts ``viewer`` may see, oldest first, each with its units."""
-    listed = []
+    listed: list[dict[str, Any]] = []
     visible = 0
     units = state.known_units
     for conflict_id in state.unresolved:

@@ -206,10 +206,10 @@ async def _run_envelope(
         return msg_id, error.http_status, error.to_response()
     except Exception:
         logger.exception("a WebSocket request failed")
-        error = internal_error()
+        failure = internal_error()
         if hub.observer is not None:
-            hub.observer.operation("websocket", operation, started, error, body)
-        return msg_id, error.http_status, error.to_response()
+            hub.observer.operation("websocket", operation, started, failure, body)
+        return msg_id, failure.http_status, failure.to_response()
     if hub.observer is not None:
         hub.observer.operation("websocket", operation, started, outcome, body)
     return msg_id, 200, absolute_urls(outcome.response, base_http)

@@ -247,10 +247,12 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
     #: the consumer stalled: writes no longer wait for the socket (a class default,
     #: so that a connection that never stalls keeps no attribute for it)
     stalled = False
+    #: the receive queue: it also carries this module's own events (a stall, a shutdown)
+    queue: Inbox  # type: ignore[assignment]  # uvicorn declares an asyncio.Queue
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.queue = Inbox()  # type: ignore[assignment]
+        self.queue = Inbox()
         self.writable = Flag(True)  # type: ignore[assignment]
         # the same object, refusing handshakes in the Field's words (it adds no state)
         self.conn.__class__ = FieldServerProtocol
