@@ -40,10 +40,8 @@ TIMEOUT = 5.0
 
 #: Requests llhttp cannot frame, each answered 400 INVALID_HTTP.
 MALFORMED = {
-    "negative-length": b"POST /v1/record HTTP/1.1\r\nHost: localhost\r\n"
-    b"Content-Length: -1\r\n\r\n",
-    "letters-length": b"POST /v1/record HTTP/1.1\r\nHost: localhost\r\n"
-    b"Content-Length: abc\r\n\r\n",
+    "negative-length": b"POST /v1/record HTTP/1.1\r\nHost: localhost\r\nContent-Length: -1\r\n\r\n",
+    "letters-length": b"POST /v1/record HTTP/1.1\r\nHost: localhost\r\nContent-Length: abc\r\n\r\n",
     "control-byte-value": b"GET /v1/field/status HTTP/1.1\r\nHost: localhost\r\n"
     b"X-Note: a\x01b\r\n\r\n",
     "control-byte-name": b"GET /v1/field/status HTTP/1.1\r\nHost: localhost\r\n"
