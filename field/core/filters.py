@@ -396,7 +396,7 @@ def _bindings(
 
     def visit(node: Node) -> None:
         for variable in by_path:
-            path = _path_of(node, variable)
+            path = path_of(node, variable)
             if path is None:
                 continue
             key = (variable, path)
@@ -642,7 +642,7 @@ def reads(tree: Node, variable: str) -> frozenset[Path] | None:
     paths: set[Path] = set()
 
     def visit(node: Node) -> bool:  # False: a use that is not a path
-        path = _path_of(node, variable)
+        path = path_of(node, variable)
         if path is not None:
             paths.add(path)
             return True
@@ -653,7 +653,7 @@ def reads(tree: Node, variable: str) -> frozenset[Path] | None:
     return frozenset(paths) if visit(tree) else None
 
 
-def _path_of(node: Node, variable: str) -> Path | None:
+def path_of(node: Node, variable: str) -> Path | None:
     """The path ``node`` reads of ``variable`` when it is a chain of selections from it
     (``.name``, ``["name"]``) or ``has`` of one."""
     names: list[str] = []

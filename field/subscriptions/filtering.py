@@ -57,7 +57,7 @@ import numpy.typing as npt
 
 from ..core import costs
 from ..core.allow_lists import ALLOW_LIST_NAMES
-from ..core.expressions import Ident, Node, Operator, Select
+from ..core.expressions import Has, Ident, Node, Operator, Select
 from ..core.filters import (
     Context,
     Expression,
@@ -66,6 +66,7 @@ from ..core.filters import (
     TooLarge,
     check_types,
     compile_expression,
+    path_of,
 )
 from ..core.ratelimit import KeyedLimiter, Rate
 from ..model import Limits
@@ -235,8 +236,6 @@ class _Program:
     #: when it reads ``subscriber`` and ``parameters`` only through :class:`Probe` s:
     #: those; the result then depends on the subscriber only through their answers
     probes: tuple[Probe, ...] | None = None
-    #: the paths of ``event`` it reads (None: all of it)
-    event_paths: frozenset[Path] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,14 +282,7 @@ def compile_filter(
         fields = None if paths is None else tuple(sorted({path[0] for path in paths}))
     event_only = expression.variables <= {"event"}
     probes = None if event_only else _probes(expression.tree)
-    return _Program(
-        expression,
-        event_only,
-        names,
-        fields,
-        probes,
-        expression.paths.get("event"),
-    )
+    return _Program(expression, event_only, names, fields, probes)
 
 
 def _probes(tree: Node) -> tuple[Probe, ...] | None:
@@ -326,14 +318,9 @@ def _probe(node: Node) -> Probe | None:
     return None
 
 
-def _event_path(node: Node) -> tuple[str, ...] | None:
-    names: list[str] = []
-    while isinstance(node, Select):
-        names.append(node.name)
-        node = node.operand
-    if isinstance(node, Ident) and node.name == "event" and names:
-        return tuple(reversed(names))
-    return None
+def _event_path(node: Node) -> Path | None:
+    """The path ``node`` reads of ``event`` (a value, not ``has``: a probe compares it)."""
+    return None if isinstance(node, Has) else path_of(node, "event")
 
 
 def _target(node: Node) -> tuple[str, str] | None:
