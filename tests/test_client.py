@@ -47,6 +47,73 @@ async def test_register_with_authority_needs_the_operator_token(agents: Agents) 
     assert "token" not in repr(agents.lead) and agents.lead.token not in repr(agents.lead)
 
 
+async def test_an_authority_on_a_field_without_an_operator_token_says_how_to_start_one(
+    server_factory: Callable[..., ThreadedServer],
+) -> None:
+    server = server_factory()  # no operator token: no one can register above authority 4
+    async with FieldClient(server.url, timeout=30) as field:
+        for bearer in (None, OPERATOR_TOKEN):  # whatever the caller sends
+            with pytest.raises(FieldClientError) as info:
+                await field.register("lead", "lead", authority=6, operator_token=bearer)
+            error = info.value
+            assert error.status == 403 and error.code == "INSUFFICIENT_AUTHORITY"
+            assert_valid("error", error.body)
+            assert error.body["message"] == (
+                "registering with authority 6 needs the operator token, and this Field has no "
+                "operator token (it was started without one)"
+            )
+            action = error.body["suggested_action"]
+            assert "--operator-token-file" in action and "FIELD_OPERATOR_TOKEN" in action
+            assert error.body["details"] == {
+                "authority": 6,
+                "allowed": 4,
+                "operator_token": "not_configured",
+            }
+
+
+async def test_an_authority_with_a_token_not_the_operators_says_so(agents: Agents) -> None:
+    cases = [
+        (
+            agents.alice.token,
+            "and the bearer token given is not the operator's",
+            "not_the_operators",
+        ),
+        (None, "and no bearer token was given", "missing"),
+    ]
+    for bearer, why, detail in cases:
+        with pytest.raises(FieldClientError) as info:
+            await agents.field.register("upstart", "lead", authority=8, operator_token=bearer)
+        error = info.value
+        assert error.status == 403 and error.code == "INSUFFICIENT_AUTHORITY"
+        assert_valid("error", error.body)
+        assert (
+            error.body["message"] == f"registering with authority 8 needs the operator token, {why}"
+        )
+        assert "--operator-token-file" not in error.body["suggested_action"]  # it has one
+        assert error.body["details"]["operator_token"] == detail
+    senior = await agents.field.register(
+        "upstart", "lead", authority=8, operator_token=OPERATOR_TOKEN
+    )
+    assert senior.info is not None and senior.info["authority"] == 8
+
+
+async def test_a_closed_field_says_the_token_given_is_not_the_operators(
+    server_factory: Callable[..., ThreadedServer],
+) -> None:
+    server = server_factory(operator_token=OPERATOR_TOKEN, registration="closed")
+    async with FieldClient(server.url, timeout=30) as field:
+        with pytest.raises(FieldClientError) as info:
+            await field.register("alice", "analyst", operator_token="not-the-operator-token-0")
+    error = info.value
+    assert error.status == 403 and error.code == "REGISTRATION_CLOSED"
+    assert_valid("error", error.body)
+    assert error.body["message"] == (
+        "registration is closed: only the operator registers agents on this Field, and the "
+        "bearer token given is not the operator's"
+    )
+    assert error.body["details"] == {"operator_token": "not_the_operators"}
+
+
 async def test_record_attune_poll_and_detect(agents: Agents) -> None:
     alice, bob = agents.alice, agents.bob
     first = await alice.record(

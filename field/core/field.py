@@ -320,6 +320,11 @@ class Field:
         """The timestamp of the next entries: wall time, but never before the last entry's."""
         return max(self.state.last_ts, self._now())
 
+    @property
+    def has_operator(self) -> bool:
+        """Whether the Field was given an operator token (without one it has no operator)."""
+        return self._operator_hash is not None
+
     def is_operator(self, token: str) -> bool:
         """Whether ``token`` is the operator's (constant time; no state is read)."""
         return self._is_operator(token)

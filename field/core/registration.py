@@ -179,30 +179,70 @@ def admit(field: Field, request: dict[str, Any], ctx: Context) -> RegistrationTo
     operator = ctx.agent is not None and ctx.agent.id == OPERATOR_ID
     token = None
     if not operator and field.registration == "closed":
+        why, details = _operator_token(field, ctx)
         raise FieldError(
-            "registration is closed: only the operator registers agents on this Field",
+            f"registration is closed: only the operator registers agents on this Field, {why}",
             code=Code.REGISTRATION_CLOSED,
             recoverable=False,
-            suggested_action="Ask the Field's operator to register the agent and hand you "
-            "its token.",
+            suggested_action=f"Start the Field with an operator token ({_GIVE_OPERATOR_TOKEN}): "
+            "on a closed Field only the operator registers agents."
+            if not field.has_operator
+            else "Ask the Field's operator to register the agent and hand you its token.",
+            details=details,
         )
     if not operator and field.registration == "token":
         token = _valid(field.state, request["registration_token"], ctx.now)
     ceiling = OPERATOR if operator else STANDARD if token is None else token.authority
-    if request["authority"] > ceiling:
+    if request["authority"] > ceiling and token is not None:
         raise AuthError(
-            f"registering with authority {request['authority']} needs "
-            + (
-                "the operator token"
-                if token is None
-                else f"a registration token that grants it (this one grants up to {ceiling})"
-            ),
+            f"registering with authority {request['authority']} needs a registration token "
+            f"that grants it (this one grants up to {ceiling})",
             code=Code.INSUFFICIENT_AUTHORITY,
             recoverable=False,
             suggested_action=f"Register at authority {ceiling} or lower, or have the operator "
             "register the agent (or issue a token that grants more).",
         )
+    if request["authority"] > ceiling:
+        why, details = _operator_token(field, ctx)
+        raise AuthError(
+            f"registering with authority {request['authority']} needs the operator token, {why}",
+            code=Code.INSUFFICIENT_AUTHORITY,
+            recoverable=False,
+            suggested_action=f"Start the Field with an operator token ({_GIVE_OPERATOR_TOKEN}) "
+            f"and send it as the REGISTER request's bearer token, or register at authority "
+            f"{ceiling} or lower."
+            if not field.has_operator
+            else f"Send the operator token as the REGISTER request's bearer token, have the "
+            f"operator register the agent, or register at authority {ceiling} or lower.",
+            details={"authority": request["authority"], "allowed": ceiling, **details},
+        )
     return token
+
+
+#: How a Field is given its operator token (``suggested_action``).
+_GIVE_OPERATOR_TOKEN = (
+    "field serve --operator-token-file FILE, or FIELD_OPERATOR_TOKEN in its environment; "
+    "at least 16 characters"
+)
+
+
+def _operator_token(field: Field, ctx: Context) -> tuple[str, dict[str, Any]]:
+    """Why a REGISTER that needs the operator token does not have it: the end of the
+    error's message, and its ``details.operator_token``.
+
+    The Field has no operator token at all (no one can act as the operator
+    until it is started with one), or a bearer token was sent that is not the
+    operator's, or none was. Nothing here says more about the operator token
+    than a REGISTER sent with it would.
+    """
+    if not field.has_operator:
+        why = "and this Field has no operator token (it was started without one)"
+        return why, {"operator_token": "not_configured"}
+    if ctx.bearer:
+        return "and the bearer token given is not the operator's", {
+            "operator_token": "not_the_operators"
+        }
+    return "and no bearer token was given", {"operator_token": "missing"}
 
 
 def _valid(state: FieldState, secret: str | None, now: float) -> RegistrationToken:
