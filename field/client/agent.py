@@ -3,19 +3,34 @@
 Each method builds the payload ``protocol/README.md`` describes from keyword
 arguments whose defaults say what the protocol leaves optional, sends it in
 an envelope the agent fills in itself (message ``id``, its Lamport ``epoch``,
-its ``session_id``) and returns the response payload as a dict (SUBSCRIBE
-``subscribe`` returns a :class:`~field.client.types.Subscription`). An error
-response raises :class:`~field.client.errors.FieldClientError`.
+its ``session_id``) and returns the response payload: a typed dict of
+:mod:`field.client.responses` for the main operations (SUBSCRIBE ``subscribe``
+returns a :class:`~field.client.types.Subscription`), the plain dict of its
+schema for the others. An error response raises
+:class:`~field.client.errors.FieldClientError`; a Field that cannot be reached,
+:class:`~field.client.errors.FieldUnavailable`.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Final, Literal, overload
+from typing import TYPE_CHECKING, Any, Final, Literal, cast, overload
 from urllib.parse import urlencode
 
 from .errors import FieldClientError
+from .responses import (
+    AgentRecord,
+    AgentsPage,
+    AttuneResponse,
+    ConflictsPage,
+    CoordinateResponse,
+    DetectResponse,
+    HandoffResponse,
+    MergeResponse,
+    RecordResponse,
+    RegisterResponse,
+)
 from .stream import NotificationStream
 from .types import (
     AttuneFormat,
@@ -76,7 +91,10 @@ class AgentClient:
     is put in every envelope (RECORD and COORDINATE ``create`` use it, spec
     5.1); :meth:`session` does not change it: set it yourself, or pass
     ``session_id=`` to :meth:`coordinate`. ``info`` is the agent's record
-    (``agent.json``) when known; ``reused`` is true for an agent
+    (``agent.json``) when known (:meth:`FieldClient.register` and
+    :meth:`FieldClient.connect` set it; :meth:`refresh` fetches it), ``None``
+    otherwise; ``registration`` is the REGISTER response when this handle
+    registered the agent; ``reused`` is true for an agent
     :meth:`FieldClient.connect` found registered already.
     """
 
@@ -89,8 +107,8 @@ class AgentClient:
         self.role = role
         self.epoch = 0
         self.session_id: str | None = None
-        self.registration: dict[str, Any] = {}
-        self.info: dict[str, Any] = {}
+        self.registration: RegisterResponse | None = None
+        self.info: AgentRecord | None = None
         self.reused = False
         #: the ``since_epoch`` of the next :meth:`poll`
         self.poll_epoch = 0
@@ -143,7 +161,7 @@ class AgentClient:
         evidence: Sequence[str] | None = None,
         assumptions: Sequence[str] | None = None,
         relations: Iterable[Relation | Mapping[str, Any]] | None = None,
-    ) -> dict[str, Any]: ...
+    ) -> RecordResponse: ...
 
     @overload
     async def record(
@@ -160,7 +178,7 @@ class AgentClient:
         evidence: Sequence[str] | None = None,
         assumptions: Sequence[str] | None = None,
         relations: Iterable[Relation | Mapping[str, Any]] | None = None,
-    ) -> dict[str, Any]: ...
+    ) -> RecordResponse: ...
 
     async def record(
         self,
@@ -176,7 +194,7 @@ class AgentClient:
         evidence: Sequence[str] | None = None,
         assumptions: Sequence[str] | None = None,
         relations: Iterable[Relation | Mapping[str, Any]] | None = None,
-    ) -> dict[str, Any]:
+    ) -> RecordResponse:
         """RECORD a memory unit (spec 6.3); returns ``memory_unit_id``, ``epoch`` and the
         ``conflicts_detected`` its relations made.
 
@@ -211,7 +229,7 @@ class AgentClient:
             payload["confidence"] = scored
         if relations is not None:
             payload["relations"] = _relations(relations)
-        return await self.send("RECORD", payload)
+        return cast(RecordResponse, await self.send("RECORD", payload))
 
     async def attune(
         self,
@@ -230,7 +248,7 @@ class AgentClient:
         include_archived: bool | None = None,
         temporal_layers: Sequence[TemporalLayer] | None = None,
         **scope: Any,
-    ) -> dict[str, Any]:
+    ) -> AttuneResponse:
         """ATTUNE (spec 6.4): the units most relevant to this agent, ranked, and open conflicts.
 
         The scope's ``role`` defaults to the agent's registered role (known from
@@ -258,9 +276,9 @@ class AgentClient:
             context_hint=context_hint, since_epoch=since_epoch, format=format
         )
         payload["scope"] = {"role": role or self.role, "max_units": max_units, **fields, **scope}
-        return await self.send("ATTUNE", payload)
+        return cast(AttuneResponse, await self.send("ATTUNE", payload))
 
-    async def poll(self, *, max_units: int = 100, **options: Any) -> dict[str, Any]:
+    async def poll(self, *, max_units: int = 100, **options: Any) -> AttuneResponse:
         """ATTUNE what was recorded since the previous poll (the first: everything), oldest
         first; :attr:`poll_epoch` keeps the place, so no unit comes twice or is skipped.
 
@@ -281,7 +299,7 @@ class AgentClient:
         involving_agents: Sequence[str] | None = None,
         after: str | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> DetectResponse:
         """DETECT (spec 6.5): ``check`` one unit (``target_id`` required), ``scan`` the Field,
         or ``list`` conflicts (a page: ``after``, ``limit``, then ``next``).
 
@@ -296,7 +314,7 @@ class AgentClient:
         )
         if conflict_filter:
             payload["filter"] = conflict_filter
-        return await self.send("DETECT", payload)
+        return cast(DetectResponse, await self.send("DETECT", payload))
 
     async def merge(
         self,
@@ -307,7 +325,7 @@ class AgentClient:
         winner_id: str | None = None,
         synthesis: str | None = None,
         quorum: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> MergeResponse:
         """MERGE (spec 6.6): resolve, escalate or vote on a conflict, saying why (``rationale``).
 
         ``authority`` and ``vote`` need the ``winner_id``; ``synthesis`` needs the
@@ -318,7 +336,7 @@ class AgentClient:
         resolution = {"rationale": rationale}
         resolution |= _given(winner_id=winner_id, synthesis=synthesis, quorum=quorum)
         payload = {"conflict_id": conflict_id, "strategy": strategy, "resolution": resolution}
-        return await self.send("MERGE", payload)
+        return cast(MergeResponse, await self.send("MERGE", payload))
 
     # -- subscriptions -----------------------------------------------------------------
 
@@ -423,12 +441,36 @@ class AgentClient:
         max_message_bytes: int = 32 * 1024 * 1024,
         control: bool = False,
     ) -> NotificationStream[Notification] | NotificationStream[StreamEvent]:
-        """The agent's notifications, as an async iterator that reconnects by itself::
+        """The agent's notifications, as an async iterator that reconnects by itself.
 
-            news = await agent.subscribe(["memory.recorded"], name="news")
-            async with agent.notifications(news, cursor_file="news.cursors") as stream:
-                async for notification in stream:
-                    print(notification.event, notification.summary)
+        .. code-block:: python
+
+            import asyncio
+
+            from field.client import FieldClient
+
+
+            async def main() -> None:
+                async with FieldClient("http://127.0.0.1:8765") as field:
+                    me = await field.connect("watcher-01", role="lead", token_file="watcher.token")
+                    # include_own: notified of its own units too (by default, only others')
+                    news = await me.subscribe(["memory.recorded"], name="mine", include_own=True)
+                    unit = await me.record(
+                        "observation",
+                        "A stream resumes from its cursor file",
+                        purpose="show a stream",
+                        confidence=0.9,
+                        reasoning="a demo",
+                    )
+                    print("recorded", unit["memory_unit_id"])
+                    # each run goes on after what the last one processed: nothing twice
+                    async with me.notifications(news, cursor_file="news.cursors") as stream:
+                        async for notification in stream:
+                            print("notified", notification.event, notification.memory_unit_id)
+                            break
+
+
+            asyncio.run(main())
 
         Streams ``subscriptions`` (all of the agent's when none is given) over
         one WebSocket (``transport="sse"``: one Server-Sent Events stream each,
@@ -560,7 +602,7 @@ class AgentClient:
         result: str | None = None,
         after: str | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> CoordinateResponse:
         """COORDINATE a task: ``create`` (``title`` required), ``assign`` (``assignee``),
         ``start``, ``block``, ``unblock``, ``complete`` (with a ``result``), ``fail``,
         ``release``, ``cancel`` (each with ``task_id``) or ``list`` (a page). A task is
@@ -578,7 +620,8 @@ class AgentClient:
             after=after,
             limit=limit,
         )
-        return await self.send("COORDINATE", payload, session_id=session_id)
+        response = await self.send("COORDINATE", payload, session_id=session_id)
+        return cast(CoordinateResponse, response)
 
     async def handoff(
         self,
@@ -588,7 +631,7 @@ class AgentClient:
         notes: str | None = None,
         max_units: int | None = None,
         include_units: Sequence[str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> HandoffResponse:
         """HANDOFF ``task_id`` to ``to_agent_id`` with ``notes`` and a context package the
         Field assembles (``include_units`` first, up to ``max_units`` in all)."""
         payload: dict[str, Any] = {"task_id": task_id, "to_agent_id": to_agent_id}
@@ -599,7 +642,7 @@ class AgentClient:
         )
         if context:
             payload["context"] = context
-        return await self.send("HANDOFF", payload)
+        return cast(HandoffResponse, await self.send("HANDOFF", payload))
 
     async def deregister(self) -> dict[str, Any]:
         """DEREGISTER (spec 6.2): the token is revoked and the id retired (only this token,
@@ -624,9 +667,9 @@ class AgentClient:
         after: str | None = None,
         limit: int | None = None,
         ids: list[str] | None = None,
-    ) -> dict[str, Any]:
+    ) -> AgentsPage:
         """A page of ``GET /v1/agents``: registered agents by id, only ``ids`` if given."""
-        return await self.get("/v1/agents", after=after, limit=limit, id=ids)
+        return cast(AgentsPage, await self.get("/v1/agents", after=after, limit=limit, id=ids))
 
     async def conflicts(
         self,
@@ -636,9 +679,9 @@ class AgentClient:
         involving_agents: list[str] | None = None,
         after: str | None = None,
         limit: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> ConflictsPage:
         """A page of ``GET /v1/conflicts`` (default: the unresolved ones), oldest first."""
-        return await self.get(
+        page = await self.get(
             "/v1/conflicts",
             status=status,
             type=types,
@@ -646,14 +689,29 @@ class AgentClient:
             after=after,
             limit=limit,
         )
+        return cast(ConflictsPage, page)
 
     async def every(
-        self, read: Callable[..., Awaitable[dict[str, Any]]], key: str, **arguments: Any
+        self, read: Callable[..., Awaitable[Mapping[str, Any]]], key: str, **arguments: Any
     ) -> list[dict[str, Any]]:
         """Every item of a paged list: ``read(after=..., **arguments)`` page after page,
-        following ``next`` until it is null; ``key`` names the list in each page::
+        following ``next`` until it is null; ``key`` names the list in each page.
 
-            everyone = await agent.every(agent.agents, "agents")
+        .. code-block:: python
+
+            import asyncio
+
+            from field.client import FieldClient
+
+
+            async def main() -> None:
+                async with FieldClient("http://127.0.0.1:8765") as field:
+                    me = await field.connect("census-01", role="clerk", token_file="census.token")
+                    everyone = await me.every(me.agents, "agents", limit=100)
+                    print("registered:", ", ".join(agent["id"] for agent in everyone))
+
+
+            asyncio.run(main())
         """
         items: list[dict[str, Any]] = []
         after = None
@@ -664,15 +722,14 @@ class AgentClient:
             if after is None:
                 return items
 
-    async def refresh(self) -> dict[str, Any]:
+    async def refresh(self) -> AgentRecord:
         """Fetch this agent's record (``GET /v1/agents``) and take its ``role``."""
         listing = await self.agents(ids=[self.id])
         for agent in listing["agents"]:
             if agent["id"] == self.id:
                 self.role = agent["role"]
                 self.info = agent
-                record: dict[str, Any] = agent
-                return record
+                return agent
         raise FieldClientError(
             404,
             {

@@ -29,17 +29,20 @@ import os
 import random
 from collections.abc import Sequence
 from types import TracebackType
-from typing import Any
+from typing import Any, cast
 
 import aiohttp
 import orjson
 
 from .agent import AgentClient
-from .errors import FieldClientError, StoredTokenRefused, retry_after_seconds
+from .errors import FieldClientError, FieldUnavailable, StoredTokenRefused, retry_after_seconds
+from .responses import RegisterResponse
 from .tokens import StoredToken, TokenFile, TokenStore
 
 logger = logging.getLogger("field.client")
 
+#: Seconds a request may take when no ``timeout`` is given (aiohttp's default).
+DEFAULT_TIMEOUT = 300.0
 #: Error codes of requests the Field refused before running them: safe to send again.
 RETRIED_CODES = frozenset({"OVERLOADED", "RATE_LIMITED"})
 
@@ -70,19 +73,23 @@ class FieldClient:
         *,
         session: aiohttp.ClientSession | None = None,
         timeout: float | None = None,
+        connect_timeout: float = 10.0,
         retries: int = 3,
         max_retry_wait: float = 30.0,
         nodes: Sequence[str] = (),
     ) -> None:
         """``timeout`` bounds each request in seconds (``None``: aiohttp's default);
-        ``retries`` and ``max_retry_wait`` say how a refused request is sent again;
-        ``nodes`` are the base URLs of the Field's other nodes, tried in turn when
-        ``base_url`` cannot be reached."""
+        ``connect_timeout`` bounds connecting to the Field (a Field that accepts no
+        connection in that long is :class:`FieldUnavailable`; a ``timeout`` shorter than
+        it ends first, as a plain ``TimeoutError``); ``retries`` and ``max_retry_wait``
+        say how a refused request is sent again; ``nodes`` are the base URLs of the
+        Field's other nodes, tried in turn when ``base_url`` cannot be reached."""
         if isinstance(nodes, str):
             raise TypeError("nodes is a list of base URLs, not one string")
         self.urls = tuple(dict.fromkeys(u.rstrip("/") for u in (base_url, *nodes)))
         self._node = 0
         self.timeout = timeout
+        self.connect_timeout = connect_timeout
         self.retries = retries
         self.max_retry_wait = max_retry_wait
         self._session = session
@@ -116,10 +123,9 @@ class FieldClient:
     def session(self) -> aiohttp.ClientSession:
         """The aiohttp session (made on first use)."""
         if self._session is None:
-            timeout = aiohttp.ClientTimeout(total=self.timeout) if self.timeout else None
-            self._session = (
-                aiohttp.ClientSession(timeout=timeout) if timeout else aiohttp.ClientSession()
-            )
+            total = self.timeout or DEFAULT_TIMEOUT
+            timeout = aiohttp.ClientTimeout(total=total, sock_connect=self.connect_timeout)
+            self._session = aiohttp.ClientSession(timeout=timeout)
         return self._session
 
     async def close(self) -> None:
@@ -152,7 +158,8 @@ class FieldClient:
     async def request(
         self, method: str, path: str, *, body: Any = None, token: str | None = None
     ) -> dict[str, Any]:
-        """One HTTP exchange; returns the JSON body or raises FieldClientError.
+        """One HTTP exchange; returns the JSON body or raises FieldClientError (the Field
+        answered with an error) or FieldUnavailable (no node could be connected to).
 
         A refusal with ``Retry-After`` (``OVERLOADED``, ``RATE_LIMITED``: nothing ran)
         is sent again after that wait, plus up to a tenth more at random so that the
@@ -167,13 +174,16 @@ class FieldClient:
             url = self.base_url
             try:
                 return await self._exchange(method, path, data, headers)
-            except aiohttp.ClientConnectorError:
+            except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as error:
                 # nothing was sent: any request may go to the next node at once
                 self.failed(url)
                 unreached += 1
-                if unreached >= len(self.urls):
+                if unreached < len(self.urls):
+                    continue
+                unavailable = FieldUnavailable.of(self.urls, error)
+                if unavailable is None:
                     raise
-                continue
+                raise unavailable from error
             except (aiohttp.ClientConnectionError, OSError):
                 # sent, maybe run: only a GET (which changes nothing) is sent again at once;
                 # the next request goes elsewhere anyway
@@ -238,7 +248,8 @@ class FieldClient:
         )
         body = self.envelope("REGISTER", agent_id, payload)
         bearer = operator_token or previous_token
-        response = await self.request("POST", "/v1/register", body=body, token=bearer)
+        answer = await self.request("POST", "/v1/register", body=body, token=bearer)
+        response = cast(RegisterResponse, answer)
         agent = AgentClient(self, agent_id, response["token"], role=response["agent"]["role"])
         agent.registration = response
         agent.info = response["agent"]
@@ -315,7 +326,8 @@ class FieldClient:
             agent = await self._reuse(kept, role, store, registering)
             if agent.token == kept.token:
                 return agent
-        field_id = agent.registration["field_capabilities"].get("field_id")
+        registered = agent.registration
+        field_id = None if registered is None else registered["field_capabilities"]["field_id"]
         store.save(StoredToken(agent_id, agent.token, field_id, self.base_url))
         return agent
 
@@ -358,7 +370,11 @@ class FieldClient:
             return "Check the token, or ask the Field's operator."
         field_id = None
         with contextlib.suppress(
-            FieldClientError, aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError
+            FieldClientError,
+            FieldUnavailable,
+            aiohttp.ClientError,
+            TimeoutError,
+            orjson.JSONDecodeError,
         ):
             field_id = (await self.status()).get("field_id")
         if kept.field_id is not None and field_id is not None and field_id != kept.field_id:

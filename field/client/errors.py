@@ -1,29 +1,47 @@
-"""What the SDK raises, in one tree::
+"""What the SDK raises, in one tree:
+
+.. code-block:: text
 
     Exception
-    ├── FieldClientError          the Field answered with an error response (spec 8.1)
-    │   └── StoredTokenRefused    FieldClient.connect(): the kept token was refused
-    └── StreamError               a notification stream cannot go on as asked
-        ├── NotificationGap       the Field could not resume a subscription: events were missed
-        └── StreamUnavailable     reconnecting gave up (Reconnect.give_up_after)
+    └── ClientError               anything the SDK raises
+        ├── FieldClientError      the Field answered with an error response (spec 8.1)
+        │   └── StoredTokenRefused    FieldClient.connect(): the kept token was refused
+        ├── FieldUnavailable      no Field answers at the URL (also a ConnectionError)
+        └── StreamError           a notification stream cannot go on as asked
+            ├── NotificationGap   the Field could not resume a subscription: events were missed
+            └── StreamUnavailable reconnecting gave up (Reconnect.give_up_after)
 
-Network failures of plain requests are aiohttp's (``aiohttp.ClientError``,
-``TimeoutError``); a notification stream catches those itself and reconnects.
-A stream whose token is refused raises :class:`FieldClientError`
-(``UNAUTHENTICATED`` or ``AGENT_NOT_REGISTERED``): it is not retried.
+A request that cannot reach the Field (the connection is refused, the host
+name does not resolve, connecting times out: nothing was sent) raises
+:class:`FieldUnavailable`, naming the URL and the cause. Other network
+failures of plain requests (the connection broke after the request was sent:
+it may have run) are aiohttp's (``aiohttp.ClientError``, ``TimeoutError``).
+A notification stream that cannot make its first connection raises
+:class:`FieldUnavailable` too; once connected, it catches network failures
+itself and reconnects. A stream whose token is refused raises
+:class:`FieldClientError` (``UNAUTHENTICATED`` or ``AGENT_NOT_REGISTERED``):
+it is not retried.
 """
 
 from __future__ import annotations
 
 import email.utils
+import socket
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+import aiohttp
 
 if TYPE_CHECKING:
     from .types import Gap
 
 
-class FieldClientError(Exception):
+class ClientError(Exception):
+    """Anything the SDK raises: catch it to catch them all."""
+
+
+class FieldClientError(ClientError):
     """The Field answered with an error response (spec 8.1).
 
     ``body`` is the error response (``code``, ``message``, ``recoverable``,
@@ -85,7 +103,47 @@ def retry_after_seconds(value: str | None, now: float | None = None) -> float | 
     return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
-class StreamError(Exception):
+class FieldUnavailable(ClientError, ConnectionError):
+    """No Field answers at the URL: nothing was sent.
+
+    The message names the URL and the cause, e.g. ``no Field at
+    http://127.0.0.1:8765: connection refused (is field serve running?)``.
+    ``urls`` are the nodes that were tried (the client's base URL and its
+    ``nodes``), ``reason`` the cause in words; the aiohttp error is the
+    ``__cause__``. It is a :class:`ConnectionError` (so an :class:`OSError`)
+    as well: ``except OSError`` goes on catching it.
+    """
+
+    def __init__(self, urls: Sequence[str], reason: str, *, hint: str) -> None:
+        self.urls = tuple(urls)
+        self.url = self.urls[0]
+        self.reason = reason
+        super().__init__(f"no Field at {', '.join(self.urls)}: {reason} ({hint})")
+
+    @classmethod
+    def of(cls, urls: Sequence[str], error: BaseException) -> FieldUnavailable | None:
+        """What ``error`` (raised while connecting to ``urls``) means, if it means that no
+        Field answers there; ``None`` for a failure that says otherwise (TLS: a server
+        answered, and its certificate or handshake was refused)."""
+        if isinstance(error, aiohttp.ClientSSLError):
+            return None
+        if isinstance(error, aiohttp.ConnectionTimeoutError):
+            return cls(urls, "timed out connecting", hint="is field serve running, and reachable?")
+        if not isinstance(error, aiohttp.ClientConnectorError):
+            return None
+        cause = error.os_error
+        if isinstance(cause, socket.gaierror):
+            reason = f"the host name {error.host!r} does not resolve ({cause.strerror})"
+            return cls(urls, reason, hint="is the URL right?")
+        if isinstance(cause, ConnectionRefusedError):
+            return cls(urls, "connection refused", hint="is field serve running?")
+        if isinstance(cause, TimeoutError):
+            return cls(urls, "timed out connecting", hint="is field serve running, and reachable?")
+        reason = cause.strerror or str(cause) or type(cause).__name__
+        return cls(urls, reason[:1].lower() + reason[1:], hint="is field serve running?")
+
+
+class StreamError(ClientError):
     """A notification stream cannot go on as asked."""
 
 

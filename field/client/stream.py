@@ -23,6 +23,12 @@ the Field refuses (close 4401) raises
 :class:`~field.client.errors.FieldClientError` and is not retried; 4409 (the
 agent deregistered) ends the stream.
 
+**The first connection.** A stream that cannot connect to any of the Field's
+nodes before its first connection (refused, a host name that does not
+resolve, a connection timed out) raises
+:class:`~field.client.errors.FieldUnavailable`: no Field is there to wait
+for. Once it has connected, a lost connection is reconnected.
+
 **Reconnecting** waits :class:`~field.client.types.Reconnect` delays: jittered,
 growing, capped (5 s by default, inside the Field's 30 s ``failure_grace``, so
 an agent whose stream comes back stays live).
@@ -45,7 +51,13 @@ from urllib.parse import quote, urlencode
 import aiohttp
 import orjson
 
-from .errors import FieldClientError, NotificationGap, StreamUnavailable, retry_after_seconds
+from .errors import (
+    FieldClientError,
+    FieldUnavailable,
+    NotificationGap,
+    StreamUnavailable,
+    retry_after_seconds,
+)
 from .sse import SSEError, SSEParser
 from .tokens import write_private
 from .types import (
@@ -68,7 +80,8 @@ CLOSE_DEREGISTERED = 4409
 CLOSE_OVERFLOW = 4008
 #: HTTP statuses of a refused connection that are worth trying again later.
 RETRIED_STATUSES = frozenset({408, 429, 500, 502, 503, 504})
-#: Seconds to open a connection (TCP and handshake) before trying again.
+#: Seconds a stream waits for its handshake (connecting is bounded by the client's
+#: ``connect_timeout``).
 CONNECT_TIMEOUT = 10.0
 #: Seconds an SSE stream may stay silent past ``heartbeat`` (the Field comments every 15 s).
 SSE_SILENCE_MARGIN = 15.0
@@ -150,6 +163,10 @@ class NotificationStream(Generic[EventT]):
         self._epochs: dict[str, int] = {}  # subscription → epoch of its last notification
         self._events: AsyncGenerator[StreamEvent, None] | None = None
         self._http: aiohttp.ClientSession | None = None
+        #: whether the Field ever answered this stream; until then, the nodes that could not
+        #: be connected to (all of them: FieldUnavailable)
+        self._reached = False
+        self._unreached: set[str] = set()
 
     # -- the iterator --------------------------------------------------------------------
 
@@ -235,7 +252,7 @@ class NotificationStream(Generic[EventT]):
             # no total: a stream lasts; a handshake or a connection is bounded (the bound on
             # reads is lifted once a WebSocket is open, and set per SSE stream)
             timeout = aiohttp.ClientTimeout(
-                total=None, connect=CONNECT_TIMEOUT, sock_read=CONNECT_TIMEOUT
+                total=None, connect=self.agent.field.connect_timeout, sock_read=CONNECT_TIMEOUT
             )
             self._http = aiohttp.ClientSession(timeout=timeout)
         return self._http
@@ -288,6 +305,21 @@ class NotificationStream(Generic[EventT]):
         delay = self.reconnect.delay(attempt, random.random())
         return Disconnected(_describe(failure), delay, attempt)
 
+    def _unreachable(self, node: str, error: BaseException) -> None:
+        """Raise FieldUnavailable if the Field never answered this stream and no node can
+        be connected to (``error``: the failure at ``node``)."""
+        if self._reached:
+            return
+        if isinstance(error, FieldUnavailable):  # a request that tried every node already
+            raise error
+        urls = self.agent.field.urls
+        unavailable = FieldUnavailable.of(urls, error)
+        if unavailable is None:  # something answered (or may have): keep trying
+            return
+        self._unreached.add(node)
+        if self._unreached.issuperset(urls):
+            raise unavailable from error
+
     # -- WebSocket -----------------------------------------------------------------------
 
     async def _ws(self) -> AsyncGenerator[StreamEvent, None]:
@@ -311,7 +343,7 @@ class NotificationStream(Generic[EventT]):
                     compress=0,
                     timeout=aiohttp.ClientWSTimeout(ws_receive=None, ws_close=10.0),
                 ) as ws:
-                    attempt = 0
+                    attempt, self._reached = 0, True
                     frames = self._ws_frames(ws, position, following)
                     async with contextlib.aclosing(frames):
                         async for event in frames:
@@ -325,8 +357,9 @@ class NotificationStream(Generic[EventT]):
             except (aiohttp.WSServerHandshakeError, FieldClientError) as error:
                 if error.status not in RETRIED_STATUSES:
                     raise
-                failure = error
+                failure, self._reached = error, True
             except (aiohttp.ClientError, OSError, TimeoutError) as error:
+                self._unreachable(node, error)
                 failure = error
                 self.agent.field.failed(node)  # the next attempt goes to the next node
             if attempt == 0:
@@ -449,7 +482,7 @@ class NotificationStream(Generic[EventT]):
         path = f"/v1/subscriptions/{quote(subscription_id)}/events"
         timeout = aiohttp.ClientTimeout(
             total=None,
-            connect=CONNECT_TIMEOUT,
+            connect=self.agent.field.connect_timeout,
             sock_read=self.heartbeat + SSE_SILENCE_MARGIN,
         )
         attempt, failing_since = 0, 0.0
@@ -461,6 +494,7 @@ class NotificationStream(Generic[EventT]):
             node = self.agent.field.base_url
             try:
                 async with self.http.get(node + path, headers=headers, timeout=timeout) as response:
+                    self._reached = True
                     if response.status != 200:
                         ended = await self._sse_refused(response, subscription_id, position)
                         yield ended
@@ -480,6 +514,7 @@ class NotificationStream(Generic[EventT]):
             except (aiohttp.ClientError, OSError, TimeoutError, SSEError) as error:
                 failure = error
                 if not isinstance(error, SSEError):
+                    self._unreachable(node, error)
                     self.agent.field.failed(node)  # the next attempt goes to the next node
             if attempt == 0:
                 failing_since = time.monotonic()

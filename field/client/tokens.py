@@ -4,7 +4,9 @@ The Field shows a token once, in the REGISTER response, and keeps only its
 hash: a token that is lost leaves its agent id taken for good (a REGISTER of
 it is ``409 AGENT_ID_TAKEN``). :meth:`FieldClient.connect` therefore keeps
 the token where the caller says, and uses it again on the next run instead of
-registering. A store holds one agent's token on one Field::
+registering. A store holds one agent's token on one Field:
+
+.. code-block:: json
 
     {"agent_id": "researcher-01", "token": "...", "field_id": "field-...", "url": "http://..."}
 

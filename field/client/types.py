@@ -1,8 +1,9 @@
 """The SDK's types: the protocol's names as ``Literal`` types, and what a stream yields.
 
-Operation responses stay the JSON objects of ``protocol/schemas/*.response.json``
-(dicts), except SUBSCRIBE's, which is a :class:`Subscription` so that it can be
-handed to :meth:`AgentClient.notifications`. A stream yields
+Operation responses are the JSON objects of ``protocol/schemas/*.response.json``,
+typed in :mod:`field.client.responses`, except SUBSCRIBE's, which is a
+:class:`Subscription` so that it can be handed to
+:meth:`AgentClient.notifications`. A stream yields
 :class:`Notification` objects and, when asked for them (``control=True``), the
 control events :class:`Gap`, :class:`Overflow`, :class:`Ended` and
 :class:`Disconnected`. Every one has a ``kind``, so ``match event.kind`` works
@@ -67,6 +68,10 @@ Strategy = Literal[
     "vote",
 ]
 ConflictStatus = Literal["detected", "resolving", "resolved", "escalated"]
+AgentStatus = Literal["idle", "working", "waiting", "offline", "failed"]
+TaskStatus = Literal[
+    "pending", "assigned", "in_progress", "blocked", "completed", "failed", "cancelled"
+]
 ConflictType = Literal["factual", "interpretive", "strategic", "priority"]
 DetectMode = Literal["check", "scan", "list"]
 AttuneFormat = Literal["full", "summary", "ids_only"]
