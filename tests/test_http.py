@@ -1468,8 +1468,7 @@ async def test_body_size_limit(server_factory: Any) -> None:
 
 
 async def test_unknown_routes_and_methods(field: CheckedClient, alice: AgentClient) -> None:
-    for method, path in (
-        ("GET", "/"),
+    for method, path in (  # GET / leads to the console (tests/test_index.py)
         ("GET", "/v1"),
         ("GET", "/v1/nope"),
         ("POST", "/v1/merges"),

@@ -66,6 +66,7 @@ from .cors import cors_middleware, mcp_refusal, websocket_refusal
 from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .health import health_routes
+from .index import index_routes
 from .metrics import Metrics, Observer
 from .push import PushHub
 from .ratelimits import AgentRateLimits
@@ -709,6 +710,7 @@ def create_app(
             logger.info("Field %s stopped; log closed", state.field_id)
 
     routes = [
+        *index_routes(metrics=binding.metrics is not None, mcp=binding.mcp is not None),
         Route("/v1/field/status", binding.field_status, methods=["GET"]),
         Route("/v1/agents", binding.agents, methods=["GET"]),
         Route("/v1/conflicts", binding.conflicts, methods=["GET"]),

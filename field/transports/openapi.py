@@ -177,6 +177,8 @@ class Endpoint:
     params: tuple[Param, ...] = ()
     #: headers of the success response
     headers: dict[str, Any] = field(default_factory=dict)
+    #: responses besides success and the errors, by status (a redirect)
+    more_responses: dict[str, Any] = field(default_factory=dict)
     #: more keys of the Operation Object (``x-...`` extensions)
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -724,6 +726,38 @@ ENDPOINTS: tuple[Endpoint, ...] = (
     ),
     Endpoint(
         method="GET",
+        path="/",
+        name="index",
+        summary="The Field's entry points, as JSON",
+        tag="meta",
+        auth="public",
+        description="With an `Accept` that names `application/json` and not `text/html`: "
+        "the paths of the Field's entry points (`/metrics` and `/mcp` only when this server "
+        "serves them). Otherwise (a browser, `*/*`) a 307 to the console, `/console`.",
+        response={
+            "type": "object",
+            "required": ["name", "version", "protocol_version", "links"],
+            "properties": {
+                "name": {"const": "Akashik Field"},
+                "version": {"type": "string"},
+                "protocol_version": {"type": "string"},
+                "links": {
+                    "type": "object",
+                    "required": ["console", "openapi", "status", "health", "ready", "websocket"],
+                    "additionalProperties": {"type": "string", "pattern": "^/"},
+                },
+            },
+        },
+        more_responses={
+            "307": {
+                "description": "To the console, for a request that does not ask for JSON.",
+                "headers": {"Location": {"schema": {"const": "/console"}}},
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }
+        },
+    ),
+    Endpoint(
+        method="GET",
         path="/openapi.json",
         name="openapi",
         summary="This document",
@@ -841,7 +875,11 @@ def _operation_object(endpoint: Endpoint) -> dict[str, Any]:
         success["headers"] = endpoint.headers
     if endpoint.status == 101:
         success["description"] = "Switching Protocols: the connection is a WebSocket."
-    responses = {str(endpoint.status): success, **_error_responses(endpoint.errors)}
+    responses = {
+        str(endpoint.status): success,
+        **endpoint.more_responses,
+        **_error_responses(endpoint.errors),
+    }
     if endpoint.path == "/v1/ws":
         responses["400"]["headers"] = {
             "Sec-WebSocket-Version": {
