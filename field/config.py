@@ -2,14 +2,17 @@
 
 Every setting has a command-line flag (``field serve --help``) and an
 environment variable ``FIELD_<NAME>``; a flag wins over the environment,
-and the environment over the default.
+and the environment over the default. A ``FIELD_`` variable that nothing
+reads is named at start-up (:func:`unknown_variables`): a misspelt setting
+would otherwise be ignored without a word.
 """
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -375,16 +378,21 @@ class Config:
 
         ``max_body_bytes`` and ``max_subscriptions_per_thread`` set those
         ``limits``; ``outbox_frames`` and ``outbox_bytes`` set the push limits
-        of every connection.
+        of every connection. ``in_memory`` (``FIELD_IN_MEMORY``, ``--in-memory``)
+        keeps the log in memory: ``data_dir`` None, whatever ``FIELD_DATA_DIR`` says
+        (a ``data_dir`` given wins over ``FIELD_IN_MEMORY``, not over ``in_memory``).
         """
         environ = os.environ if environ is None else environ
         values: dict[str, Any] = {}
-        names = [f.name for f in fields(cls) if f.name not in ("limits", "push")]
-        for name in [*names, *_NESTED]:
+        for name in setting_names():
             raw = environ.get(f"FIELD_{name.upper()}")
             if raw is not None:
                 values[name] = _parse(name, raw)
+        if values.pop("in_memory", False):  # over FIELD_DATA_DIR; a data_dir given wins
+            values["data_dir"] = None
         values.update({k: v for k, v in overrides.items() if v is not None})
+        if values.pop("in_memory", False):  # given: over a data_dir given too
+            values["data_dir"] = None
         nested = {name: int(values.pop(name)) for name in _NESTED if name in values}
         config = cls(**values)
         in_limits = {k: nested.pop(k) for k in _IN_LIMITS if k in nested}
@@ -393,6 +401,51 @@ class Config:
         if nested:
             config = replace(config, push=replace(config.push, **nested))
         return config
+
+
+def setting_names() -> tuple[str, ...]:
+    """The name of every setting ``FIELD_<NAME>`` sets (``in_memory`` among them)."""
+    names = tuple(f.name for f in fields(Config) if f.name not in ("limits", "push"))
+    return (*names, *_NESTED, "in_memory")
+
+
+#: ``FIELD_`` variables that are no setting of ``field serve`` but that something of this
+#: project reads: ``field mcp`` and ``field source`` (``FIELD_URL``, ``FIELD_TOKEN``), the
+#: examples (``FIELD_AGENT_DIR``) and the tests.
+OTHER_VARIABLES = frozenset(
+    {
+        "FIELD_URL",
+        "FIELD_TOKEN",
+        "FIELD_AGENT_DIR",
+        "FIELD_TEST_POSTGRES",
+        "FIELD_ARTIFACTS",
+        "FIELD_UPDATE_SCREENSHOTS",
+    }
+)
+
+
+def known_variables() -> frozenset[str]:
+    """Every ``FIELD_`` variable something reads: the settings' and :data:`OTHER_VARIABLES`."""
+    return OTHER_VARIABLES | {f"FIELD_{name.upper()}" for name in setting_names()}
+
+
+def unknown_variables(names: Iterable[str]) -> list[tuple[str, str | None]]:
+    """The ``FIELD_`` names among ``names`` (an environment's) that nothing reads, sorted,
+    each with the known name nearest to it (a likely misspelling), or None if none is near.
+    """
+    known = known_variables()
+    candidates = sorted(known)
+    unknown = sorted({n for n in names if n.startswith("FIELD_") and n not in known})
+    return [(name, _nearest(name, candidates)) for name in unknown]
+
+
+def _nearest(name: str, candidates: list[str]) -> str | None:
+    """The candidate most like ``name`` after the ``FIELD_`` they share, if it is alike."""
+    prefix = len("FIELD_")
+    close = difflib.get_close_matches(
+        name[prefix:], [c[prefix:] for c in candidates], n=1, cutoff=0.7
+    )
+    return f"FIELD_{close[0]}" if close else None
 
 
 #: Settings that live inside ``limits`` or ``push``.
@@ -498,6 +551,6 @@ _BOOLEANS = {
 }
 
 #: The yes/no settings.
-_SWITCHES = ("ws_deflate", "metrics", "access_log")
+_SWITCHES = ("ws_deflate", "metrics", "access_log", "in_memory")
 #: What ``--log-format`` may be.
 LOG_FORMATS = ("text", "json")

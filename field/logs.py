@@ -92,8 +92,23 @@ def logging_config(level: str, log_format: str) -> dict[str, Any]:
         },
         "root": {"level": level.upper(), "handlers": ["stderr"]},
         # uvicorn's own configuration gives its loggers handlers of their own: not here
-        "loggers": {name: dict(inherit) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
+        "loggers": {
+            **{name: dict(inherit) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
+            **{name: {"level": _quieter(level)} for name in QUIET_LOGGERS},
+        },
     }
+
+
+#: Libraries' loggers whose INFO lines are notes nobody asked for (the MCP session
+#: manager starting and stopping): shown from ``--log-level debug``, else from WARNING.
+QUIET_LOGGERS = ("mcp.server.streamable_http_manager",)
+
+
+def _quieter(level: str) -> str:
+    """A quiet logger's level: WARNING, unless ``level`` is DEBUG or above WARNING."""
+    if level.upper() == "DEBUG":
+        return "DEBUG"
+    return max(level.upper(), "WARNING", key=logging.getLevelName)
 
 
 def configure(level: str, log_format: str) -> None:

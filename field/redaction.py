@@ -33,7 +33,10 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import unquote_plus
 
-from websockets.frames import Frame, Opcode
+try:
+    from websockets.frames import Frame, Opcode
+except ImportError:  # the client alone (field mcp): no WebSocket frame is ever logged
+    Frame = Opcode = None  # type: ignore[assignment,misc]
 
 REDACTED = "<redacted>"
 
@@ -63,7 +66,9 @@ _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
 )
 
 #: Frames whose payload is a message (the others carry a close code, or ping bytes).
-_DATA_FRAMES = frozenset({Opcode.TEXT, Opcode.BINARY, Opcode.CONT})
+_DATA_FRAMES = (
+    frozenset() if Opcode is None else frozenset({Opcode.TEXT, Opcode.BINARY, Opcode.CONT})
+)
 
 
 #: A parameter of a URL's query string (``?name=value`` or ``&name=value``).
@@ -92,7 +97,7 @@ def redact(text: str) -> str:
 
 def _safe_arg(arg: Any) -> Any:
     """A data frame as its opcode and size (websockets logs ``< %s`` with the frame)."""
-    if isinstance(arg, Frame) and arg.opcode in _DATA_FRAMES:
+    if Frame is not None and isinstance(arg, Frame) and arg.opcode in _DATA_FRAMES:
         return f"{arg.opcode.name} [{len(arg.data)} bytes]"
     return arg
 

@@ -325,6 +325,48 @@ class TestOpenLogPostgres:
         shown = redact_log_url("postgresql://alice:s3cret@db.example.com:6432/field")
         assert shown == "postgresql://db.example.com:6432/field"
 
+    @pytest.mark.parametrize(
+        ("url", "shown"),
+        [
+            ("postgres://alice@db/field", "postgresql://db:5432/field"),
+            ("postgresql://alice:s3cret@db", "postgresql://db:5432/alice"),  # libpq: user's db
+            ("postgresql://a%40b:p%2Fw@[::1]:6432/f%20x", "postgresql://[::1]:6432/f x"),
+            ("postgresql:///field?host=db&port=6432&password=s3cret", "postgresql://db:6432/field"),
+            ("postgresql://", "postgresql://localhost:5432/"),
+        ],
+    )
+    def test_redaction_keeps_host_port_and_database(self, url: str, shown: str) -> None:
+        assert redact_log_url(url) == shown
+
+    def test_redaction_needs_no_driver(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(pg_module, "psycopg", None)
+        shown = redact_log_url("postgresql://alice:s3cret@db.example.com:6432/field")
+        assert shown == "postgresql://db.example.com:6432/field"
+
+    def test_without_the_driver_opening_says_where_and_what_to_install(
+        self, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setattr(pg_module, "psycopg", None)
+        with pytest.raises(OperationalError) as refused:
+            open_log(None, url="postgresql://alice:s3cret@db.example.com:6432/field")
+        error = refused.value
+        assert error.message.startswith(
+            "Cannot open the event log postgresql://db.example.com:6432/field: "
+        )
+        assert "psycopg driver, which is not installed" in error.message
+        assert error.suggested_action == (
+            "Install the postgres extra: pip install 'akashik-field[postgres]'"
+        )
+        assert "s3cret" not in error.message and "alice" not in error.message
+
+    def test_a_refused_connection_names_the_host_without_credentials(self) -> None:
+        with pytest.raises(OperationalError) as refused:
+            open_log(None, url="postgresql://alice:s3cret@127.0.0.1:1/field")
+        message = refused.value.message
+        assert message.startswith("Cannot open the event log postgresql://127.0.0.1:1/field: ")
+        assert "refused" in message.lower()
+        assert "s3cret" not in message and "alice" not in message
+
 
 def test_the_log_url_comes_from_the_environment_and_is_checked() -> None:
     from field.config import Config

@@ -64,12 +64,14 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import orjson
 
 from field.errors import LogUnavailable, LogWriteError, OperationalError, StorageFull
+from field.store import is_log_url
 from field.store.base import EventLog, LogEntry, StoredEntry
 from field.store.memory import encode_batch, within
 
@@ -167,31 +169,74 @@ _SNAPSHOT_CHUNK = "INSERT INTO field_snapshot_chunks (snapshot_id, seq, data) VA
 
 
 def describe(url: str) -> dict[str, Any]:
-    """Where ``url`` points, without its user or password: host, port and database."""
+    """Where ``url`` points, without its user or password: host, port and database.
+
+    A ``postgresql://`` URL is read here, driver or not (a server without the driver
+    still names the database it cannot open); libpq's ``key=value`` form by the driver.
+    """
+    if is_log_url(url):
+        return _describe_url(url)
     if psycopg is None:
         return {"host": None, "port": None, "name": None}
     try:
         params = conninfo_to_dict(url)
     except psycopg.Error:
         return {"host": None, "port": None, "name": None}
-    port = params.get("port")
+    return _where(params.get("host") or params.get("hostaddr"), params.get("port"), params)
+
+
+def _describe_url(url: str) -> dict[str, Any]:
+    """:func:`describe` of a URL, as libpq reads one: ``user:password@`` dropped, several
+    ``host:port`` separated by commas, and ``?host=``, ``?port=``, ``?dbname=`` first."""
+    parts = urllib.parse.urlsplit(url)
+    query = dict(urllib.parse.parse_qsl(parts.query))
+    userinfo, _, hostspec = parts.netloc.rpartition("@")
+    hosts, ports = [], []
+    for item in hostspec.split(","):
+        host, port = _host_port(item)
+        hosts.append(host)
+        ports.append(port)
+    params = {
+        "dbname": query.get("dbname") or urllib.parse.unquote(parts.path.lstrip("/")),
+        "user": query.get("user") or urllib.parse.unquote(userinfo.partition(":")[0]),
+    }
+    host = query.get("host") or ",".join(h for h in hosts if h)
+    return _where(host, query.get("port") or next((p for p in ports if p), None), params)
+
+
+def _host_port(item: str) -> tuple[str, str]:
+    """``host:port`` (``[v6]:port``) as host and port, percent-decoded; either may be ""."""
+    if item.startswith("["):
+        host, _, rest = item[1:].partition("]")
+        return urllib.parse.unquote(host), rest.removeprefix(":")
+    host, _, port = item.partition(":")
+    return urllib.parse.unquote(host), port
+
+
+def _where(host: Any, port: Any, params: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        "host": params.get("host") or params.get("hostaddr") or "localhost",
+        "host": host or "localhost",
         "port": int(port) if port and str(port).isdigit() else 5432,
-        "name": params.get("dbname") or params.get("user"),
+        "name": params.get("dbname") or params.get("user") or None,
     }
 
 
 def redact(url: str) -> str:
     """``url`` as it may be shown (status, logs): ``postgresql://host:port/name``."""
     where = describe(url)
-    return f"postgresql://{where['host']}:{where['port']}/{where['name']}"
+    if where["host"] is None:
+        return "postgresql://<unreadable>"
+    host = where["host"]
+    host = f"[{host}]" if ":" in host else host
+    name = "" if where["name"] is None else where["name"]
+    return f"postgresql://{host}:{where['port']}/{name}"
 
 
-def _require_driver() -> None:
+def _require_driver(where: str) -> None:
     if psycopg is None:
         raise OperationalError(
-            "A PostgreSQL log needs the psycopg driver, which is not installed.",
+            f"Cannot open the event log {where}: a PostgreSQL log needs the psycopg driver, "
+            "which is not installed.",
             suggested_action=f"Install the postgres extra: {_INSTALL}",
         )
 
@@ -220,9 +265,9 @@ class PostgresEventLog(EventLog):
     shared = True
 
     def __init__(self, url: str) -> None:
-        _require_driver()
         self.url = url
         self.where = redact(url)
+        _require_driver(self.where)
         self._write_lock = threading.Lock()
         self._read_lock = threading.Lock()
         self._closed = False
