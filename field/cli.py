@@ -799,7 +799,8 @@ def serve(config: Config) -> int:
         if config.log is None:
             logger.error("cannot open the event log in %s: %s", config.data_dir, exc.message)
         else:  # the message names the database, without credentials: say what to do
-            logger.error("%s %s", exc.message, exc.suggested_action or "")
+            stop = "" if exc.message.endswith((".", "?", "!")) else "."
+            logger.error("%s%s %s", exc.message, stop, exc.suggested_action or "")
         sock.close()
         return 2
     try:
