@@ -9,8 +9,11 @@ token and its place in the stream are kept in ``FIELD_AGENT_DIR``
     python examples/listener.py                   # until Ctrl-C
     python examples/listener.py --count 3         # stop after three notifications
 
-The Field's URL is the first argument, or ``FIELD_URL`` (default
-``http://127.0.0.1:8765``).
+It needs no operator token. A kept token the Field refuses (one another Field
+issued, or this one before its data was removed) stops it with what to do,
+as do an error response (the Field's message and suggested action) and a URL
+where no Field answers. The Field's URL is the first argument, or
+``FIELD_URL`` (default ``http://127.0.0.1:8765``).
 """
 
 from __future__ import annotations
@@ -19,9 +22,17 @@ import argparse
 import asyncio
 import contextlib
 import os
+import sys
 from pathlib import Path
 
-from field.client import AgentClient, FieldClient, Gap, NotificationGap
+from field.client import (
+    AgentClient,
+    FieldClient,
+    FieldClientError,
+    Gap,
+    NotificationGap,
+    StoredTokenRefused,
+)
 
 AGENTS = Path(os.environ.get("FIELD_AGENT_DIR", ".field-agents"))
 
@@ -74,8 +85,15 @@ def main() -> None:
     )
     parser.add_argument("--count", type=int, help="stop after this many notifications")
     arguments = parser.parse_args()
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(listen(arguments.url, arguments.count))
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(listen(arguments.url, arguments.count))
+    except StoredTokenRefused as error:  # a kept token: the message says what to do
+        sys.exit(str(error))
+    except FieldClientError as error:  # the Field's error response, and what it suggests
+        sys.exit(f"{error}\n{error.body.get('suggested_action', '')}".rstrip())
+    except ConnectionError as error:  # no Field at the URL
+        sys.exit(str(error))
 
 
 if __name__ == "__main__":

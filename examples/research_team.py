@@ -14,7 +14,10 @@ with an operator token and give the script the same one::
     FIELD_OPERATOR_TOKEN=change-me-to-a-long-secret field serve
     FIELD_OPERATOR_TOKEN=change-me-to-a-long-secret python examples/research_team.py
 
-The Field's URL is the first argument, or ``FIELD_URL`` (default
+Without ``FIELD_OPERATOR_TOKEN`` the script says so and stops; a token the
+Field refuses stops it with the Field's message and suggested action, before
+any agent is registered; a URL where no Field answers, with that. The Field's
+URL is the first argument, or ``FIELD_URL`` (default
 ``http://127.0.0.1:8765``).
 """
 
@@ -25,11 +28,23 @@ import os
 import sys
 from pathlib import Path
 
-from field.client import AgentClient, FieldClient, FieldClientError, Relation, Subscription
+from field.client import (
+    AgentClient,
+    FieldClient,
+    FieldClientError,
+    Relation,
+    StoredTokenRefused,
+    Subscription,
+)
 
 URL = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("FIELD_URL", "http://127.0.0.1:8765")
 AGENTS = Path(os.environ.get("FIELD_AGENT_DIR", ".field-agents"))
 OPERATOR_TOKEN = os.environ.get("FIELD_OPERATOR_TOKEN")
+NO_OPERATOR_TOKEN = """FIELD_OPERATOR_TOKEN is not set.
+The lead resolves conflicts with MERGE, which needs authority 6, which only the operator grants.
+Start the Field with an operator token, and run this script with the same one:
+    FIELD_OPERATOR_TOKEN=change-me-to-a-long-secret field serve
+    FIELD_OPERATOR_TOKEN=change-me-to-a-long-secret python examples/research_team.py"""
 
 
 async def lead_resolves(
@@ -56,9 +71,17 @@ async def lead_resolves(
                 return
 
 
-async def main() -> None:
+async def run(operator_token: str) -> None:
     async with FieldClient(URL) as field:
-        # registered on the first run; the same agents (their tokens kept 0600) on the next
+        # registered on the first run; the same agents (their tokens kept 0600) on the next.
+        # The lead first: a Field that refuses the operator token has registered no one.
+        lead = await field.connect(
+            "lead",
+            role="research_lead",
+            authority=6,
+            operator_token=operator_token,
+            token_file=AGENTS / "lead.token",
+        )
         researcher = await field.connect(
             "researcher",
             role="market_researcher",
@@ -70,13 +93,6 @@ async def main() -> None:
             role="financial_analyst",
             interests=["market size"],
             token_file=AGENTS / "analyst.token",
-        )
-        lead = await field.connect(
-            "lead",
-            role="research_lead",
-            authority=6,
-            operator_token=OPERATOR_TOKEN,
-            token_file=AGENTS / "lead.token",
         )
         print("agents:", "reused" if researcher.reused else "registered")
 
@@ -121,5 +137,18 @@ async def main() -> None:
         print(f"analyst: the Field now says: {best['content']}")
 
 
+def main() -> None:
+    if not OPERATOR_TOKEN:
+        sys.exit(NO_OPERATOR_TOKEN)
+    try:
+        asyncio.run(run(OPERATOR_TOKEN))
+    except StoredTokenRefused as error:  # a kept token: the message says what to do
+        sys.exit(str(error))
+    except FieldClientError as error:  # the Field's error response, and what it suggests
+        sys.exit(f"{error}\n{error.body.get('suggested_action', '')}".rstrip())
+    except ConnectionError as error:  # no Field at the URL
+        sys.exit(str(error))
+
+
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

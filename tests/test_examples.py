@@ -3,7 +3,9 @@
 Each test starts a real ``field serve`` (``server_process`` from conftest)
 and runs the scripts with the Field's URL as their argument, twice where a
 second run is the point (the agents and their subscriptions are the same, and
-nothing is handled twice). Output lines are the scripts' promises.
+nothing is handled twice). Output lines are the scripts' promises, and so is
+what they say when they stop: what is missing, or the Field's own words,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from field.client import FieldClient
+from field.client import FieldClient, FieldClientError
 
 from .conftest import ServerProcess
 
@@ -40,13 +42,21 @@ def field_process(server_process: SpawnServer, tmp_path: Path) -> ServerProcess:
     return server_process(tmp_path / "data", "--operator-token-file", str(token_file))
 
 
-def _env(agent_dir: Path) -> dict[str, str]:
-    return {
-        **os.environ,
-        "FIELD_AGENT_DIR": str(agent_dir),
-        "FIELD_OPERATOR_TOKEN": OPERATOR_TOKEN,
-        "PYTHONUNBUFFERED": "1",
-    }
+@pytest.fixture
+def plain_process(
+    server_process: SpawnServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> ServerProcess:
+    """``field serve`` as the README's "Run it" starts it: no operator token."""
+    monkeypatch.delenv("FIELD_OPERATOR_TOKEN", raising=False)
+    return server_process(tmp_path / "plain")
+
+
+def _env(agent_dir: Path, operator_token: str | None = OPERATOR_TOKEN) -> dict[str, str]:
+    env = {**os.environ, "FIELD_AGENT_DIR": str(agent_dir), "PYTHONUNBUFFERED": "1"}
+    env.pop("FIELD_OPERATOR_TOKEN", None)
+    if operator_token is not None:
+        env["FIELD_OPERATOR_TOKEN"] = operator_token
+    return env
 
 
 async def run(script: str, *args: str, agent_dir: Path) -> list[str]:
@@ -62,6 +72,37 @@ async def run(script: str, *args: str, agent_dir: Path) -> list[str]:
     out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
     assert process.returncode == 0, err.decode()
     return out.decode().splitlines()
+
+
+async def refused(
+    script: str, *args: str, agent_dir: Path, operator_token: str | None
+) -> tuple[str, str]:
+    """Run ``examples/<script>``, which must stop with status 1; its stdout and stderr."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(EXAMPLES / script),
+        *args,
+        env=_env(agent_dir, operator_token),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    assert process.returncode == 1, (out, err)
+    return out.decode(), err.decode()
+
+
+async def _refusal(url: str, operator_token: str, why: str) -> str:
+    """The Field's answer to a REGISTER at authority 6 with ``operator_token``, refused for
+    ``why`` (its ``details.operator_token``), as the scripts print it: the error, then its
+    suggested action."""
+    async with FieldClient(url) as field:
+        with pytest.raises(FieldClientError) as caught:
+            await field.register(
+                "probe", "research_lead", authority=6, operator_token=operator_token
+            )
+    body = caught.value.body
+    assert body["details"]["operator_token"] == why, body
+    return f"{caught.value.status} {body['code']}: {body['message']}\n{body['suggested_action']}\n"
 
 
 def _one(lines: list[str], pattern: str) -> re.Match[str]:
@@ -144,6 +185,97 @@ async def test_the_listener_prints_each_notification_once_across_its_restarts(
             ["memory.recorded", missed[0]],
             ["memory.recorded", missed[1]],
         ]
+
+
+async def test_the_research_team_says_what_is_missing_when_the_field_has_no_operator_token(
+    plain_process: ServerProcess, tmp_path: Path
+) -> None:
+    agents = tmp_path / "agents"
+    out, err = await refused(
+        "research_team.py", plain_process.url, agent_dir=agents, operator_token=None
+    )
+    assert out == ""
+    assert err.startswith("FIELD_OPERATOR_TOKEN is not set.\n"), err
+    assert "    FIELD_OPERATOR_TOKEN=change-me-to-a-long-secret field serve\n" in err
+
+    # the token given, to a Field started without one: the Field's own words, no traceback
+    out, err = await refused(
+        "research_team.py", plain_process.url, agent_dir=agents, operator_token=OPERATOR_TOKEN
+    )
+    assert out == ""
+    assert err == await _refusal(plain_process.url, OPERATOR_TOKEN, "not_configured")
+    assert err.startswith("403 INSUFFICIENT_AUTHORITY: "), err
+
+    # nothing was registered or kept: every id is free
+    assert not agents.exists() or not list(agents.iterdir())
+    async with FieldClient(plain_process.url) as field:
+        for agent_id in ("lead", "researcher", "analyst"):
+            await field.register(agent_id, "market_researcher")
+
+
+async def test_the_research_team_stops_with_the_fields_words_for_another_operator_token(
+    field_process: ServerProcess, tmp_path: Path
+) -> None:
+    wrong = "not-the-operator-token-0123"
+    out, err = await refused(
+        "research_team.py", field_process.url, agent_dir=tmp_path / "agents", operator_token=wrong
+    )
+    assert out == ""
+    assert err == await _refusal(field_process.url, wrong, "not_the_operators")
+    assert err.startswith("403 INSUFFICIENT_AUTHORITY: "), err
+
+
+async def test_the_listener_needs_no_operator_token_and_says_when_its_kept_token_is_refused(
+    plain_process: ServerProcess, server_process: SpawnServer, tmp_path: Path
+) -> None:
+    agents = tmp_path / "agents"
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(EXAMPLES / "listener.py"),
+        plain_process.url,
+        "--count",
+        "1",
+        env=_env(agents, operator_token=None),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert process.stdout is not None
+    ready = await asyncio.wait_for(process.stdout.readline(), TIMEOUT)
+    assert re.fullmatch(rb"listening: sub-\w+ \(new\)\n", ready), ready
+    async with FieldClient(plain_process.url) as field:
+        writer = await field.register("writer", "market_researcher", interests=["market size"])
+        await writer.record(
+            "finding", "The market size is 4bn.", purpose="size", confidence=0.8, reasoning="r"
+        )
+    out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    assert process.returncode == 0, err.decode()
+    assert out.decode().endswith("finding from writer: The market size is 4bn.\n"), out
+
+    # started over: another Field (its data removed) does not know the kept token
+    other = server_process(tmp_path / "other")
+    out_text, err_text = await refused(
+        "listener.py", other.url, agent_dir=agents, operator_token=None
+    )
+    assert out_text == ""
+    kept = agents / "listener.token"
+    assert err_text.startswith(
+        f"the token kept for agent 'listener' in {kept} was refused: 401 UNAUTHENTICATED: "
+    ), err_text
+    assert err_text.count("\n") == 1 and "Traceback" not in err_text, err_text
+    assert kept.exists()  # left where it was: it may be the only proof of the agent id
+
+
+@pytest.mark.parametrize("script", ["research_team.py", "listener.py"])
+async def test_the_examples_say_when_no_field_answers(
+    plain_process: ServerProcess, tmp_path: Path, script: str
+) -> None:
+    assert plain_process.stop() == 0  # the Field was there; nothing listens on its port now
+    out, err = await refused(
+        script, plain_process.url, agent_dir=tmp_path / "agents", operator_token=OPERATOR_TOKEN
+    )
+    assert out == ""
+    assert err.startswith(f"no Field at {plain_process.url}: connection refused"), err
+    assert err.count("\n") == 1, err
 
 
 def _token(path: Path) -> str:
