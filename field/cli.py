@@ -722,11 +722,14 @@ def uvicorn_config(
 
     HTTP is :class:`FieldHttpProtocol` (connection caps and deadlines, one guard
     for the server), whose ``idle_timeout`` replaces uvicorn's keep-alive timer.
+    The app is served behind :class:`~field.transports.access.AccessLog`: each request's
+    id, and with ``--access-log`` the Field's access lines (uvicorn's own are off).
     ``metrics`` (the app's) is given the guard's connection counts. ``log_config``
     None leaves logging as the caller set it up (``field serve``: :mod:`field.logs`).
     """
     import uvicorn
 
+    from .transports.access import AccessLog
     from .transports.connections import ConnectionGuard, FieldHttpProtocol
     from .transports.wsprotocol import FieldWebSocketProtocol
 
@@ -736,11 +739,12 @@ def uvicorn_config(
     if metrics is not None:
         metrics.guard = guard
     return uvicorn.Config(
-        app,
+        AccessLog(app, enabled=config.access_log),
+        interface="asgi3",  # AccessLog returns a coroutine; uvicorn cannot tell by looking
         log_level=config.log_level,
         log_config=log_config,
         lifespan="on",
-        access_log=config.access_log,
+        access_log=False,  # the Field logs each request itself (AccessLog)
         timeout_graceful_shutdown=10,
         backlog=LISTEN_BACKLOG,
         http=functools.partial(FieldHttpProtocol, guard=guard),  # type: ignore[arg-type]

@@ -189,7 +189,9 @@ class Config:
     metrics_token: str | None = field(default=None, repr=False)
     #: "text" (one line of text per record) or "json" (one JSON object per line).
     log_format: str = "text"
-    #: Log every request (uvicorn's access line) and every operation (``field.operation``).
+    #: Log every HTTP request in one line (its request id, agent, operation, status,
+    #: duration), every operation sent on a WebSocket, and each push connection's opening
+    #: and closing (:mod:`field.transports.access`).
     access_log: bool = False
     #: The event log in PostgreSQL (``postgresql://user@host/db``); None: SQLite in
     #: ``data_dir``. Kept out of repr: the URL may carry a password.

@@ -6,12 +6,24 @@ to write through one handler:
 * ``text`` (the default): ``<time> <LEVEL> <logger>: <message>``;
 * ``json``: one JSON object per line, with ``time`` (UTC, ISO 8601),
   ``level``, ``logger`` and ``event`` (the message), then what the record
-  knows among :data:`FIELDS`: the operation lines (``field.operation``,
-  ``--access-log``) carry ``transport``, ``operation``, ``status``,
-  ``outcome``, ``duration_ms``, ``agent`` and ``request_id`` (the envelope's
-  ``id``); uvicorn's access lines (``uvicorn.access``) ``client``,
-  ``method``, ``path`` and ``status``; a record with an exception its
-  ``exception``.
+  knows among :data:`FIELDS`, each a key of its own, and a record with an
+  exception its ``exception``.
+
+With ``--access-log`` (:mod:`field.transports.access`) each HTTP request has
+one line (``field.access``): ``request_id`` (the request's ``X-Request-Id``,
+or one the Field made, sent back in the response's), ``client``, ``method``,
+``path`` (with its query string, redacted), ``status``, ``duration_ms``,
+``transport``, and what the Field learned answering it: ``agent``,
+``operation``, ``outcome`` (``ok`` or the error code), ``message_id`` (the
+envelope's ``id``). A push connection (WebSocket, SSE stream, an MCP
+session's GET stream) has a line when it opens (``stream``: ``open``), and
+its last line (``closed``) has ``subscriptions``, ``close_code`` and
+``close_reason``. An operation sent on a WebSocket, or run for a RAP
+invocation, has a line of its own (``field.operation``) with ``transport``,
+``operation``, ``status``, ``outcome``, ``duration_ms``, ``agent``,
+``message_id`` and the ``request_id`` of its WebSocket or invocation.
+uvicorn's own access lines are off, and its INFO line for each WebSocket
+handshake is a DEBUG line.
 
 Every record is redacted as it is made (:mod:`field.redaction`); the JSON
 formatter redacts the extra fields too, which are set on a record after it
@@ -33,16 +45,22 @@ from .redaction import redact
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 #: The fields a JSON line takes from a record, when it has them.
 FIELDS = (
-    "transport",
-    "operation",
-    "status",
-    "outcome",
-    "duration_ms",
-    "agent",
     "request_id",
+    "client",
+    "method",
+    "path",
+    "status",
+    "duration_ms",
+    "transport",
+    "agent",
+    "operation",
+    "outcome",
+    "message_id",
+    "stream",
+    "subscriptions",
+    "close_code",
+    "close_reason",
 )
-#: uvicorn's access line: ``'%s - "%s %s HTTP/%s" %d'`` of these.
-_ACCESS_ARGS = ("client", "method", "path", "http_version", "status")
 
 
 class JsonFormatter(logging.Formatter):
@@ -55,9 +73,6 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
         }
-        args = record.args
-        if record.name == "uvicorn.access" and isinstance(args, tuple) and len(args) == 5:
-            line.update(zip(_ACCESS_ARGS, args, strict=True))
         values = record.__dict__
         for name in FIELDS:
             value = values.get(name)

@@ -17,7 +17,7 @@ uvicorn's and the libraries' included), and the line is kept:
 * so does the value of every query-string parameter whose name, percent-decoded
   as the server decodes it (``?tok%65n=`` authenticates as ``?token=``), holds
   ``token``, ``secret``, ``password``, ``auth``, ``key`` or ``sig``: in
-  uvicorn's access and WebSocket lines, and in a webhook URL;
+  the access log's paths, uvicorn's WebSocket lines, and a webhook URL;
 * an exception's text is rendered and redacted too.
 
 Patterns rather than known values: agent tokens are made at run time and a

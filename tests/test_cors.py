@@ -210,7 +210,7 @@ async def test_every_answer_to_an_allowed_origin_carries_cors(server_factory: St
                 assert answer.headers.get("access-control-allow-origin") == APP, what
                 assert "Origin" in answer.headers.get("vary", ""), what
             exposed = answers["over its rate"].headers[EXPOSED].lower()
-            assert {"retry-after", "www-authenticate"} <= set(exposed.split(", "))
+            assert {"retry-after", "www-authenticate", "x-request-id"} <= set(exposed.split(", "))
             assert "retry-after" in answers["over its rate"].headers
             other = await send(
                 http, "GET", f"{server.url}/v1/field/status", headers={"Origin": OTHER}

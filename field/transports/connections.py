@@ -29,7 +29,8 @@ protocol with four things added:
   already under way; either way the connection closes.
 
 Every answer of this module is the Field's error body with ``Connection:
-close``. A connection being closed first sends its answer and a FIN, then
+close`` and a new ``X-Request-Id`` (no request was read whole to take one
+from). A connection being closed first sends its answer and a FIN, then
 discards what the client still sends until the client closes, at most
 :data:`LINGER_SECONDS` (closing with unread input would reset the connection
 and could destroy the answer before the client reads it).
@@ -55,6 +56,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from ..errors import Code, FieldError, Overloaded
+from .access import id_header, new_request_id
 
 logger = logging.getLogger("field.connections")
 
@@ -225,7 +227,8 @@ class ConnectionGuard:
 def error_bytes(
     error: FieldError, default_headers: list[tuple[bytes, bytes]], *extra: tuple[bytes, bytes]
 ) -> bytes:
-    """A whole HTTP/1.1 response: ``error``'s status and body, then ``Connection: close``."""
+    """A whole HTTP/1.1 response: ``error``'s status and body, then ``Connection: close``,
+    and a new request id (the request was not read: :mod:`.access`)."""
     body = orjson.dumps(error.to_response())
     parts = [STATUS_LINE[error.http_status]]
     headers = (
@@ -233,6 +236,7 @@ def error_bytes(
         (b"content-type", b"application/json"),
         (b"content-length", str(len(body)).encode()),
         (b"connection", b"close"),
+        id_header(new_request_id()),
         *extra,
     )
     for name, value in headers:

@@ -49,10 +49,11 @@ from .hosts import AllowedHosts
 #: Methods a page may use (a preflight for another is refused).
 ALLOWED_METHODS = ("GET", "HEAD", "POST", "DELETE")
 #: Request headers a page may send beyond the safelisted ones: the token, the JSON body's
-#: media type (safelisted only for text/plain and forms), and EventSource's cursor.
-ALLOWED_HEADERS = ("Authorization", "Content-Type", "Last-Event-ID")
+#: media type (safelisted only for text/plain and forms), EventSource's cursor, and the
+#: request's id (:mod:`.access`).
+ALLOWED_HEADERS = ("Authorization", "Content-Type", "Last-Event-ID", "X-Request-Id")
 #: Response headers a page may read beyond the safelisted ones.
-EXPOSED_HEADERS = ("Retry-After", "WWW-Authenticate", "Allow")
+EXPOSED_HEADERS = ("Retry-After", "WWW-Authenticate", "Allow", "X-Request-Id")
 #: Seconds a browser may keep a preflight's answer.
 PREFLIGHT_MAX_AGE = 600
 #: An allowed origin that allows every origin.

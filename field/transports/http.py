@@ -62,6 +62,7 @@ from ..service import FieldService
 from ..snapshots import Snapshotter, snapshot_command
 from ..store import WEBHOOK_KEY_FILENAME, EventLog, open_log
 from ..store.keys import load_or_create_key
+from .access import access_of
 from .cors import cors_middleware, mcp_refusal, websocket_refusal
 from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
@@ -192,6 +193,7 @@ class HTTPBinding:
 
     async def operation(self, request: Request, operation: str) -> Response:
         started = time.perf_counter()
+        access = access_of(request.scope)
         body: Any = None
         try:
             token = bearer_token(request)
@@ -209,22 +211,26 @@ class HTTPBinding:
             )
         except FieldError as error:
             if self.observer is not None:
-                self.observer.operation("http", operation, started, error, body)
+                self.observer.operation("http", operation, started, error, body, access=access)
             return error_response(error, operation)
         except ClientDisconnect:
             # the client left before its body arrived: nothing ran, no one to answer
             return Response(status_code=400)
         if self.observer is not None:
-            self.observer.operation("http", operation, started, outcome, body)
+            self.observer.operation("http", operation, started, outcome, body, access=access)
         return json_response(absolute_urls(outcome.response, str(request.base_url).rstrip("/")))
 
     async def _read(
         self, request: Request, job: Callable[[Field, AgentRecord], dict[str, Any]]
     ) -> Response:
         token = bearer_token(request)
+        access = access_of(request.scope)
 
         def authenticated(field: Field) -> Outcome:
-            return Outcome(job(field, field.authenticate(token)))
+            agent = field.authenticate(token)
+            if access is not None:
+                access.agent = agent.id
+            return Outcome(job(field, agent))
 
         try:
             self.admit(token)

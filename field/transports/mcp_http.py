@@ -98,6 +98,7 @@ from ..errors import (
 from ..model import StoredEntry
 from ..tools import MCP_HTTP_TOOLS, SESSION_TOOLS, SUBSCRIPTION_FIELDS, definitions
 from . import mcp_resources as resources
+from .access import access_of
 from .connections import client_key
 from .http import HTTPBinding, bearer_token, error_response, read_body
 from .streaming import absolute_urls
@@ -175,6 +176,16 @@ class Caller:
     session: McpSession | None
     #: the Field's URL as the client reached it (SUBSCRIBE's ws_url and sse_url)
     base_url: str = ""
+
+
+def _tell_access(ctx: Any, name: str, body: dict[str, Any], failed: bool) -> None:
+    """Tell the access record of the request that carried a tool call what it ran."""
+    request = getattr(ctx, "request", None)
+    access = None if request is None else access_of(request.scope)
+    if access is not None:
+        tool = MCP_HTTP_TOOLS.get(name)
+        access.operation = None if tool is None else tool.operation
+        access.outcome = str(body.get("code")) if failed else "ok"
 
 
 def _caller(ctx: Any) -> Caller:
@@ -270,6 +281,9 @@ class McpHttpBinding:
     # -- the endpoint ------------------------------------------------------------------
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        access = access_of(scope)
+        if access is not None:
+            access.transport = "mcp"
         started = False
 
         async def watched(message: Message) -> None:
@@ -302,6 +316,9 @@ class McpHttpBinding:
         token = bearer_token(request)
         agent = self.http._service().field.authenticate(token)  # 401 without a valid token
         assert token is not None
+        access = access_of(scope)
+        if access is not None:
+            access.agent = agent.id
         session_id = request.headers.get(MCP_SESSION_ID_HEADER)
         version = request.headers.get(MCP_PROTOCOL_VERSION_HEADER)
         refusal = None if session_id is None else _version_refusal(version)
@@ -513,6 +530,7 @@ class McpHttpBinding:
 
         async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
             body, failed = await self.call(_caller(ctx), params.name, params.arguments or {})
+            _tell_access(ctx, params.name, body, failed)
             text = types.TextContent(type="text", text=orjson.dumps(body).decode())
             return types.CallToolResult(content=[text], is_error=failed)
 

@@ -73,10 +73,11 @@ from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from .push import PushCounts
 
 if TYPE_CHECKING:
+    from .access import Access
     from .connections import ConnectionGuard
     from .http import HTTPBinding
 
-access_logger = logging.getLogger("field.operation")
+operation_logger = logging.getLogger("field.operation")
 
 #: What a label value is when it is none of its set's.
 OTHER = "other"
@@ -262,7 +263,8 @@ def _type(content_type: str) -> dict[str, str]:
 
 class Observer:
     """What the transports tell of every operation they answer: counted (:class:`Metrics`)
-    and, with ``--access-log``, logged (logger ``field.operation``, one line each)."""
+    and, with ``--access-log``, logged: in the access line of the HTTP request it came in
+    (:class:`~.access.Access`), else in a line of its own (logger ``field.operation``)."""
 
     __slots__ = ("metrics", "access_log")
 
@@ -277,58 +279,61 @@ class Observer:
         started: float,
         result: Outcome | FieldError,
         body: Any = None,
+        *,
+        access: Access | None = None,
+        request_id: str | None = None,
     ) -> None:
-        """An operation that arrived at ``started`` (``time.perf_counter``) was answered."""
+        """An operation that arrived at ``started`` (``time.perf_counter``) was answered.
+
+        ``access``: the record of the HTTP request it was the whole of, whose access line
+        tells of it. Without one (an envelope on a WebSocket, a RAP invocation run once its
+        request was answered) it has a line of its own, naming ``request_id``: the id of
+        the request it came in (the WebSocket's handshake, the invocation)."""
         seconds = time.perf_counter() - started
         outcome = result.code if isinstance(result, FieldError) else OK
         if self.metrics is not None:
             self.metrics.operation(transport, operation, outcome, seconds)
-        if self.access_log:
-            _log_operation(transport, operation, outcome, seconds, result, body)
-
-
-def _log_operation(
-    transport: str,
-    operation: str | None,
-    outcome: str,
-    seconds: float,
-    result: Outcome | FieldError,
-    body: Any,
-) -> None:
-    status = result.http_status if isinstance(result, FieldError) else 200
-    agent = result.agent_id if isinstance(result, Outcome) else None
-    request_id = request_id_of(body)
-    access_logger.info(
-        "%s %s %d %s %.1f ms%s%s",
-        transport,
-        operation or "-",
-        status,
-        outcome,
-        seconds * 1000,
-        f" agent={agent}" if agent else "",
-        f" id={request_id}" if request_id else "",
-        extra={
-            "transport": transport,
-            "operation": operation,
-            "status": status,
-            "outcome": outcome,
-            "duration_ms": round(seconds * 1000, 3),
-            "agent": agent,
-            "request_id": request_id,
-        },
-    )
+        if not self.access_log:
+            return
+        agent = result.agent_id if isinstance(result, Outcome) else None
+        message_id = message_id_of(body)
+        if access is not None:
+            access.operated(operation, outcome, agent, message_id)
+            return
+        status = result.http_status if isinstance(result, FieldError) else 200
+        operation_logger.info(
+            "%s %s %d %s %.1f ms%s%s%s",
+            transport,
+            operation or "-",
+            status,
+            outcome,
+            seconds * 1000,
+            f" agent={agent}" if agent else "",
+            f" message_id={message_id}" if message_id else "",
+            f" request_id={request_id}" if request_id else "",
+            extra={
+                "transport": transport,
+                "operation": operation,
+                "status": status,
+                "outcome": outcome,
+                "duration_ms": round(seconds * 1000, 3),
+                "agent": agent,
+                "message_id": message_id,
+                "request_id": request_id,
+            },
+        )
 
 
 #: Longest envelope id shown in a log line.
-MAX_REQUEST_ID = 128
+MAX_MESSAGE_ID = 128
 
 
-def request_id_of(body: Any) -> str | None:
+def message_id_of(body: Any) -> str | None:
     """An envelope's ``id``, if it is one a log line may show: visible ASCII, bounded."""
     if not isinstance(body, dict):
         return None
     value = body.get("id")
-    if not isinstance(value, str) or not 0 < len(value) <= MAX_REQUEST_ID:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_MESSAGE_ID:
         return None
     return value if value.isascii() and value.isprintable() and " " not in value else None
 

@@ -64,6 +64,7 @@ from ..errors import (
 )
 from ..subscriptions.delivery import RapCall, Verdict, verdict
 from ..tools import RAP_TOOLS, SESSION_TOOLS, SUBSCRIPTION_FIELDS, definitions
+from .access import access_of
 from .egress import check_destination
 from .http import HTTPBinding, bearer_token, error_response, read_json
 
@@ -304,6 +305,7 @@ class RapBinding:
     async def invoke(self, request: Request) -> Response:
         """Check the invocation, answer 200, run it in a task (see the module docstring)."""
         operation = None
+        access = access_of(request.scope)
         try:
             token = bearer_token(request)
             service = self.http._service()
@@ -311,6 +313,8 @@ class RapBinding:
             self.http.admit(token)  # an invocation is one of the agent's operations
             call = parse_invocation(await read_json(request, self.limits))
             operation = call.operation
+            if access is not None:
+                access.agent, access.operation = agent.id, operation
             reason = await check_destination(service.field.egress, call.callback_url)
             if reason is not None:
                 raise InvalidPayload(
@@ -325,7 +329,8 @@ class RapBinding:
             return error_response(error, operation)
         except ClientDisconnect:
             return Response(status_code=400)
-        task = asyncio.get_running_loop().create_task(self._run(call, token, agent.id))
+        request_id = None if access is None else access.request_id
+        task = asyncio.get_running_loop().create_task(self._run(call, token, agent.id, request_id))
         self._running.add(task)
         task.add_done_callback(self._running.discard)
         return _json({"status": "accepted"})
@@ -366,7 +371,11 @@ class RapBinding:
 
     # -- running an invocation ---------------------------------------------------------
 
-    async def _run(self, call: Invocation, token: str | None, agent_id: str) -> None:
+    async def _run(
+        self, call: Invocation, token: str | None, agent_id: str, request_id: str | None = None
+    ) -> None:
+        """Run the invocation and answer it (``request_id``: its request's, which the
+        operation's line in the access log names)."""
         started = time.perf_counter()
         observer = self.http.observer
         try:
@@ -379,11 +388,11 @@ class RapBinding:
                 logger.exception("the RAP invocation of %s failed", call.tool)
             error = exc if isinstance(exc, FieldError) else internal_error(call.operation)
             if observer is not None:
-                observer.operation("rap", call.operation, started, error)
+                observer.operation("rap", call.operation, started, error, request_id=request_id)
             await self._answer(call, error.to_response(call.operation), agent_id, is_error=True)
             return
         if observer is not None:
-            observer.operation("rap", call.operation, started, outcome)
+            observer.operation("rap", call.operation, started, outcome, request_id=request_id)
         if call.operation != "SUBSCRIBE":  # a subscription's result is the engine's to send
             await self._answer(call, outcome.response, agent_id, is_error=False)
 

@@ -38,6 +38,7 @@ from ..core.context import Outcome
 from ..core.field import Field
 from ..errors import FieldError, internal_error
 from ..subscriptions.outbox import Frame, Outbox
+from .access import access_of
 from .push import SHUTDOWN, Connection, PushHub, count_notifications
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
@@ -90,6 +91,10 @@ async def sse_endpoint(
         outcome = await hub.service.execute(check)
     except FieldError as error:
         return error_response(error)
+    access = access_of(request.scope)
+    if access is not None:
+        access.agent, access.transport = outcome.response["agent_id"], "sse"
+        access.streams((subscription_id,))
     if request.method == "HEAD":  # what a GET would answer, and no stream (nothing to release)
         return _head
     try:
@@ -139,10 +144,16 @@ class HubEventStream:
         finally:
             departure.close()
             self.hub.disconnect(connection)
+            access = access_of(scope)
+            if access is not None:  # its access line says how it ended
+                access.ended(connection.ended or _ENDED)
 
 
 #: ``Connection.ended`` of a stream whose client went away (compared by identity).
 _GONE = (1000, "client closed")
+#: How a stream that ended with its subscription (an ``end`` event) closed, as its access
+#: line says.
+_ENDED = (1000, "stream ended")
 
 
 def _client_gone(connection: Connection) -> None:

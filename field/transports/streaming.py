@@ -32,6 +32,7 @@ from ..core.field import Field
 from ..errors import FieldError, internal_error
 from ..model import OPERATIONS
 from ..subscriptions.outbox import Frame
+from .access import access_of
 from .delivery import check_webhook
 from .documents import decode_document
 from .push import Connection, PushHub, count_notifications
@@ -92,13 +93,19 @@ async def ws_endpoint(scope: Scope, receive: Receive, send: Send, hub: PushHub) 
     _release_handshake(websocket)
     batched = BATCH_EXTENSION in scope.get("extensions", {})
     sender = asyncio.create_task(_ws_sender(websocket, hub, connection, send if batched else None))
+    access = access_of(scope)
     try:
-        for subscription_id in streamed(hub.field, agent_id, each):
+        subscriptions = streamed(hub.field, agent_id, each)
+        for subscription_id in subscriptions:
             hub.attach(connection, subscription_id, each.get(subscription_id, default))
-        del outcome, default, each  # this frame lives as long as the connection
+        if access is not None:
+            access.connected(agent_id, subscriptions)
+        # this frame lives as long as the connection
+        del outcome, default, each, subscriptions
         client = scope.get("client")
         host = client[0] if client else None
-        await _ws_reader(receive, hub, connection, token, base_http, host)
+        request_id = None if access is None else access.request_id
+        await _ws_reader(receive, hub, connection, token, base_http, host, request_id)
     except Exception:
         logger.exception("a WebSocket connection of %s failed", agent_id)
         hub.end(connection, 1011, "internal error", None)
@@ -153,8 +160,10 @@ async def _ws_reader(
     token: str | None,
     base_http: str,
     host: str | None,
+    request_id: str | None = None,
 ) -> None:
-    """Run each envelope the client sends; queue each response as a frame.
+    """Run each envelope the client sends; queue each response as a frame (``request_id``:
+    the WebSocket's, named by each operation's line in the access log).
 
     A stalled consumer (``field serve``'s protocol says so, :data:`STALL_EXTENSION`)
     is ended as one whose outbox overflowed: what is queued, ``overflow``, 4008.
@@ -173,7 +182,7 @@ async def _ws_reader(
         data = message.get("text")
         if data is None:
             data = message.get("bytes") or b""
-        msg_id, status, body = await _run_envelope(hub, data, token, base_http, host)
+        msg_id, status, body = await _run_envelope(hub, data, token, base_http, host, request_id)
         frame = orjson.dumps({"type": "response", "id": msg_id, "status": status, "body": body})
         if not connection.outbox.put(Frame(frame, "response")):
             hub.overflow(connection)
@@ -181,7 +190,12 @@ async def _ws_reader(
 
 
 async def _run_envelope(
-    hub: PushHub, message: str | bytes, token: str | None, base_http: str, host: str | None = None
+    hub: PushHub,
+    message: str | bytes,
+    token: str | None,
+    base_http: str,
+    host: str | None = None,
+    request_id: str | None = None,
 ) -> tuple[Any, int, dict[str, Any]]:
     started = time.perf_counter()
     msg_id = None
@@ -202,16 +216,22 @@ async def _run_envelope(
         )
     except FieldError as error:
         if hub.observer is not None:
-            hub.observer.operation("websocket", operation, started, error, body)
+            hub.observer.operation(
+                "websocket", operation, started, error, body, request_id=request_id
+            )
         return msg_id, error.http_status, error.to_response()
     except Exception:
         logger.exception("a WebSocket request failed")
         failure = internal_error()
         if hub.observer is not None:
-            hub.observer.operation("websocket", operation, started, failure, body)
+            hub.observer.operation(
+                "websocket", operation, started, failure, body, request_id=request_id
+            )
         return msg_id, failure.http_status, failure.to_response()
     if hub.observer is not None:
-        hub.observer.operation("websocket", operation, started, outcome, body)
+        hub.observer.operation(
+            "websocket", operation, started, outcome, body, request_id=request_id
+        )
     return msg_id, 200, absolute_urls(outcome.response, base_http)
 
 

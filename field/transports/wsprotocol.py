@@ -20,7 +20,10 @@ closing:
   ``extensions``, as ASGI extensions are; an application that finds it
   missing (another server) sends frame by frame;
 * a handshake websockets refuses is answered with the Field's error body
-  (``400 INVALID_HANDSHAKE``) instead of plain text (:class:`FieldServerProtocol`);
+  (``400 INVALID_HANDSHAKE``) and an ``X-Request-Id`` instead of plain text
+  (:class:`FieldServerProtocol`);
+* uvicorn's INFO line for each handshake (accepted, refused) is a DEBUG line: the
+  access log tells of each WebSocket, its agent and how it closed (:mod:`.access`);
 * the connection's place in the server's connection counts
   (:class:`~field.transports.connections.Admission`), handed over by the HTTP
   protocol at the upgrade, is given back when the connection closes;
@@ -71,6 +74,7 @@ from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 
 from ..errors import Code, FieldError
+from .access import REQUEST_ID_HEADER, new_request_id, sane_or_new
 
 if TYPE_CHECKING:
     from .connections import Admission
@@ -183,6 +187,23 @@ class Flag:
 MAX_REASON_CHARS = 200
 
 
+class _Demoted(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """A logger whose ``info`` lines are ``debug`` lines."""
+
+    def info(self, msg: object, *args: Any, **kwargs: Any) -> None:
+        self.debug(msg, *args, **kwargs)
+
+    @property
+    def level(self) -> int:  # uvicorn compares it with its TRACE level
+        return int(self.logger.level)
+
+
+#: uvicorn's logger for its WebSocket protocol, whose INFO lines (a handshake accepted,
+#: refused or answered with a status) are DEBUG lines: the access log tells of each
+#: WebSocket, with its agent, how it closed and its request id (``--access-log``).
+_HANDSHAKES = _Demoted(logging.getLogger("uvicorn.error"))
+
+
 #: The header of an unmasked, final text frame (RFC 6455 5.2) of each length under 126.
 _SHORT_TEXT_HEADERS = [bytes((0x81, length)) for length in range(126)]
 
@@ -210,12 +231,15 @@ class FieldServerProtocol(ServerProtocol):
         response = super().accept(request)
         if response.status_code == 101:
             return response
-        return handshake_refusal(response)
+        given = request.headers.get_all(REQUEST_ID_HEADER)  # str, bytes surrogate-escaped
+        value = given[0].encode("utf-8", "surrogateescape") if given else None
+        return handshake_refusal(response, sane_or_new(value))
 
 
-def handshake_refusal(refusal: Response) -> Response:
+def handshake_refusal(refusal: Response, request_id: str | None = None) -> Response:
     """``400 INVALID_HANDSHAKE`` with the error body, saying what websockets found wrong,
-    and ``Sec-WebSocket-Version: 13``, the one version the Field speaks (RFC 6455 4.4)."""
+    and ``Sec-WebSocket-Version: 13``, the one version the Field speaks (RFC 6455 4.4);
+    ``X-Request-Id``: ``request_id``, or a new one."""
     text = refusal.body.decode("utf-8", "replace").partition("\n")[0]
     reason = text.removeprefix("Failed to open a WebSocket connection: ").rstrip(".")
     if len(reason) > MAX_REASON_CHARS:
@@ -234,6 +258,7 @@ def handshake_refusal(refusal: Response) -> Response:
             ("Content-Length", str(len(body))),
             ("Content-Type", "application/json"),
             ("Sec-WebSocket-Version", "13"),
+            (REQUEST_ID_HEADER, request_id or new_request_id()),
         ]
     )
     return Response(error.http_status, "Bad Request", headers, body)
@@ -252,6 +277,7 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.logger = _HANDSHAKES  # type: ignore[assignment]
         self.queue = Inbox()
         self.writable = Flag(True)  # type: ignore[assignment]
         # the same object, refusing handshakes in the Field's words (it adds no state)
