@@ -228,7 +228,9 @@ async def test_an_agent_connected_to_one_node_is_live_on_every_node(
     """Liveness counts connections on every node: an agent holding a stream to node b
     only is not failed by node a (which decides, its id being the smaller), however long
     it stays silent; once its stream closes, it is failed after its grace."""
-    quick = ("--heartbeat-timeout", "3", "--failure-grace", "1", "--cluster-interval", "0.2")
+    # a node is live while it flushed within five intervals (2.5 s): a busy machine may delay
+    # a flush by a second without node a taking node b, and held's stream, for dead
+    quick = ("--heartbeat-timeout", "3", "--failure-grace", "1", "--cluster-interval", "0.5")
     first = server_process(tmp_path / "a", "--log", database, "--node-id", "a", *quick)
     second = server_process(tmp_path / "b", "--log", database, "--node-id", "b", *quick)
     async with FieldClient(first.url) as one, FieldClient(second.url) as two:
