@@ -27,9 +27,12 @@ the agent is not failed for it. Activity is what the agent does: a request
 connection open is not (a listener with nothing to do lets its timed
 subscriptions expire, as a hibernating one does).
 
-What was last heard is not logged: after a restart every live agent gets
-a fresh ``heartbeat_timeout`` (and subscription timeout) from the moment
-the server started.
+What was last heard is not logged: an agent this node has not heard from
+counts as heard from when this node first knew of it (at start-up, or at the
+first check after the agent registered, on this node or another). So
+after a restart every live agent gets a fresh ``heartbeat_timeout`` (and
+subscription timeout), and an agent that registered on another node gets a
+whole one before this node may fail it, whatever that node has yet shared.
 
 **Several nodes.** When several processes serve one Field (a PostgreSQL
 log), an agent may hold its connection on one node and send its requests
@@ -103,6 +106,10 @@ class Liveness:
         self._clock = clock or asyncio.get_running_loop().time
         self._started = self._clock()
         self._heard: dict[str, float] = {}
+        #: when this node first knew of each agent it has not heard from (see above): the
+        #: agents of the first check were known from the start
+        self._known: dict[str, float] = {}
+        self._checked = False
         self._dropped: dict[str, float] = {}
         self._connections: Counter[str] = Counter()
         self._task: asyncio.Task[None] | None = None
@@ -180,16 +187,21 @@ class Liveness:
         for agent_id, agent in self.service.field.state.agents.items():
             if agent.status == "failed" or agent_id in self._connections:
                 continue
+            if agent_id not in self._heard:
+                self._known.setdefault(agent_id, now if self._checked else self._started)
             reason = self.failure(agent_id, now)
             if reason is not None:
                 found.append((agent_id, reason))
+        self._checked = True
         return found
 
     def presence_of(self, agent_id: str, now: float) -> tuple[bool, float, float | None]:
         """Whether ``agent_id`` holds a push connection (on any node), when it was last
         heard from and when its last connection closed (None: never), in this monitor's
         clock: the latest of this node's and the other nodes'."""
-        heard = self._heard.get(agent_id, self._started)
+        heard = self._heard.get(agent_id)
+        if heard is None:
+            heard = self._known.get(agent_id, self._started)
         dropped = self._dropped.get(agent_id)
         connected = agent_id in self._connections
         if self.remote is None:
@@ -306,6 +318,8 @@ class Liveness:
     def forget_departed(self) -> None:
         """Drop what is known of agents no longer registered: the tables stay bounded."""
         agents = self.service.field.state.agents
+        for agent_id in [a for a in self._known if a not in agents]:
+            del self._known[agent_id]
         for table in (self._heard, self._dropped):
             for agent_id in [a for a in table if a not in agents]:
                 del table[agent_id]

@@ -263,3 +263,47 @@ async def test_the_monitors_jobs_are_admitted_while_requests_are_shed(
     await liveness._fail_silent()
     failed = {a: r.status for a, r in service.field.state.agents.items()}
     assert failed == {"alice": "failed", "bob": "failed"}
+
+
+class Elsewhere:
+    """Another node's presence as this one has read it so far: nothing yet."""
+
+    def presence(self, agent_id: str) -> tuple[int, float | None, float | None]:
+        return 0, None, None
+
+    def decides(self) -> bool:
+        return True
+
+
+async def test_an_agent_registered_elsewhere_gets_a_whole_heartbeat_timeout(
+    service: FieldService,
+) -> None:
+    """A node up for longer than heartbeat_timeout learns from the log of an agent that
+    registered on another node before it has read that node's presence: the agent counts
+    as heard from when this node first knew of it, not when this node started."""
+    clock = Clock()
+    liveness = Liveness(
+        service, failure_grace=1, heartbeat_timeout=3, clock=clock, remote=Elsewhere()
+    )
+    liveness.seen("alice")
+    liveness.seen("bob")
+    clock.now += 10  # this node has been up for a while, checking
+    liveness.seen("alice")
+    assert [a for a, _ in liveness.due()] == ["bob"]
+    envelope = {
+        "protocol": "akashik",
+        "version": "0.1.0",
+        "id": "msg-carol",
+        "operation": "REGISTER",
+        "agent_id": "carol",
+        "session_id": None,
+        "epoch": 0,
+        "payload": {"id": "carol", "role": "analyst"},
+    }
+    await service.execute(lambda field: field.handle(envelope, token=None))  # "elsewhere"
+    assert [a for a, _ in liveness.due()] == ["bob"]  # not carol, new to this node
+    clock.now += 2.9
+    assert [a for a, _ in liveness.due()] == ["bob"]
+    liveness.seen("alice")
+    clock.now += 0.1
+    assert [a for a, _ in liveness.due()] == ["bob", "carol"]
