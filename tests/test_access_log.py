@@ -258,6 +258,7 @@ async def test_without_the_access_log_nothing_is_logged_per_request_or_connectio
     for logger in ("field.access", "field.operation", "uvicorn.access"):
         assert f" {logger}: " not in log, logger
     assert '"WebSocket /v1/ws' not in log  # uvicorn's INFO line for each handshake
+    assert "connection open" not in log  # and websockets' for each one opened
 
 
 # -- the request id in every answer --------------------------------------------------

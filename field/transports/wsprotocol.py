@@ -282,6 +282,7 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
         self.writable = Flag(True)  # type: ignore[assignment]
         # the same object, refusing handshakes in the Field's words (it adds no state)
         self.conn.__class__ = FieldServerProtocol
+        self.conn.logger = _HANDSHAKES  # websockets' "connection open" too
 
     def connection_lost(self, exc: Exception | None) -> None:
         try:
