@@ -741,7 +741,8 @@ def uvicorn_config(
     return uvicorn.Config(
         AccessLog(app, enabled=config.access_log),
         interface="asgi3",  # AccessLog returns a coroutine; uvicorn cannot tell by looking
-        log_level=config.log_level,
+        # with the caller's logging (log_config None), the levels are the caller's too
+        log_level=config.log_level if log_config is not None else None,
         log_config=log_config,
         lifespan="on",
         access_log=False,  # the Field logs each request itself (AccessLog)

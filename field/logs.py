@@ -108,8 +108,11 @@ def logging_config(level: str, log_format: str) -> dict[str, Any]:
         "root": {"level": level.upper(), "handlers": ["stderr"]},
         # uvicorn's own configuration gives its loggers handlers of their own: not here
         "loggers": {
-            **{name: dict(inherit) for name in ("uvicorn", "uvicorn.error", "uvicorn.access")},
+            **{name: dict(inherit) for name in ("uvicorn", "uvicorn.access")},
             **{name: {"level": _quieter(level)} for name in QUIET_LOGGERS},
+            # its errors stay; its notes of starting and stopping, which the Field's own
+            # lines say better ("Field ready at ...", "... stopped; log closed"), do not
+            "uvicorn.error": {**inherit, "level": _quieter(level)},
         },
     }
 

@@ -907,7 +907,9 @@ class DeliveryEngine:
             stored = record["created_position"] <= state.last_position
             if record["state"] != "ended" and stored and subscription_id not in self.sinks:
                 self._add(subscription_id, record)
-        logger.info("this node sends the Field's deliveries: %d resumed", len(self.sinks))
+        # worth a line when there is something to resume (a lease taken is the cluster's line)
+        level = logging.INFO if self.sinks else logging.DEBUG
+        logger.log(level, "this node sends the Field's deliveries: %d resumed", len(self.sinks))
 
     def disown(self) -> None:
         """Stop every sink at once: another node sends from now on. Acknowledgements
