@@ -282,15 +282,39 @@ def _token(path: Path) -> str:
     return str(orjson.loads(path.read_bytes())["token"])
 
 
-async def test_the_readme_program_runs_as_often_as_you_like(
-    field_process: ServerProcess, tmp_path: Path
-) -> None:
+def _readme_program(tmp_path: Path) -> Path:
+    """The README's program (``team.py``), written to ``tmp_path``."""
     readme = (EXAMPLES.parent / "README.md").read_text()
     section = readme[readme.index("## Writing an agent in Python") :]
     match = re.search(r"```python\n(.*?)```", section, re.S)
     assert match, "no Python program in the section"
     script = tmp_path / "team.py"
     script.write_text(match.group(1))
+    return script
+
+
+async def test_the_readme_program_says_what_it_needs_without_an_operator_token(
+    plain_process: ServerProcess, tmp_path: Path
+) -> None:
+    """Run as "Run it" starts the Field, without FIELD_OPERATOR_TOKEN: a sentence saying
+    what to set and why, status 1, no traceback, and nothing registered."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        str(_readme_program(tmp_path)),
+        env={**_env(tmp_path / "agents", None), "FIELD_URL": plain_process.url},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(process.communicate(), TIMEOUT)
+    assert process.returncode == 1 and out == b""
+    assert err.decode().startswith("FIELD_OPERATOR_TOKEN is not set: the lead's MERGE needs")
+    assert b"Traceback" not in err and not (tmp_path / "agents").exists()
+
+
+async def test_the_readme_program_runs_as_often_as_you_like(
+    field_process: ServerProcess, tmp_path: Path
+) -> None:
+    script = _readme_program(tmp_path)
     agents = tmp_path / "agents"
     for _ in range(2):
         process = await asyncio.create_subprocess_exec(
