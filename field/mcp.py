@@ -16,7 +16,9 @@ Three parts, outermost last:
 - :class:`Bridge`: holds each agent's token and the polling cursors, turns
   tool arguments into operations and every outcome into a
   :class:`ToolOutcome`: the response payload, or the spec error body
-  (code, message, operation, recoverable, suggested_action).
+  (code, message, operation, recoverable, suggested_action). A tool it does
+  not have is no outcome but :class:`UnknownTool`, which the MCP server
+  answers as MCP says: a protocol error (JSON-RPC ``-32602``), not a result.
 - :func:`build_server` and :func:`serve_stdio`: the MCP protocol, from the
   ``mcp`` package (an optional dependency: ``pip install 'akashik-field[mcp]'``).
 
@@ -46,7 +48,15 @@ from . import __version__
 from .client import AgentClient, FieldClient, FieldClientError
 from .tools import SESSION_TOOLS, TOOLS, definitions
 
-__all__ = ["TOOLS", "Bridge", "ToolOutcome", "build_server", "serve_stdio", "tool_definitions"]
+__all__ = [
+    "TOOLS",
+    "Bridge",
+    "ToolOutcome",
+    "UnknownTool",
+    "build_server",
+    "serve_stdio",
+    "tool_definitions",
+]
 
 logger = logging.getLogger("field.mcp")
 
@@ -98,6 +108,24 @@ def _error(
     return ToolOutcome(body, is_error=True)
 
 
+class UnknownTool(LookupError):
+    """A call of a tool this server does not have. MCP makes it a protocol error (a
+    JSON-RPC error, ``-32602``, naming the tool), not a tool result: ``body`` is its
+    ``data``, the spec error body (``NOT_FOUND``, and the tools there are)."""
+
+    def __init__(self, name: str) -> None:
+        message = f"Unknown tool: {name[:64]}"
+        super().__init__(message)
+        self.message = message
+        self.body = _error(
+            "NOT_FOUND",
+            message,
+            operation=None,
+            recoverable=False,
+            suggested_action="Call one of: " + ", ".join(TOOLS),
+        ).body
+
+
 class _ToolError(Exception):
     """A call refused by the bridge itself, before reaching the Field."""
 
@@ -129,16 +157,11 @@ class Bridge:
         return agent
 
     async def call(self, name: str, arguments: Mapping[str, Any] | None) -> ToolOutcome:
-        """Run one tool call; never raises for a bad call or an unreachable Field."""
+        """Run one tool call; never raises for bad arguments or an unreachable Field (those
+        are error outcomes), only :class:`UnknownTool` for a tool this server lacks."""
         tool = TOOLS.get(name)
         if tool is None:
-            return _error(
-                "NOT_FOUND",
-                f"no tool named {name!r}",
-                operation=None,
-                recoverable=False,
-                suggested_action="Call one of: " + ", ".join(TOOLS),
-            )
+            raise UnknownTool(name)
         outcome = await self._call(name, tool.operation, dict(arguments or {}))
         logger.debug(
             "%s: %s", name, outcome.body.get("code", "error") if outcome.is_error else "ok"
@@ -269,10 +292,13 @@ def build_server(bridge: Bridge) -> Any:
 
     The low-level server does not check tool arguments against their input
     schemas: the Field does, so a bad call gets the Field's error code and
-    suggested action.
+    suggested action, as a tool result with ``isError`` (MCP 2025-11-25: the
+    model reads it and corrects the call). A tool that does not exist is a
+    JSON-RPC error, ``-32602`` (Invalid params), as MCP says.
     """
     from mcp import types
     from mcp.server.lowlevel import Server
+    from mcp.shared.exceptions import MCPError
 
     tools = [
         types.Tool(name=name, description=d["description"], input_schema=d["inputSchema"])
@@ -283,7 +309,10 @@ def build_server(bridge: Bridge) -> Any:
         return types.ListToolsResult(tools=tools)
 
     async def call_tool(_: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
-        outcome = await bridge.call(params.name, params.arguments)
+        try:
+            outcome = await bridge.call(params.name, params.arguments)
+        except UnknownTool as unknown:
+            raise MCPError(types.INVALID_PARAMS, unknown.message, unknown.body) from None
         text = types.TextContent(type="text", text=outcome.text)
         return types.CallToolResult(content=[text], is_error=outcome.is_error)
 

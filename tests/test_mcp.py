@@ -28,6 +28,7 @@ import pytest
 import pytest_asyncio
 from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
+from mcp.shared.exceptions import MCPError
 
 from field.cli import main
 from field.client import FieldClient
@@ -225,7 +226,23 @@ async def test_errors_carry_the_spec_error_body(mcp: McpClient) -> None:
         resolution={"rationale": "mine"},
     )
     assert missing["recoverable"] is False
-    await mcp.error("akashik_nope", "NOT_FOUND")
+
+
+async def test_an_unknown_tool_is_a_protocol_error(mcp: McpClient) -> None:
+    """MCP 2025-11-25: a tool that does not exist is a JSON-RPC error, -32602 (Invalid
+    params), naming it; a tool that exists refuses bad arguments in its result (isError)."""
+    await mcp.register("iris", "analyst")
+    for name in ("akashik_nope", "akashik_subscribe"):  # /mcp has the second one
+        with pytest.raises(MCPError) as unknown:
+            await asyncio.wait_for(mcp.session.call_tool(name, {"agent_id": "iris"}), HANG_GUARD)
+        assert unknown.value.code == types.INVALID_PARAMS == -32602
+        assert unknown.value.message == f"Unknown tool: {name}"
+        body = unknown.value.data
+        assert_valid("error", body)
+        assert body["code"] == "NOT_FOUND" and "akashik_register" in body["suggested_action"]
+    bad = await mcp.error("akashik_attune", "INVALID_PAYLOAD", agent_id="iris", scope="all of it")
+    assert bad["operation"] == "ATTUNE"
+    await mcp.record("iris", "Still here.")  # the session goes on
 
 
 async def test_merge_and_replay_through_the_tools(mcp: McpClient) -> None:

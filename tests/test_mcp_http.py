@@ -203,9 +203,35 @@ async def test_a_failed_call_is_the_fields_error_body(
         assert failed and body["code"] == "FORBIDDEN" and "t-bo" in body["message"]
         failed, same = await call(session, "akashik_attune", agent_id="t-bo")  # its own: fine
         assert not failed and same["status"] == "ok"
-        failed, body = await call(session, "akashik_register", id="x", role="y")
-        assert failed and body["code"] == "NOT_FOUND"
-        assert_valid("error", body)
+
+
+async def test_an_unknown_tool_is_a_protocol_error(field: ServerProcess, http: FieldClient) -> None:
+    """MCP 2025-11-25: a tool that does not exist is a JSON-RPC error, -32602 (Invalid
+    params), naming it; a tool that exists refuses bad arguments in its result (isError)."""
+    (uma,) = await register(http, "t-uma")
+    async with mcp_session(field.url, uma.token) as session:
+        for name in ("akashik_register", "akashik_nope"):  # field mcp has the first one
+            with pytest.raises(MCPError) as unknown:
+                await asyncio.wait_for(session.call_tool(name, {"id": "x"}), HANG_GUARD)
+            assert unknown.value.code == types.INVALID_PARAMS == -32602
+            assert unknown.value.message == f"Unknown tool: {name}"
+            body = unknown.value.data
+            assert_valid("error", body)
+            assert body["code"] == "NOT_FOUND" and "akashik_subscribe" in body["suggested_action"]
+        failed, body = await call(session, "akashik_attune", scope="all of it")
+        assert failed and body["code"] == "INVALID_PAYLOAD" and body["operation"] == "ATTUNE"
+        failed, body = await call(session, "akashik_record", **finding("Still here."))
+        assert not failed and body["status"] == "accepted"  # the session goes on
+    headers = {
+        "Authorization": f"Bearer {uma.token}",
+        "Content-Type": "application/json",
+        "Accept": ACCEPT,
+    }
+    status, answer, _ = await post(field.url, tools_call("akashik_nope"), headers)  # stateless
+    assert status == 200 and "result" not in answer
+    assert answer["id"] == 7 and answer["error"]["code"] == -32602
+    assert answer["error"]["message"] == "Unknown tool: akashik_nope"
+    assert answer["error"]["data"]["code"] == "NOT_FOUND"
 
 
 async def test_polls_and_the_default_session_are_kept_per_mcp_session(

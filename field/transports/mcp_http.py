@@ -39,7 +39,8 @@ recoverable, suggested_action) with the HTTP status of the code: a missing
 or bad token (401 and ``WWW-Authenticate: Bearer``), a body past
 ``--max-body-bytes`` (413), an unknown session (404), no room for another
 session (503, or 429 for the agent or the client address). What is wrong
-with the MCP messages themselves is MCP's to answer, as JSON-RPC errors; a
+with the MCP messages themselves is MCP's to answer, as JSON-RPC errors, and
+so is a call of a tool that does not exist (``-32602``, naming it); a
 failed tool call is a tool result with ``isError`` and the Field's error
 body; a failed resource read is a JSON-RPC error whose message starts with
 the Field's code and whose ``data`` is its error body.
@@ -529,6 +530,10 @@ class McpHttpBinding:
             return types.ListToolsResult(tools=tools)
 
         async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> Any:
+            if params.name not in MCP_HTTP_TOOLS:
+                unknown = _unknown_tool(params.name)
+                _tell_access(ctx, params.name, unknown.data, True)
+                raise unknown
             body, failed = await self.call(_caller(ctx), params.name, params.arguments or {})
             _tell_access(ctx, params.name, body, failed)
             text = types.TextContent(type="text", text=orjson.dumps(body).decode())
@@ -574,16 +579,11 @@ class McpHttpBinding:
     async def call(
         self, caller: Caller, name: str, arguments: dict[str, Any]
     ) -> tuple[dict[str, Any], bool]:
-        """Run one tool call as ``caller``: (the response, False) or (the error body, True)."""
-        tool = MCP_HTTP_TOOLS.get(name)
-        operation = None if tool is None else tool.operation
+        """Run one tool call as ``caller``: (the response, False) or (the error body, True).
+        ``name`` is one of the tools (another is MCP's protocol error: :func:`_unknown_tool`)."""
+        operation = MCP_HTTP_TOOLS[name].operation
         try:
-            if tool is None:
-                raise NotFound(
-                    f"no tool named {name[:64]!r}",
-                    suggested_action="Call one of: " + ", ".join(MCP_HTTP_TOOLS),
-                )
-            response = await self._run_tool(caller, name, tool.operation, dict(arguments))
+            response = await self._run_tool(caller, name, operation, dict(arguments))
         except FieldError as error:
             return error.to_response(operation), True
         except Exception:
@@ -906,6 +906,16 @@ def _not_allowed(method: str, why: str = "") -> FieldError:
         "need the Mcp-Session-Id that initialize answered.",
     )
     return error
+
+
+def _unknown_tool(name: str) -> MCPError:
+    """A call of a tool the session does not have: MCP's protocol error (``-32602``, Invalid
+    params, naming the tool), not a tool result; its data is the Field's error body."""
+    error = NotFound(
+        f"Unknown tool: {name[:64]}",
+        suggested_action="Call one of: " + ", ".join(MCP_HTTP_TOOLS),
+    )
+    return MCPError(types.INVALID_PARAMS, error.message, error.to_response())
 
 
 async def _mcp_errors(work: Awaitable[Any]) -> Any:
