@@ -127,9 +127,29 @@ def test_the_schemas_are_the_files_with_their_references_rewritten(
 def test_no_reference_leaves_the_document(document: dict[str, Any]) -> None:
     refs = list(_refs(document))
     assert refs, "the document refers to its schemas"
-    outside = [ref for ref in refs if not ref.startswith(COMPONENTS)]
+    headers = "#/components/headers/"
+    outside = [ref for ref in refs if not ref.startswith((COMPONENTS, headers))]
     assert not outside
+    for ref in {ref for ref in refs if ref.startswith(headers)}:
+        assert ref.removeprefix(headers) in document["components"]["headers"], ref
     assert URN_PREFIX not in json.dumps(document)
+
+
+def test_every_answer_declares_its_request_id(document: dict[str, Any]) -> None:
+    """Every response of every endpoint, errors and refusals included, carries X-Request-Id
+    (the access log's id: protocol/README.md, HTTP binding)."""
+    responses = [
+        (path, method, status, response)
+        for path, operations in document["paths"].items()
+        for method, operation in operations.items()
+        for status, response in operation["responses"].items()
+    ]
+    assert len(responses) > 100
+    for path, method, status, response in responses:
+        header = response.get("headers", {}).get("X-Request-Id")
+        assert header == {"$ref": "#/components/headers/RequestId"}, (path, method, status)
+    request_id = document["components"]["headers"]["RequestId"]
+    assert request_id["schema"] == {"type": "string", "minLength": 1, "maxLength": 128}
 
 
 def test_each_operation_takes_its_envelope_and_answers_its_response(

@@ -863,6 +863,21 @@ def _error_responses(codes: Iterable[str]) -> dict[str, Any]:
     return responses
 
 
+#: The header every answer carries (field/transports/access.py), whatever its status.
+_REQUEST_ID = {
+    "description": "The request's id: the request's own `X-Request-Id` if it is 1 to 128 "
+    "token characters (RFC 9110) or `/:=@`, else 32 hex digits the Field makes. With "
+    "`--access-log`, the request's log line names it.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 128},
+}
+
+
+def _with_request_id(response: dict[str, Any]) -> dict[str, Any]:
+    """``response`` (a copy) with the ``X-Request-Id`` header every answer carries."""
+    request_id = {"$ref": "#/components/headers/RequestId"}
+    return {**response, "headers": {**response.get("headers", {}), "X-Request-Id": request_id}}
+
+
 def _body(schema: str | dict[str, Any]) -> dict[str, Any]:
     return ref(schema) if isinstance(schema, str) else as_component(schema)
 
@@ -902,7 +917,7 @@ def _operation_object(endpoint: Endpoint) -> dict[str, Any]:
             "required": True,
             "content": {"application/json": {"schema": _body(endpoint.request)}},
         }
-    doc["responses"] = responses
+    doc["responses"] = {status: _with_request_id(r) for status, r in responses.items()}
     return doc | endpoint.extra
 
 
@@ -974,6 +989,7 @@ def build_document(
         "components": {
             "schemas": components(copy.deepcopy(schemas) if schemas else load_schemas()),
             "securitySchemes": _SECURITY_SCHEMES,
+            "headers": {"RequestId": _REQUEST_ID},
         },
     }
 
