@@ -154,6 +154,7 @@ async def test_each_request_has_one_line_with_its_request_id(
     assert line["message_id"] == "msg-2" and line["status"] == 200
     line = only(access, request_id="bad-3")
     assert (line["status"], line["operation"], line["outcome"]) == (400, "RECORD", "INVALID_JSON")
+    assert line["agent"] == "agent-a"  # a failed operation names whose request it was
     line = only(access, request_id=made["none sent"])
     assert line["path"] == "/v1/agents?limit=5&token=<redacted>" and line["agent"] == "agent-a"
     assert "operation" not in line and "request_id=" + made["none sent"] in line["event"]

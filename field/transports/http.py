@@ -70,7 +70,7 @@ from .health import health_routes
 from .index import index_routes
 from .metrics import Metrics, Observer
 from .push import PushHub
-from .ratelimits import AgentRateLimits
+from .ratelimits import AgentRateLimits, agent_of
 from .sse import sse_endpoint, subscription_of
 from .streaming import absolute_urls, deny_websocket, ws_endpoint
 
@@ -195,6 +195,7 @@ class HTTPBinding:
         started = time.perf_counter()
         access = access_of(request.scope)
         body: Any = None
+        token: str | None = None
         try:
             token = bearer_token(request)
             self.admit(token, operation)  # first: a refusal costs no body read
@@ -210,6 +211,8 @@ class HTTPBinding:
                 operation=operation,
             )
         except FieldError as error:
+            if access is not None and self.service is not None:  # whose request failed
+                access.agent = agent_of(self.service.field, token)
             if self.observer is not None:
                 self.observer.operation("http", operation, started, error, body, access=access)
             return error_response(error, operation)
