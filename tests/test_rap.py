@@ -13,6 +13,9 @@ token in ``Authorization``.
 subscription of the same events, delivered to the same runtime's
 ``/witness`` path. Once the witness has a unit, the Field has routed it
 to every subscription; the RAP one must not have it.
+
+Every message is recorded with its ``webhook-id`` header (``ids``), which
+must be the same on every attempt of one message, and differ between two.
 """
 
 from __future__ import annotations
@@ -74,8 +77,12 @@ class Runtime:
         self.witnessed: list[dict[str, Any]] = []
         #: arrival time (monotonic) of each message in ``received``
         self.times: list[float] = []
+        #: the ``webhook-id`` header of each message in ``received`` (None: it had none)
+        self.ids: list[str | None] = []
         #: the status answered to each message (a test may change it)
         self.status: Callable[[dict[str, Any]], int] = lambda message: 200
+        #: the Retry-After header of the answers other than 200 (None: none)
+        self.retry_after: str | None = None
         #: set: callbacks are answered; clear: they wait
         self.open = asyncio.Event()
         self.open.set()
@@ -114,9 +121,12 @@ class Runtime:
         async with self._changed:
             self.received.append(message)
             self.times.append(time.monotonic())
+            self.ids.append(request.headers.get("webhook-id"))
             if status == 200:
                 self._track(message)
             self._changed.notify_all()
+        if status != 200 and self.retry_after is not None:
+            return web.Response(status=status, headers={"Retry-After": self.retry_after})
         return web.Response(status=status)
 
     def _track(self, message: dict[str, Any]) -> None:
@@ -167,6 +177,13 @@ class Runtime:
 
     def witnessed_units(self) -> list[str]:
         return [n["memory_unit_id"] for n in self.witnessed]
+
+    def attempts(self) -> dict[tuple[str, str], list[str | None]]:
+        """The ``webhook-id`` of every attempt of each message received, by :func:`key_of`."""
+        ids: dict[tuple[str, str], list[str | None]] = {}
+        for message, message_id in zip(self.received, self.ids, strict=True):
+            ids.setdefault(key_of(message), []).append(message_id)
+        return ids
 
     # -- what a runtime sends --------------------------------------------------------
 
@@ -253,6 +270,16 @@ class Runtime:
 
     async def close(self, field_url: str, token: str | None, thread: str) -> tuple[int, Any]:
         return await self.post(field_url + "/close_thread", {"thread_id": thread}, token)
+
+
+def key_of(message: dict[str, Any]) -> tuple[str, str]:
+    """What one message is, however often it is sent: a call's tool result, a subscription
+    event (by its notification's cursor), a subscription's final event."""
+    if message["type"] == "tool_result":
+        return "result", message["id"]
+    if message.get("final"):
+        return "final", message["tool_call_id"]
+    return "event", orjson.loads(message["text"])["cursor"]
 
 
 @pytest.fixture
@@ -512,7 +539,7 @@ async def test_another_agents_token_cancels_nothing(
 # -- subscriptions ----------------------------------------------------------------------------
 
 
-async def test_subscribe_events_cancel_one_final_then_silence(
+async def test_subscribe_events_cancel_then_silence(
     rap_server: ThreadedServer, agent: AgentClient, runtime: Runtime
 ) -> None:
     await witness(agent, runtime)
@@ -546,19 +573,14 @@ async def test_subscribe_events_cancel_one_final_then_silence(
         assert_valid("notification", notification)
         assert notification["subscription_id"] == subscription_id
 
+    # RAP: a tool MUST NOT send subscription events after a cancellation: no final either
     assert await runtime.cancel(rap_server.url, agent.token, "thread-1", "sub-call") == (
         200,
         {"status": "ok", "cancelled": [subscription_id]},
     )
-    await runtime.until(lambda: len(runtime.finals("thread-1", "sub-call")) == 1)
-    (final,) = runtime.finals("thread-1", "sub-call")
-    assert_valid("rap-subscription-event", final)
-    assert orjson.loads(final["text"])["reason"] == "cancelled by the RAP runtime"
-    assert runtime.received[-1] == final
-    assert ("thread-1", "sub-call") not in runtime.active
-    await silence_after(agent, runtime, "after")
-    assert runtime.discarded == []
     assert subscription_id not in await active_subscriptions(agent)
+    await silence_after(agent, runtime, "after")
+    assert runtime.finals("thread-1", "sub-call") == [] and runtime.discarded == []
 
 
 async def test_associative_events_and_debounce(
@@ -577,18 +599,13 @@ async def test_close_thread_ends_that_threads_subscriptions_only(
     a1 = await runtime.subscribe(rap_server.url, agent.token, "a-1", "thread-a")
     a2 = await runtime.subscribe(rap_server.url, agent.token, "a-2", "thread-a")
     await runtime.subscribe(rap_server.url, agent.token, "b-1", "thread-b")
+    closed = len(runtime.received)
     status, body = await runtime.close(rap_server.url, agent.token, "thread-a")
     assert status == 200 and sorted(body["cancelled"]) == sorted([a1, a2])
-    await runtime.until(
-        lambda: (
-            len(runtime.finals("thread-a", "a-1")) == len(runtime.finals("thread-a", "a-2")) == 1
-        )
-    )
-    closed = len(runtime.received)
     units = await record_many(agent, 3, "after close")
     await runtime.until(lambda: runtime.event_units("thread-b", "b-1") == units)
     await runtime.until(lambda: set(units) <= set(runtime.witnessed_units()))
-    later = runtime.received[closed:]
+    later = runtime.received[closed:]  # nothing of thread-a after its close, not even a final
     assert {(m["group_id"], m["tool_call_id"]) for m in later} == {("thread-b", "b-1")}
     assert runtime.finals("thread-b", "b-1") == []
 
@@ -611,9 +628,8 @@ async def test_cancel_and_close_are_idempotent(
     assert_valid("rap-cancel.response", malformed[1])
     for answer in (first, again, closed, unknown):
         assert_valid("rap-cancel.response", answer[1])
-    await runtime.until(lambda: len(runtime.finals("thread-1", "sub-call")) == 1)
     await silence_after(agent, runtime, "after")
-    assert len(runtime.finals("thread-1", "sub-call")) == 1
+    assert runtime.finals("thread-1", "sub-call") == []
 
 
 async def test_deregister_ends_the_subscription_with_a_final(
@@ -627,6 +643,8 @@ async def test_deregister_ends_the_subscription_with_a_final(
     await runtime.until(lambda: len(runtime.finals("thread-1", "sub-call")) == 1)
     (final,) = runtime.finals("thread-1", "sub-call")
     assert orjson.loads(final["text"])["reason"] == "agent deregistered"
+    subscription_id = orjson.loads(final["text"])["subscription_id"]
+    assert runtime.ids[runtime.received.index(final)] == f"{subscription_id}.final"
     # the token is revoked: the runtime can no longer act, nor cancel
     assert (await runtime.close(rap_server.url, agent.token, "thread-1"))[0] == 401
 
@@ -756,6 +774,7 @@ async def test_a_tool_result_is_retried_after_a_5xx(
     await runtime.until(lambda: len(runtime.received) == 2)  # refused with 503, then taken
     first, second = runtime.received
     assert first == second and first["id"] == "c-1"
+    assert runtime.ids[0] is not None and runtime.ids[0] == runtime.ids[1]
 
 
 async def test_a_cancel_the_log_cannot_take_is_refused_with_a_5xx(
@@ -783,7 +802,47 @@ async def test_a_cancel_the_log_cannot_take_is_refused_with_a_5xx(
             await asyncio.sleep(0.05)
         status, body = await runtime.cancel(server.url, agent.token, "thread-1", "sub-call")
         assert (status, body["cancelled"]) == (200, [subscription_id])
-        await runtime.until(lambda: len(runtime.finals("thread-1", "sub-call")) == 1)
+        assert subscription_id not in await active_subscriptions(agent)
+
+
+async def test_every_message_keeps_its_webhook_id_when_sent_again(
+    server_factory: StartServer, runtime: Runtime
+) -> None:
+    """A runtime that refuses the first attempt of every message (a 503) gets each again, with
+    the same webhook-id: its dedupe key. Two messages never share one."""
+    server = server_factory(webhook_allow_net=LOOPBACK, webhook_retry_base=0.05)
+    refused: set[tuple[str, str]] = set()
+
+    def first_refused(message: dict[str, Any]) -> int:
+        key = key_of(message)
+        if key in refused:
+            return 200
+        refused.add(key)
+        return 503
+
+    runtime.status = first_refused
+    async with FieldClient(server.url) as field:
+        agent = await field.register("analyst-1", "analyst")
+        subscription_id = await runtime.subscribe(server.url, agent.token, "sub-call")
+        units = await record_many(agent, 2, "sent twice")
+        await runtime.until(lambda: runtime.event_units("thread-1", "sub-call") == units)
+        await agent.unsubscribe(subscription_id)  # the Field ends it: a final event
+        await runtime.until(lambda: ("thread-1", "sub-call") not in runtime.active)
+        await runtime.invoke(server.url, agent.token, "akashik_attune", {}, "plain")
+        await runtime.until(lambda: len(runtime.attempts().get(("result", "plain"), [])) == 2)
+    attempts = runtime.attempts()
+    events = [key for key in attempts if key[0] == "event"]
+    assert len(events) == 2
+    assert set(attempts) == {("result", "sub-call"), *events, ("final", "sub-call")} | {
+        ("result", "plain")
+    }
+    for key, ids in attempts.items():
+        assert len(ids) == 2 and ids[0] == ids[1] and ids[0], (key, ids)
+    assert attempts[("result", "sub-call")][0] == f"{subscription_id}.result"
+    assert attempts[("final", "sub-call")][0] == f"{subscription_id}.final"
+    for _, cursor in events:
+        assert attempts[("event", cursor)][0] == cursor
+    assert len({ids[0] for ids in attempts.values()}) == len(attempts)  # one id per message
 
 
 # -- across a crash ---------------------------------------------------------------------------
@@ -805,6 +864,8 @@ async def test_a_rap_subscription_survives_sigkill_and_ends_with_one_final(
         runtime.status = lambda m: 503  # the runtime is down: what follows is owed
         owed = await record_many(agent, 3, "owed")
         await runtime.until(lambda: set(owed) <= set(runtime.witnessed_units()))
+        await runtime.until(lambda: len(runtime.received) > 4)  # the first owed one, refused
+        refused = key_of(runtime.received[4])
     first.stop(signal.SIGKILL)
 
     runtime.status = lambda m: 200
@@ -815,10 +876,46 @@ async def test_a_rap_subscription_survives_sigkill_and_ends_with_one_final(
         after = await record_many(agent, 2, "after")
         expected = before + owed + after
         await runtime.until(lambda: runtime.event_units("thread-1", "sub-call") == expected)
-        status, body = await runtime.cancel(second.url, agent.token, "thread-1", "sub-call")
-        assert (status, body["cancelled"]) == (200, [subscription_id])
-        await runtime.until(lambda: len(runtime.finals("thread-1", "sub-call")) == 1)
+        await agent.unsubscribe(subscription_id)  # the Field ends it: one final event
+        await runtime.until(lambda: ("thread-1", "sub-call") not in runtime.active)
         await silence_after(agent, runtime, "silence")
-    assert len(runtime.finals("thread-1", "sub-call")) == 1
+    (final,) = runtime.finals("thread-1", "sub-call")
+    assert orjson.loads(final["text"])["reason"] == "unsubscribed"
     results = [m for m in runtime.received if m["type"] == "tool_result"]
     assert len(results) == 1  # the subscription's result was acknowledged before the crash
+    # a message sent again after the crash carries the webhook-id it had before
+    attempts = runtime.attempts()
+    assert len(attempts[refused]) >= 2 and attempts[refused][0] == refused[1]  # its cursor
+    for (kind, name), ids in attempts.items():
+        expected_id = {"result": f"{subscription_id}.result", "final": f"{subscription_id}.final"}
+        assert set(ids) == {expected_id.get(kind, name)}, (kind, name, ids)
+
+
+@pytest.mark.slow
+async def test_after_the_runtimes_cancel_nothing_is_sent_even_after_a_restart(
+    server_process: Callable[..., ServerProcess], tmp_path: Path, runtime: Runtime
+) -> None:
+    """What the subscription still owed when the runtime cancelled it, and its final event,
+    are never sent: the log says its delivery ended with the cancellation."""
+    data_dir = tmp_path / "data"
+    flags = ("--webhook-allow-net", "127.0.0.0/8")
+    first = server_process(data_dir, *flags)
+    async with FieldClient(first.url) as field:
+        agent = await field.register("analyst-1", "analyst")
+        await witness(agent, runtime)
+        subscription_id = await runtime.subscribe(first.url, agent.token, "sub-call")
+        runtime.status, runtime.retry_after = (lambda m: 503), "300"  # owed, not tried again
+        await record_many(agent, 2, "owed")
+        await runtime.until(lambda: len(runtime.received) == 2)  # the result, a refused event
+        status, body = await runtime.cancel(first.url, agent.token, "thread-1", "sub-call")
+        assert (status, body["cancelled"]) == (200, [subscription_id])
+        cancelled = len(runtime.received)
+    first.stop(signal.SIGKILL)
+
+    runtime.status = lambda m: 200
+    second = server_process(data_dir, *flags)
+    async with FieldClient(second.url) as field:
+        agent = field.agent(agent.id, agent.token)
+        assert subscription_id not in await active_subscriptions(agent)
+        await silence_after(agent, runtime, "after the restart")
+    assert runtime.received[cancelled:] == []  # neither what it owed nor a final event

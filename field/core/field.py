@@ -632,10 +632,19 @@ class Field:
     def cancel_rap(
         self, agent_id: str, group_id: str, tool_call_id: str | None, reason: str
     ) -> Outcome:
-        """Cancel the agent's RAP subscriptions of thread ``group_id`` (one call's, if given)."""
+        """Cancel the agent's RAP subscriptions of thread ``group_id`` (one call's, if given)
+        and end their deliveries: the runtime let go of them, they owe it nothing."""
         return self.system(
             lambda epoch, now: subscribe.cancel_entries(
                 self, agent_id, group_id, tool_call_id, reason, epoch, now
+            )
+        )
+
+    def forget_rap(self, subscription_id: str, reason: str) -> Outcome:
+        """A RAP runtime no longer knows a subscription: cancel it, end its delivery."""
+        return self.system(
+            lambda epoch, now: subscribe.forgotten_entries(
+                self, subscription_id, reason, epoch, now
             )
         )
 

@@ -464,8 +464,9 @@ def cancel_entries(
     epoch: int,
     now: float,
 ) -> list[LogEntry]:
-    """``subscription.cancelled`` for the agent's active RAP subscriptions of a thread
-    (only the one ``tool_call_id`` created, if given)."""
+    """The runtime's ``/cancel_tool_call`` or ``/close_thread``: the agent's active RAP
+    subscriptions of a thread (only the one ``tool_call_id`` created, if given) are
+    cancelled, and their deliveries end with them (:func:`_let_go`)."""
     state = field.state
     entries = []
     for subscription_id in sorted(state.active_subscriptions.get(agent_id, ())):
@@ -474,6 +475,34 @@ def cancel_entries(
             continue
         if tool_call_id is not None and record["tool_call_id"] != tool_call_id:
             continue
+        entries += _let_go(field, subscription_id, agent_id, reason, epoch, now)
+    return entries
+
+
+def forgotten_entries(
+    field: Field, subscription_id: str, reason: str, epoch: int, now: float
+) -> list[LogEntry]:
+    """A RAP runtime refused a message of a subscription (a 4xx: it no longer knows it):
+    the subscription is cancelled, if it is still active, and its delivery ends."""
+    record = field.state.deliveries.get(subscription_id)
+    if record is None or record["type"] != "rap" or record["state"] == "ended":
+        return []
+    return _let_go(field, subscription_id, record["agent_id"], reason, epoch, now)
+
+
+def _let_go(
+    field: Field, subscription_id: str, agent_id: str, reason: str, epoch: int, now: float
+) -> list[LogEntry]:
+    """The RAP runtime let go of a subscription: it is cancelled (if it is still active)
+    and, in the same write, its delivery ends. RAP forbids a tool to send anything after the
+    runtime cancelled a subscription, so it owes nothing from then on: not what it matched
+    before, not a final event; and a restart finds it ended."""
+    state = field.state
+    entries = []
+    if state.subscriptions[subscription_id]["status"] == "active":
         data = {"subscription_id": subscription_id, "reason": reason}
         entries.append(LogEntry(epoch, "subscription.cancelled", data, agent_id, now))
+    deliveries.step(state.deliveries[subscription_id]["state"], "end", subscription_id)
+    ended = {"subscription_id": subscription_id, "action": "end", "reason": reason}
+    entries.append(LogEntry(epoch, "delivery.changed", ended, agent_id, now))
     return entries

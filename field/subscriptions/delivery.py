@@ -18,7 +18,9 @@ table, :data:`TRANSITIONS` (state x action -> state)::
     failing  --suspend--> suspended   (failing for longer than suspend_after)
     failing|suspended --resume--> active   (SUBSCRIBE "resume")
     active|failing|suspended --end--> ended (terminal: the subscription ended and
-                                             everything it owed was delivered)
+                                             everything it owed was delivered; or its
+                                             RAP runtime let go of it, and it owes
+                                             nothing, in the write that cancelled it)
 
 Nothing is dropped in any state: a delivery keeps its cursor, and the log
 holds what it owes. ``failing`` keeps trying, at ``failing_interval``;

@@ -13,7 +13,11 @@ and cursors.
   deliveries per ``delivery.acked`` entry, each written as soon as the
   previous one is durable. After a crash every delivery resumes from its
   last acknowledged cursor: only deliveries whose acknowledgement was in
-  flight are sent again, with the same ``webhook-id`` (the cursor).
+  flight are sent again, with the same ``webhook-id``. Every message has
+  one, made of what names it in the log, never of a count kept in memory:
+  a notification's is its cursor; a subscription's last message's, its
+  id and ``.final``; a RAP subscription's tool result's, its id and
+  ``.result``.
 * **Bounded.** An idle sink holds no task and no frame. Its outbox holds
   at most :attr:`DeliverySettings.sink_frames` frames: a receiver slower
   than the Field overflows it, the hub lets go, and the sink attaches
@@ -38,8 +42,10 @@ and cursors.
 
 The RAP framing (:class:`RapFrames`) sends the subscribing call's
 ``tool_result`` first, each notification as a ``subscription_event``, and,
-when the subscription ends, one ``final`` event, after which nothing is
-ever sent.
+when the Field ends the subscription, one ``final`` event, after which
+nothing is ever sent. When the runtime ends it (``/cancel_tool_call``,
+``/close_thread``, a 4xx) its delivery ends in the same write, and the sink
+stops at once: RAP forbids sending anything after a cancellation.
 """
 
 from __future__ import annotations
@@ -453,18 +459,22 @@ class WebhookFrames:
 
 
 class RapFrames:
-    """The RAP messages of a subscription made by a RAP call (``rap-and-webhooks.md``)."""
+    """The RAP messages of a subscription made by a RAP call (``rap-and-webhooks.md``),
+    each with its ``webhook-id``: the same on every attempt, before a restart and after."""
 
-    __slots__ = ("url", "_group", "_call", "_associative", "_call_id")
+    __slots__ = ("url", "_subscription", "_group", "_call", "_associative", "_call_id")
 
-    def __init__(self, record: dict[str, Any]) -> None:
+    def __init__(self, subscription_id: str, record: dict[str, Any]) -> None:
         self.url = record["callback_url"]
+        self._subscription = subscription_id
         self._group = record["group_id"]
         self._call = record["tool_call_id"]
         self._associative = bool(record["associative"])
         self._call_id = record.get("call_id")
 
-    def result(self, text: str) -> bytes:
+    def result(self, text: str) -> tuple[bytes, dict[str, str]]:
+        """The subscribing call's tool result (``webhook-id``: the subscription's id and
+        ``.result``)."""
         message = {
             "type": "tool_result",
             "group_id": self._group,
@@ -474,18 +484,19 @@ class RapFrames:
         }
         if self._call_id is not None:
             message["call_id"] = self._call_id
-        return orjson.dumps(message)
+        return orjson.dumps(message), {"webhook-id": f"{self._subscription}.result"}
 
     def notification(self, frame: Frame, now: float) -> tuple[bytes, dict[str, str]]:
+        """A notification (``webhook-id``: its cursor, as a webhook's)."""
         return self._event(frame.body.decode(), final=False), _message_id(frame.cursor)
 
-    def final(self, report: bytes, reason: str | None) -> bytes:
-        """The last event: the stream's ``end`` report, with why the subscription ended."""
-        if reason is None:
-            return self._event(report.decode(), final=True)
-        return self._event(
-            orjson.dumps({**orjson.loads(report), "reason": reason}).decode(), final=True
-        )
+    def final(self, report: bytes, reason: str | None) -> tuple[bytes, dict[str, str]]:
+        """The last event: the stream's ``end`` report, with why the subscription ended
+        (``webhook-id``: the subscription's id and ``.final``, as a webhook's)."""
+        text = report.decode()
+        if reason is not None:
+            text = orjson.dumps({**orjson.loads(report), "reason": reason}).decode()
+        return self._event(text, final=True), {"webhook-id": f"{self._subscription}.final"}
 
     def _event(self, text: str, *, final: bool) -> bytes:
         message: dict[str, Any] = {
@@ -508,9 +519,10 @@ def _message_id(cursor: str | None) -> dict[str, str]:
 Message = Callable[[float], tuple[bytes, dict[str, str]]]
 
 
-def _unsigned(body: bytes) -> Message:
-    """A message with no headers of its own (a RAP tool result or final event)."""
-    return lambda now: (body, {})
+def _unsigned(message: tuple[bytes, dict[str, str]]) -> Message:
+    """A message made once, the same at every attempt (a RAP tool result or final event:
+    RAP messages are not signed)."""
+    return lambda now: message
 
 
 # -- one delivery -----------------------------------------------------------------------
@@ -539,7 +551,6 @@ class Sink:
         "tokens",
         "refilled",
         "in_flight",
-        "gone",
         "closed",
         "quiet",
     )
@@ -550,7 +561,7 @@ class Sink:
         self.agent_id: str = record["agent_id"]
         self.kind: str = record["type"]
         self.frames: WebhookFrames | RapFrames = (
-            RapFrames(record)
+            RapFrames(subscription_id, record)
             if self.kind == "rap"
             else WebhookFrames(
                 record["url"], engine.secret_box.open(record["secret"], context=subscription_id)
@@ -572,8 +583,6 @@ class Sink:
         self.tokens = engine.full_bucket
         self.refilled = 0.0
         self.in_flight = False
-        #: a RAP runtime said it no longer knows the subscription: no final event for it
-        self.gone = False
         self.closed = False
         #: sweeps of the engine since this delivery last sent anything (see :meth:`rest`)
         self.quiet = 0
@@ -704,8 +713,8 @@ class Sink:
     async def _handle(self, frame: Frame) -> None:
         if frame.cursor is not None:
             position, _ = parse_cursor(frame.cursor, self.engine.hub.tag)
-            if position is None or position <= self.delivered or self.gone:
-                return  # already delivered (before a re-attach), or no one listens
+            if position is None or position <= self.delivered:
+                return  # already delivered (before a re-attach)
             self.quiet = 0
             if await self._deliver(functools.partial(self.frames.notification, frame)):
                 self.delivered = position
@@ -735,9 +744,10 @@ class Sink:
             self.engine.ack(self.subscription_id, self.created)
 
     async def _end(self, frame: Frame) -> None:
-        """The subscription ended and everything it owed before is delivered: send the
-        final message (RAP: the final event; a webhook: a final POST), then end."""
-        if not self.gone and not await self._deliver(self._final(frame.body), final=True):
+        """The Field ended the subscription and everything it owed before is delivered: send
+        the final message (RAP: the final event; a webhook: a final POST), then end. (A RAP
+        runtime's own end never gets here: the sink was closed in the write that made it.)"""
+        if not await self._deliver(self._final(frame.body), final=True):
             return  # suspended: the final message is sent when it resumes
         self.closed = True
         self.let_go()
@@ -789,8 +799,7 @@ class Sink:
             if judged is Verdict.REFUSED and final:
                 return True  # a refused final message: the receiver is done with it
             if judged is Verdict.REFUSED and self.kind == "rap":
-                # the runtime no longer knows the subscription: it ends, with no final
-                self.gone = True
+                # the runtime no longer knows the subscription: it ends, nothing more is sent
                 await engine.cancel_gone(self)
                 return False
             fails = self.state == "active" and (
@@ -970,6 +979,12 @@ class DeliveryEngine:
                     sink.state = "active"
                     sink.failing_since = None
                     sink.restart()
+            elif entry.kind == "delivery.changed" and entry.data["action"] == "end":
+                # a sink that ends itself is closed already; one whose RAP runtime let go of
+                # its subscription stops here, at once, whatever it was sending or owed
+                sink = self.sinks.pop(entry.data["subscription_id"], None)
+                if sink is not None and not sink.closed:
+                    sink.close()
 
     def _add(self, subscription_id: str, record: dict[str, Any]) -> None:
         try:
@@ -1052,16 +1067,16 @@ class DeliveryEngine:
             )
 
     async def cancel_gone(self, sink: Sink) -> None:
-        """A RAP runtime no longer knows a subscription: cancel it (its stream then ends)."""
-        record = self.field.state.deliveries.get(sink.subscription_id)
-        if record is None:
-            return
+        """A RAP runtime no longer knows a subscription (it refused a message with a 4xx):
+        the sink stops now, and the subscription is cancelled and its delivery ended, owing
+        nothing. Should the log refuse that write, the delivery resumes at the next start
+        (the refused message is sent again, and refused again)."""
+        sink.close()
+        self.forget(sink)
         reason = "the RAP runtime no longer knows the subscription"
         try:
             await self.service.execute(
-                lambda field: field.cancel_rap(
-                    sink.agent_id, record["group_id"], record["tool_call_id"], reason
-                ),
+                lambda field: field.forget_rap(sink.subscription_id, reason),
                 operation="DELIVERY",
             )
         except FieldError as error:

@@ -11,14 +11,18 @@ invokes them over HTTP, and is answered later, by a POST to the invocation's
   nothing happens), then it is answered ``200`` at once and runs in a task:
   the operation goes to the writer like any request, and its response (or
   the spec error body, with ``is_error``) is POSTed to ``callback_url`` as a
-  ``tool_result``, retried a few times on 5xx and no answer.
+  ``tool_result``, retried a few times on 5xx and no answer (with the same
+  ``webhook-id``, as every message the Field POSTs to a runtime).
   ``akashik_subscribe`` runs SUBSCRIBE with a :class:`RapCall`: the delivery
   engine (``field/transports/delivery.py``) then sends its tool result, its
-  notifications as ``subscription_event``\\ s and, when it ends, one
-  ``final`` event, durably.
+  notifications as ``subscription_event``\\ s and, when the Field ends it
+  (unsubscribed, expired, its agent deregistered), one ``final`` event,
+  durably.
 * ``POST /cancel_tool_call`` and ``POST /close_thread``: cancel the RAP
-  subscriptions of a thread (one call's, or all). ``200`` whatever was or
-  was not cancelled, and idempotent.
+  subscriptions of a thread (one call's, or all), and end their deliveries
+  in the same write: nothing more is sent for them, not even a ``final``
+  event (RAP: a tool MUST NOT send events after a cancellation). ``200``
+  whatever was or was not cancelled, and idempotent.
 
 **Identity.** Every request but discovery carries ``Authorization: Bearer``
 with the token of the registered agent the runtime acts for: it is part of
@@ -40,6 +44,7 @@ import functools
 import hashlib
 import logging
 import random
+import secrets
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -366,7 +371,11 @@ class RapBinding:
             return _json({"status": "ignored", "reason": error.message, "cancelled": []})
         except ClientDisconnect:
             return Response(status_code=400)
-        cancelled = [entry.data["subscription_id"] for entry in outcome.entries]
+        cancelled = [
+            entry.data["subscription_id"]
+            for entry in outcome.entries
+            if entry.kind == "subscription.cancelled"
+        ]
         return _json({"status": "ok", "cancelled": cancelled})
 
     # -- running an invocation ---------------------------------------------------------
@@ -400,13 +409,17 @@ class RapBinding:
         self, call: Invocation, body: dict[str, Any], agent_id: str, *, is_error: bool
     ) -> None:
         """POST the tool result (a request of ``agent_id``'s: its share of the delivery
-        client, its circuits); try again on 5xx or no answer, a few times."""
+        client, its circuits); try again on 5xx or no answer, a few times, with the same
+        ``webhook-id``. The result lives in memory only, and so does its id: made for it
+        once, at random (nothing in the log names it; an invocation sent again is another
+        message, answered with another id)."""
         engine = self.http.deliveries
         if engine is None:
             return  # stopping
         message = tool_result(call, body, is_error=is_error)
+        headers = {"webhook-id": f"result-{secrets.token_hex(16)}"}
         for attempt in range(1, RESULT_ATTEMPTS + 1):
-            answer = await engine.poster.post(call.callback_url, message, {}, agent=agent_id)
+            answer = await engine.poster.post(call.callback_url, message, headers, agent=agent_id)
             judged = verdict(answer.status)
             if judged is Verdict.DELIVERED:
                 return
