@@ -12,7 +12,11 @@ clients (12 random words each, 6 memory types, 200 tasks: the set-up of
 * ``GET /v1/field/status``: the floor of one HTTP round trip here.
 
 Prints p50 and p99 in milliseconds, and the core's share: ATTUNE minus the
-round-trip floor.
+round-trip floor. A request the server refuses (``503 OVERLOADED`` or ``429
+RATE_LIMITED``) is waited out for its ``Retry-After`` and sent again (the
+Field changed nothing for it, so no unit is recorded twice); a timed one is
+timed by its accepted attempt. The last lines count the refusals of the
+set-up and of the measured runs, by kind.
 """
 
 from __future__ import annotations
@@ -26,23 +30,43 @@ from typing import Any
 import aiohttp
 import orjson
 from _common import VOCABULARY, bracketed, envelope, pct, progress
+from _refusals import Refusals, Reply
+from _refusals import post as post_retried
 from fanout import start_field
 
 TYPES = ["finding", "decision", "observation", "assumption", "constraint", "question"]
 
 
-async def post(
-    session: aiohttp.ClientSession, url: str, operation: str, agent: str, payload: Any, token: str
-) -> Any:
+#: refusals met while populating and while measuring
+REFUSALS = {"set-up": Refusals(), "measured": Refusals()}
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    url: str,
+    operation: str,
+    agent: str,
+    payload: Any,
+    token: str,
+    refusals: Refusals,
+) -> Reply:
+    """The operation, sent again after each refusal's Retry-After; fails on any other error."""
     body = orjson.dumps(envelope(operation, agent, payload))
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    async with session.post(f"{url}/v1/{operation.lower()}", data=body, headers=headers) as reply:
-        data = orjson.loads(await reply.read())
-        if reply.status != 200:
-            raise RuntimeError(f"{operation} failed: {reply.status} {data}")
-        return data
+    reply = await post_retried(session, f"{url}/v1/{operation.lower()}", body, headers, refusals)
+    if reply.status != 200:
+        raise RuntimeError(f"{operation} failed: {reply.status} {reply.answer}")
+    return reply
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, operation: str, agent: str, payload: Any, token: str
+) -> Any:
+    """Set-up: the answer of the operation."""
+    reply = await send(session, url, operation, agent, payload, token, REFUSALS["set-up"])
+    return reply.answer
 
 
 async def populate(url: str, units: int, clients: int, rng: random.Random) -> dict[str, str]:
@@ -95,11 +119,11 @@ async def measure(url: str, tokens: dict[str, str], runs: int) -> dict[str, list
     async with aiohttp.ClientSession() as session:
         full = {"scope": scope, "context_hint": "pricing for smb enterprise"}
         cursor = (await post(session, url, "ATTUNE", reader, full, tokens[reader]))["epoch"]
+        refusals = REFUSALS["measured"]
         for i in range(runs):
             progress(i, runs, "measuring")
-            start = time.perf_counter()
-            await post(session, url, "ATTUNE", reader, full, tokens[reader])
-            samples["full"].append((time.perf_counter() - start) * 1000)
+            reply = await send(session, url, "ATTUNE", reader, full, tokens[reader], refusals)
+            samples["full"].append(reply.ms)
             for _ in range(3):  # new units since the last poll (not timed)
                 unit = {
                     "type": "finding",
@@ -107,12 +131,11 @@ async def measure(url: str, tokens: dict[str, str], runs: int) -> dict[str, list
                     "intent": {"purpose": "p"},
                     "confidence": {"score": 0.5, "reasoning": "r"},
                 }
-                await post(session, url, "RECORD", writer, unit, tokens[writer])
+                await send(session, url, "RECORD", writer, unit, tokens[writer], refusals)
             poll = {"scope": {**scope, "since_epoch": cursor}}
-            start = time.perf_counter()
-            response = await post(session, url, "ATTUNE", reader, poll, tokens[reader])
-            samples["poll"].append((time.perf_counter() - start) * 1000)
-            cursor = response["epoch"]
+            reply = await send(session, url, "ATTUNE", reader, poll, tokens[reader], refusals)
+            samples["poll"].append(reply.ms)
+            cursor = reply.answer["epoch"]
             start = time.perf_counter()
             async with session.get(f"{url}/v1/field/status") as reply:
                 await reply.read()
@@ -145,6 +168,8 @@ def main() -> None:
     ):
         p50, p99 = pct(samples[key], 0.5), pct(samples[key], 0.99)
         print(f"{label:<34}{p50:>10.2f}{p99:>10.2f}{p50 - floor:>14.2f}")
+    for phase, refusals in REFUSALS.items():
+        print(f"refused ({phase}): {refusals.describe()}")
     print("targets: p50 <= 10 ms full, <= 2 ms for a since_epoch poll")
 
 

@@ -26,7 +26,11 @@ receive exactly those, after ``live``, continuing from its cursor.
 
 Prints the time from the request to ``live``, the time to the first
 notification, notifications per second, and the CPU the server and this
-client used during each replay. With ``--profile DIR``, ``py-spy record``
+client used during each replay. A POST the server refuses (``503
+OVERLOADED`` or ``429 RATE_LIMITED``) is waited out for its ``Retry-After``
+and sent again, the same envelope (the Field changed nothing for it, so no
+unit is recorded twice and the owed count holds); a line says how many were
+refused, by kind. With ``--profile DIR``, ``py-spy record``
 (which must be installed and allowed to attach) samples the server during
 each replay; the collapsed stacks go to DIR and the functions with the
 most samples are printed.
@@ -54,9 +58,13 @@ from typing import Any
 import aiohttp
 import orjson
 from _common import bracketed, envelope, progress
+from _refusals import Refusals
+from _refusals import post as post_retried
 from writes import FieldServer, new_loop, record_payload
 
 JSON = {"Content-Type": "application/json"}
+#: POSTs the server refused for now, waited out and sent again
+REFUSALS = Refusals()
 
 
 @dataclass
@@ -165,11 +173,11 @@ async def post(
     session: aiohttp.ClientSession, url: str, body: Any, token: str | None = None
 ) -> dict[str, Any]:
     headers = JSON if token is None else {**JSON, "Authorization": f"Bearer {token}"}
-    async with session.post(url, data=orjson.dumps(body), headers=headers) as response:
-        answer: dict[str, Any] = orjson.loads(await response.read())
-        if response.status != 200:
-            raise RuntimeError(f"{url}: {response.status} {answer}")
-        return answer
+    reply = await post_retried(session, url, orjson.dumps(body), headers, REFUSALS)
+    if reply.status != 200:
+        raise RuntimeError(f"{url}: {reply.status} {reply.answer}")
+    answer: dict[str, Any] = reply.answer
+    return answer
 
 
 async def register(session: aiohttp.ClientSession, base: str, agent: str, role: str) -> str:
@@ -510,6 +518,7 @@ def main() -> None:
         "positions, in order);\nlive ok: the units recorded after live arrived once each, in "
         "order, cursors continuing from live's"
     )
+    print(f"refused (set-up and live RECORDs, each sent again): {REFUSALS.describe()}")
     for transport, path in result["profiles"].items():
         print(f"\nserver profile during the {transport} replay ({path}):")
         print("\n".join(summarize_profile(path, args.top)))

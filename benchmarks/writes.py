@@ -20,8 +20,13 @@ counts exactly the acknowledged units and that the SQLite file holds that
 many ``memory.recorded`` entries.
 
 Prints RECORD/s, p50/p99 latency (ms, over the measured window), the CPU
-the server and the load generator used, and the ratio group commit / one
-commit per write.
+the server and the load generator used, the requests the server refused
+(``503 OVERLOADED`` or ``429 RATE_LIMITED``), and the ratio group commit /
+one commit per write. A refused request (REGISTER or RECORD) is waited out
+for its ``Retry-After`` and sent again, the same envelope: the Field changed
+nothing for it, so nothing is written twice; the ``refused`` column counts
+the refusals, and a line after the table names their kinds. A latency is the
+accepted attempt's, without the waits.
 
 ``--metrics on off`` runs every case with the server's metrics on (the
 default) and off (``--no-metrics``), alternating, ``--rounds`` times each
@@ -52,6 +57,7 @@ from typing import Any
 import aiohttp
 import orjson
 from _common import LOAD_RATES, VOCABULARY, bracketed, envelope, pct, progress
+from _refusals import Refusals, post
 
 TYPES = ["finding", "decision", "observation", "assumption", "constraint"]
 _LISTENING = re.compile(r"listening on (http://127\.0\.0\.1:\d+)")
@@ -165,6 +171,8 @@ class Run:
     #: (start, end) of every acknowledged RECORD, perf_counter seconds
     samples: list[tuple[float, float]] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    #: requests the server refused for now (waited out and sent again)
+    refusals: Refusals = field(default_factory=Refusals)
     window: tuple[float, float] = (0.0, 0.0)
     server_cpu: float = 0.0
     client_cpu: float = 0.0
@@ -194,15 +202,16 @@ def record_payload(rng: random.Random, n: int) -> dict[str, Any]:
     }
 
 
-async def register(session: aiohttp.ClientSession, url: str, agent: str) -> tuple[str, int]:
+async def register(
+    session: aiohttp.ClientSession, url: str, agent: str, refusals: Refusals
+) -> tuple[str, int]:
     payload = {"id": agent, "role": "market_researcher", "interests": ["market size"]}
     body = orjson.dumps(envelope("REGISTER", agent, payload))
     headers = {"Content-Type": "application/json"}
-    async with session.post(f"{url}/v1/register", data=body, headers=headers) as response:
-        answer = orjson.loads(await response.read())
-        if response.status != 200:
-            raise RuntimeError(f"REGISTER {agent}: {response.status} {answer}")
-        return answer["token"], answer["epoch"]
+    reply = await post(session, f"{url}/v1/register", body, headers, refusals)
+    if reply.status != 200:
+        raise RuntimeError(f"REGISTER {agent}: {reply.status} {reply.answer}")
+    return reply.answer["token"], reply.answer["epoch"]
 
 
 async def writer(
@@ -212,28 +221,27 @@ async def writer(
     connector = aiohttp.TCPConnector(limit=1)
     async with aiohttp.ClientSession(connector=connector) as session:
         agent = f"writer-{index:02d}"
-        token, epoch = await register(session, url, agent)
+        token, epoch = await register(session, url, agent, run.refusals)
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
         rng = random.Random(index)
         await start.wait()
         n = 0
         while time.perf_counter() < deadline[0]:
             body = orjson.dumps(envelope("RECORD", agent, record_payload(rng, n), epoch))
-            began = time.perf_counter()
-            async with session.post(f"{url}/v1/record", data=body, headers=headers) as response:
-                answer = orjson.loads(await response.read())
-                status = response.status
-            ended = time.perf_counter()
+            # refused (OVERLOADED, RATE_LIMITED): counted, waited out and sent again, unless
+            # the wait would end past the deadline (then this RECORD is not made at all)
+            reply = await post(
+                session, f"{url}/v1/record", body, headers, run.refusals, until=deadline[0]
+            )
             n += 1
-            if status == 200 and answer.get("status") == "accepted":
+            answer = reply.answer if isinstance(reply.answer, dict) else {}
+            if reply.status == 200 and answer.get("status") == "accepted":
                 run.acknowledged += 1
-                run.samples.append((began, ended))
+                run.samples.append((reply.began, reply.ended))
                 epoch = max(epoch, answer["epoch"])
-            else:
-                key = f"{status} {answer.get('code')}"
+            elif not reply.refused:
+                key = f"{reply.status} {answer.get('code')}"
                 run.errors[key] = run.errors.get(key, 0) + 1
-                if status == 503:  # OVERLOADED: back off a little, as a client should
-                    await asyncio.sleep(0.005)
 
 
 async def drive(server: FieldServer, args: argparse.Namespace, label: str) -> Run:
@@ -355,7 +363,7 @@ def main() -> None:
     )
     header = (
         f"{'--sync':<8}{'server':<22}{'metrics':<9}{'RECORD/s':>10}{'p50 ms':>9}{'p99 ms':>9}"
-        f"{'srv CPU':>9}{'gen CPU':>9}{'acked':>9}{'durable':>9}"
+        f"{'srv CPU':>9}{'gen CPU':>9}{'acked':>9}{'refused':>9}{'durable':>9}"
     )
     print(header)
     failed = False
@@ -366,7 +374,7 @@ def main() -> None:
         print(
             f"{sync:<8}{name:<22}{metrics:<9}{run.rate:>10,.0f}{run.latency(0.5):>9.2f}"
             f"{run.latency(0.99):>9.2f}{run.server_cpu / seconds:>9.0%}"
-            f"{run.client_cpu / seconds:>9.0%}{run.acknowledged:>9,}"
+            f"{run.client_cpu / seconds:>9.0%}{run.acknowledged:>9,}{run.refusals.total:>9,}"
             f"{'yes' if durable else 'NO':>9}"
         )
     for sync in args.sync:
@@ -391,6 +399,9 @@ def main() -> None:
                     f"{median_on / median_off:.3f}x); median p50 {p50_on:.2f} ms against "
                     f"{p50_off:.2f}"
                 )
+    for sync, name, metrics, run in metered:
+        if run.refusals:
+            print(f"  {sync}/{name}/metrics {metrics}: refused {run.refusals.describe()}")
     for sync, name, _, run in metered:
         if run.errors or not run.status_units == run.acknowledged == run.log_units:
             print(
@@ -399,7 +410,8 @@ def main() -> None:
             )
     print(
         "durable: GET /v1/field/status counts, and the memory.recorded entries of the SQLite "
-        "log, equal the acknowledged RECORDs"
+        "log, equal the acknowledged RECORDs;\nrefused: requests answered 503 OVERLOADED or "
+        "429 RATE_LIMITED, each sent again after its Retry-After (not an error)"
     )
     if failed:
         sys.exit(1)
