@@ -9,7 +9,10 @@ many agents there are.
 from __future__ import annotations
 
 import asyncio
+import shutil
+import subprocess
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -36,16 +39,36 @@ Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 TIMEOUT = 15.0
 
 
-async def scrape(url: str) -> Samples:
-    async with aiohttp.ClientSession() as session, session.get(f"{url}/metrics") as r:
+async def exposition(url: str, accept: str | None = None) -> str:
+    """The text of a scrape (the Prometheus text format unless ``accept`` asks another)."""
+    headers = {} if accept is None else {"Accept": accept}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{url}/metrics", headers=headers) as r,
+    ):
         assert r.status == 200, await r.text()
-        assert r.headers["Content-Type"].startswith("text/plain; version=0.0.4")
-        text = await r.text()
+        expected = "text/plain; version=0.0.4" if accept is None else accept
+        assert r.headers["Content-Type"].startswith(expected)
+        return await r.text()
+
+
+def parsed(text: str) -> Samples:
+    """The samples of a scrape in the text format; every family's name is written once
+    (a family a parser splits in two would be read as two of one name, or of names that
+    are not the family's)."""
     samples: Samples = {}
-    for family in text_string_to_metric_families(text):
+    families = list(text_string_to_metric_families(text))
+    names = [family.name for family in families]
+    assert len(names) == len(set(names)), sorted(n for n in names if names.count(n) > 1)
+    for family in families:
         for sample in family.samples:
+            assert not sample.name.endswith("_created"), sample
             samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
     return samples
+
+
+async def scrape(url: str) -> Samples:
+    return parsed(await exposition(url))
 
 
 def value(samples: Samples, name: str, **labels: str) -> float:
@@ -153,7 +176,7 @@ async def test_operations_push_and_state_move_the_numbers(field_server: Threaded
     # two WebSockets and a stream were open, and each got the three notifications
     assert value(during, "field_connections", transport="websocket") == 2
     assert value(during, "field_connections", transport="sse") == 1
-    assert value(during, "field_outbox_frames_gcount") == 3
+    assert value(during, "field_outbox_frames_count") == 3
     assert value(during, "field_connections_open") >= 3
     assert value(after, "field_connections", transport="websocket") == 0
     sent = "field_notifications_sent_total"
@@ -358,3 +381,78 @@ async def test_rap_invocations_are_counted(server_factory: StartServer) -> None:
         await runtime.stop()
     ok = {"transport": "rap", "operation": "ATTUNE", "outcome": "ok"}
     assert value(samples, "field_operations_total", **ok) == 1
+
+
+PROMTOOL = shutil.which("promtool")
+
+
+def promtool_check(text: str) -> None:
+    """``promtool check metrics`` (Prometheus's own parser and linter) passes on ``text``."""
+    if PROMTOOL is None:
+        warnings.warn("promtool is not installed: the scrape is not checked by it", stacklevel=2)
+        return
+    checked = subprocess.run(
+        [PROMTOOL, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+async def test_a_scrape_has_one_family_a_metric_and_no_created_series(
+    server_factory: StartServer,
+) -> None:
+    """An outbox in use (a subscriber paced at one notification a second, its frames
+    queued): the outbox histogram is one family of buckets, count and sum in the text
+    format and one gauge histogram in OpenMetrics; no counter or histogram has a
+    ``_created`` twin; promtool finds nothing wrong with the whole scrape."""
+    server = server_factory(notify_rate=1.0, notify_burst=1)
+    url = server.url
+    async with FieldClient(url) as field, aiohttp.ClientSession() as http:
+        a = await field.register("agent-a", "analyst", interests=["pricing"])
+        b = await field.register("agent-b", "analyst", interests=["pricing"])
+        stream = await subscribe(b, ["memory.recorded"])
+        async with (
+            sse_stream(http, stream["sse_url"], b.token) as sse,
+            open_ws(url, a.token) as idle,
+        ):
+            await sse.ready()
+            assert idle  # a push connection of no subscription: its outbox stays empty
+            for n in range(5):
+                await record(a, f"pricing: finding {n}")
+
+            def queued(samples: Samples) -> bool:
+                return (
+                    value(samples, "field_outbox_frames_sum") >= 2
+                    and value(samples, "field_outbox_frames_count") == 2
+                )
+
+            await until_metric(url, queued, "frames queued in the subscriber's outbox")
+            text = await exposition(url)
+            openmetrics = await exposition(url, "application/openmetrics-text; version=1.0.0")
+    samples = parsed(text)
+    assert "_created" not in text and "_created" not in openmetrics
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    outbox = families["field_outbox_frames"]
+    assert outbox.type == "histogram"
+    assert {s.name for s in outbox.samples} == {
+        f"field_outbox_frames_{suffix}" for suffix in ("bucket", "count", "sum")
+    }
+    assert not {"field_outbox_frames_gcount", "field_outbox_frames_gsum"} & set(families)
+    # two connections: the idle WebSocket's outbox is empty, the stream's holds 2 to 4
+    assert value(samples, "field_outbox_frames_count") == 2
+    assert value(samples, "field_outbox_frames_bucket", le="0") == 1
+    assert value(samples, "field_outbox_frames_bucket", le="1") == 1
+    assert value(samples, "field_outbox_frames_bucket", le="10") == 2
+    assert value(samples, "field_outbox_frames_bucket", le="+Inf") == 2
+    assert 2 <= value(samples, "field_outbox_frames_sum") <= 4
+    # the counters and histograms counted as they happen have no _created sample
+    assert value(samples, "field_operations_total", transport="http", operation="RECORD",
+                 outcome="ok") == 5  # fmt: skip
+    assert value(samples, "field_operation_duration_seconds_count", operation="RECORD") == 5
+    assert samples.keys() >= {("field_writer_batch_operations_count", frozenset())}
+    promtool_check(text)
+    # OpenMetrics has the gauge histogram type: the same buckets, with _gcount and _gsum
+    assert openmetrics.endswith("# EOF\n")
+    assert "# TYPE field_outbox_frames gaugehistogram\n" in openmetrics
+    assert 'field_outbox_frames_bucket{le="10"} 2.0\n' in openmetrics
+    assert "field_outbox_frames_gcount 2.0\n" in openmetrics
+    assert "field_outbox_frames_count" not in openmetrics

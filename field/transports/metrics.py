@@ -28,6 +28,9 @@ A scrape runs on the event loop and walks every agent (their statuses) and
 every push connection (their outbox depths) once: its cost grows with both,
 and nothing else's does.
 
+A scrape shows no ``_created`` sample, and in the text format the outbox's gauge
+histogram is a histogram (:class:`_Exposed`).
+
 ``--no-metrics`` turns all of it off: no ``/metrics`` route, nothing counted.
 ``--metrics-token-file`` makes ``/metrics`` ask for that bearer token;
 without it anyone who reaches the port may read the numbers (no secret is
@@ -60,6 +63,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -246,7 +250,55 @@ class Metrics:
             body = orjson.dumps(error.to_response())
             return Response(body, error.http_status, headers, media_type="application/json")
         encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        return Response(encoder(self.registry), media_type=None, headers=_type(content_type))
+        exposed = _Exposed(self.registry, text=not content_type.startswith(_OPENMETRICS))
+        return Response(encoder(exposed), media_type=None, headers=_type(content_type))
+
+
+#: The media type of the OpenMetrics exposition (else it is the text format, 0.0.4).
+_OPENMETRICS = "application/openmetrics-text"
+#: The metric types whose prometheus-client metrics make a ``_created`` sample.
+_CREATED = frozenset({"counter", "histogram", "summary"})
+
+
+class _Exposed(Collector):
+    """The registry as a scrape shows it, in either format:
+
+    * without the ``_created`` samples prometheus-client makes for each counter and
+      histogram (one series more for each of their series, which no dashboard reads).
+      Dropped here, for this registry alone: ``disable_created_metrics()`` and
+      ``PROMETHEUS_DISABLE_CREATED_SERIES`` would change every registry of the process,
+      those of an application that embeds the Field included;
+    * in the text format (``text``), each gauge histogram as a histogram of the same name,
+      its ``_gcount`` and ``_gsum`` as ``_count`` and ``_sum``: the format has no gauge
+      histogram, and prometheus-client writes one as a histogram of buckets alone beside
+      two gauges, which text parsers read as three families."""
+
+    def __init__(self, registry: CollectorRegistry, *, text: bool) -> None:
+        self._registry = registry
+        self._text = text
+
+    def collect(self) -> Iterator[Metric]:
+        for metric in self._registry.collect():
+            if metric.type in _CREATED:
+                created = metric.name + "_created"
+                samples = [s for s in metric.samples if s.name != created]
+                if len(samples) < len(metric.samples):
+                    metric = _copy(metric, metric.type, samples)
+            elif self._text and metric.type == "gaugehistogram":
+                renamed = {f"{metric.name}_gcount": "_count", f"{metric.name}_gsum": "_sum"}
+                samples = [
+                    s._replace(name=metric.name + renamed[s.name]) if s.name in renamed else s
+                    for s in metric.samples
+                ]
+                metric = _copy(metric, "histogram", samples)
+            yield metric
+
+
+def _copy(metric: Metric, kind: str, samples: list[Sample]) -> Metric:
+    """``metric`` as a metric of type ``kind`` with ``samples``."""
+    copy = Metric(metric.name, metric.documentation, kind, metric.unit)
+    copy.samples = samples
+    return copy
 
 
 def _authorized(request: Request, token: str) -> bool:
