@@ -42,7 +42,13 @@ the WebSocket clients offer permessage-deflate, as browsers and the
 ``--ws-deflate`` so that it accepts (it declines by default).
 
 Prints one row per transport, size and phase, and the Field's throughput
-as a ratio of Redis's.
+as a ratio of Redis's. A request the Field refuses (``503 OVERLOADED`` or
+``429 RATE_LIMITED``: a REGISTER or SUBSCRIBE of the set-up, a RECORD of a
+phase) is waited out for its ``Retry-After`` and sent again, the same
+envelope (the Field changed nothing for it, so no unit is recorded twice);
+the ``refused`` column counts a phase's refused RECORDs, and a line after the
+table names the kinds, the set-up's included. A refused RECORD's latencies
+count from its accepted attempt.
 
 ``--metrics on off`` runs every Field case with the server's metrics on (the
 default) and off (``--no-metrics``), alternating, ``--rounds`` times each (the
@@ -92,6 +98,8 @@ from _common import (
     pct,
     progress,
 )
+from _refusals import Refusals
+from _refusals import post as post_retried
 
 HOST = "127.0.0.1"
 SUBSCRIPTION = {"events": ["memory.recorded"], "min_relevance": 0, "debounce_ms": 0}
@@ -104,6 +112,8 @@ CONNECT_CONCURRENCY = 64
 #: HTTP requests a client process has in flight while registering.
 SETUP_CONCURRENCY = 16
 CHANNEL = b"fanout"
+#: Requests of this process that the Field refused for now (see ``_post``).
+REFUSALS = Refusals()
 
 
 def raise_nofile() -> int:
@@ -548,15 +558,23 @@ def _resp_array(buf: bytearray, pos: int) -> tuple[list[Any], int] | None:
 # -- the client process -----------------------------------------------------------
 
 
-async def _post(session: aiohttp.ClientSession, url: str, body: Any, token: str | None) -> Any:
+async def _post(
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Any,
+    token: str | None,
+    refusals: Refusals | None = None,
+) -> Any:
+    """The answer to ``body``; a refusal for now (503 OVERLOADED, 429 RATE_LIMITED) is waited
+    out and the same body sent again, counted in ``refusals`` (this process's REFUSALS)."""
     headers = {"Content-Type": "application/json"}
     if token is not None:
         headers["Authorization"] = f"Bearer {token}"
-    async with session.post(url, data=orjson.dumps(body), headers=headers) as response:
-        payload = orjson.loads(await response.read())
-        if response.status != 200:
-            raise RuntimeError(f"{url}: {response.status} {payload}")
-        return payload
+    counted = REFUSALS if refusals is None else refusals
+    reply = await post_retried(session, url, orjson.dumps(body), headers, counted)
+    if reply.status != 200:
+        raise RuntimeError(f"{url}: {reply.status} {reply.answer}")
+    return reply.answer
 
 
 async def _setup(spec: dict[str, Any], counter: Any) -> list[tuple[str, str, str]]:
@@ -640,7 +658,9 @@ async def _client(pipe: Any, spec: dict[str, Any], counter: Any) -> None:
         if op == "setup":
             if spec["kind"] != "redis":
                 agents = await _setup(spec, counter)
-            pipe.send(("ok", len(agents)))
+            pipe.send(("ok", len(agents), REFUSALS.as_dict()))
+            REFUSALS.counts.clear()
+            REFUSALS.waited = 0.0
         elif op == "connect":
             clients, failed = await _connect(spec, agents, sink, counter)
             pipe.send(("ok", len(clients), failed, time.process_time()))
@@ -762,6 +782,8 @@ class FieldWriter:
         self.session: aiohttp.ClientSession | None = None
         self.token = ""
         self.intent = {"purpose": f"{topic} benchmark", "task_id": f"task-{topic}"}
+        #: requests refused for now, waited out and sent again
+        self.refusals = Refusals()
 
     async def start(self) -> None:
         """A fresh session (the server drops connections idle for 30 s), registered once."""
@@ -770,7 +792,9 @@ class FieldWriter:
         if not self.token:
             payload = {"id": "writer", "role": "market_researcher", "interests": ["market size"]}
             body = envelope("REGISTER", "writer", payload)
-            registered = await _post(self.session, self.base + "/v1/register", body, None)
+            registered = await _post(
+                self.session, self.base + "/v1/register", body, None, self.refusals
+            )
             self.token = registered["token"]
         else:  # open the connection before the phase
             async with self.session.get(self.base + "/v1/field/status") as response:
@@ -784,12 +808,16 @@ class FieldWriter:
             "intent": self.intent,
             "confidence": {"score": 0.8, "reasoning": "generated"},
         }
-        body = envelope("RECORD", "writer", payload)
-        sent = time.time()
-        response = await _post(self.session, self.base + "/v1/record", body, self.token)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {self.token}"}
+        body = orjson.dumps(envelope("RECORD", "writer", payload))
+        url = self.base + "/v1/record"
+        reply = await post_retried(self.session, url, body, headers, self.refusals)
         ack = time.time()
-        self.sent[response["memory_unit_id"]] = sent
-        return response["memory_unit_id"], ack
+        if reply.status != 200:
+            raise RuntimeError(f"{url}: {reply.status} {reply.answer}")
+        unit = reply.answer["memory_unit_id"]
+        self.sent[unit] = reply.sent_at  # the accepted attempt's
+        return unit, ack
 
     async def close(self) -> None:
         if self.session is not None:
@@ -806,6 +834,7 @@ class RedisPublisher:
         self.head, _, self.tail = sample.partition(unit)
         self.serial = 0
         self.sent: dict[str, float] = {}
+        self.refusals = Refusals()  # none: Redis refuses nothing for load
         self.lock = asyncio.Lock()
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
@@ -882,6 +911,9 @@ class Row:
     anomalies: dict[str, int] = field(default_factory=dict)
     #: the server's metrics: "on", "off" (``--no-metrics``), "" for Redis
     metrics: str = ""
+    #: the phase's RECORDs the Field refused for now, and the case's set-up's
+    refused: Refusals = field(default_factory=Refusals)
+    setup_refused: Refusals = field(default_factory=Refusals)
 
 
 def _measure(
@@ -951,7 +983,9 @@ def run_case(
     try:
         pool = ClientPool(kind, subscribers, args.procs, port, deflate=args.deflate)
         label = f"{kind} {subscribers / 1000:g}k"
-        pool.ask(("setup",), f"{label} setup" if kind != "redis" else None)
+        setup_refused = Refusals()
+        for reply in pool.ask(("setup",), f"{label} setup" if kind != "redis" else None):
+            setup_refused.add(reply[2])
         replies = pool.ask(("connect",), f"{label} conn", timeout=CONNECT_TIMEOUT + 60)
         failed = sum(r[2] for r in replies)
         if failed:
@@ -970,6 +1004,9 @@ def run_case(
                 per_conn = 0
                 for phase in ("paced", "flat-out"):
                     await writer.start()
+                    if phase == "paced":  # the writer's REGISTER
+                        setup_refused.add(writer.refusals)
+                    writer.refusals = Refusals()
                     writer.sent.clear()
                     started = (time.monotonic(), cpu_seconds(server.pid), client_cpu)
                     if phase == "paced":
@@ -992,6 +1029,7 @@ def run_case(
                     )
                     sample = sample or found
                     row.metrics = "" if kind == "redis" else metrics
+                    row.refused, row.setup_refused = writer.refusals, setup_refused
                     rows.append(row)
                     print(
                         f"\r{label:>12} {phase}: {row.delivered:,}/{row.expected:,} delivered",
@@ -1077,14 +1115,20 @@ def main() -> None:
     print(
         f"{'transport':<10}{'subscr.':>8} {'phase':<9}{'metrics':<8}{'units':>6}{'delivered':>11}"
         f"{'deliv./s':>10}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'srv CPU':>9}{'cli CPU':>9}"
-        f"{'p99 from send':>15}"
+        f"{'p99 from send':>15}{'refused':>9}"
     )
     for r in rows:
         print(
             f"{r.transport:<10}{r.subscribers:>8,} {r.phase:<9}{r.metrics:<8}{r.units:>6}"
             f"{r.delivered:>11,}{r.throughput:>10,.0f}{r.p50:>9.1f}{r.p99:>9.1f}{r.worst:>9.1f}"
-            f"{r.server_cpu:>8.0f}%{r.client_cpu:>8.0f}%{r.p99_sent:>15.1f}"
+            f"{r.server_cpu:>8.0f}%{r.client_cpu:>8.0f}%{r.p99_sent:>15.1f}{r.refused.total:>9,}"
         )
+    for r in rows:
+        name = f"{r.transport} {r.subscribers:,} {r.metrics}".rstrip()
+        if r.setup_refused and r.phase == "paced":
+            print(f"  refused, {name} set-up: {r.setup_refused.describe()}")
+        if r.refused:
+            print(f"  refused, {name} {r.phase} RECORDs: {r.refused.describe()}")
     problems = [r for r in rows if r.delivered != r.expected or r.anomalies]
     for r in problems:
         print(
