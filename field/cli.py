@@ -738,8 +738,10 @@ def uvicorn_config(
     guard = ConnectionGuard(connection_limits(config))
     if metrics is not None:
         metrics.guard = guard
+        guard.responses = metrics.responses
+    responses = None if metrics is None else metrics.responses
     return uvicorn.Config(
-        AccessLog(app, enabled=config.access_log),
+        AccessLog(app, enabled=config.access_log, responses=responses),
         interface="asgi3",  # AccessLog returns a coroutine; uvicorn cannot tell by looking
         # with the caller's logging (log_config None), the levels are the caller's too
         log_level=config.log_level if log_config is not None else None,

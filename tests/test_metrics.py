@@ -24,6 +24,7 @@ from field.admission import Mode, Work
 from field.client import AgentClient, FieldClient, FieldClientError
 from field.config import Config
 from field.subscriptions.outbox import PushLimits
+from field.transports.access import AccessLog
 from field.transports.http import HTTPBinding
 from field.transports.metrics import OTHER, Metrics
 
@@ -352,6 +353,8 @@ async def test_no_metrics_serves_none_and_counts_nothing(server_factory: StartSe
         assert (await r.json())["code"] == "NOT_FOUND"
     assert server.app.state.metrics is None
     assert server.app.state.push_hub.counts is None
+    access_layer = server.server.config.app
+    assert isinstance(access_layer, AccessLog) and access_layer.responses is None
 
 
 async def test_metrics_of_an_agent_do_not_need_its_token(field_server: ThreadedServer) -> None:
@@ -456,3 +459,70 @@ async def test_a_scrape_has_one_family_a_metric_and_no_created_series(
     assert 'field_outbox_frames_bucket{le="10"} 2.0\n' in openmetrics
     assert "field_outbox_frames_gcount 2.0\n" in openmetrics
     assert "field_outbox_frames_count" not in openmetrics
+
+
+async def raw_answer(url: str, request: bytes) -> bytes:
+    """What the server answers ``request`` written on a TCP connection of its own."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), TIMEOUT)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("access_log", [False, True], ids=["quiet", "access-log"])
+async def test_http_responses_are_counted_by_status_class(
+    server_factory: StartServer, access_log: bool
+) -> None:
+    server = server_factory(access_log=access_log)
+    url = server.url
+    before = await scrape(url)  # its own 200 is counted once it is sent
+    async with FieldClient(url) as field, aiohttp.ClientSession() as http:
+        agent = await field.register("agent-a", "analyst")  # 200
+        await record(agent, "a finding")  # 200
+        async with http.get(f"{url}/", allow_redirects=False) as r:
+            assert r.status == 307
+        async with http.get(f"{url}/no-such-page") as r:
+            assert r.status == 404
+        with pytest.raises(FieldClientError) as refused:
+            await agent.send("RECORD", {"type": "finding"})  # 400: no content
+        assert refused.value.code == "INVALID_PAYLOAD"
+        async with http.get(f"{url}/v1/ws") as r:  # a WebSocket path without a handshake
+            assert 400 <= r.status < 500
+        await on_server_loop(server, shed_writes)
+        envelope = {
+            "protocol": "akashik",
+            "version": "0.1.0",
+            "id": "m-1",
+            "operation": "REGISTER",
+            "agent_id": "agent-b",
+            "session_id": None,
+            "epoch": 0,
+            "payload": {"id": "agent-b", "role": "analyst"},
+        }
+        async with http.post(f"{url}/v1/register", json=envelope) as r:  # once, no retry
+            assert r.status == 503 and (await r.json())["code"] == "OVERLOADED"
+        async with open_ws(url, agent.token):  # 101: the handshake accepted
+            pass
+        async with open_ws(url, "not-a-token") as refused_ws:  # 101, then closed 4401
+            _, code = await refused_ws.until_closed()
+        assert code == 4401
+        # malformed HTTP, answered by the connection itself before any request was read
+        answer = await raw_answer(url, b"NOT HTTP AT ALL\r\n\r\n")
+        assert answer.startswith(b"HTTP/1.1 400 ")
+        after = await scrape(url)
+
+    def moved(cls: str) -> float:
+        return value(after, "field_http_responses_total", **{"class": cls}) - value(
+            before, "field_http_responses_total", **{"class": cls}
+        )
+
+    assert moved("2xx") == 3  # the first scrape, REGISTER, RECORD
+    assert moved("3xx") == 1
+    assert moved("4xx") == 4  # 404, INVALID_PAYLOAD, /v1/ws without a handshake, bad HTTP
+    assert moved("5xx") == 1
+    assert moved("1xx") == 2
+    assert value(after, "field_http_responses_total", **{"class": OTHER}) == 0

@@ -36,6 +36,12 @@ carry a new one, which no log line names.
   :class:`~.metrics.Observer`) that names the ``request_id`` of its WebSocket
   or invocation.
 
+**Responses by status class** (``field_http_responses_total``): unless
+``--no-metrics``, the layer counts each answer's status class as it sends its
+head (an increment of the metrics' list, :func:`count_response`): HTTP
+responses, streams' heads, WebSocket handshakes accepted (101) or refused.
+The refusals :mod:`.connections` writes itself count into the same list.
+
 With ``--log-format json`` each of these is a key of the line (``logs.FIELDS``).
 What a client wrote that a line shows (the path and query, a WebSocket close
 reason) is cut short and its control characters escaped: one line stays one
@@ -82,6 +88,16 @@ _PROCESS = secrets.token_hex(8)
 _MADE = itertools.count(1)
 _SCRAMBLE = secrets.randbits(64) | 1
 _MASK = (1 << 64) - 1
+
+
+#: Responses sent, by status class: ``responses[status // 100]`` (1 to 5; 0: a status
+#: outside 100 to 599). The :class:`~.metrics.Metrics`' tally; None with ``--no-metrics``.
+Responses = list[int]
+
+
+def count_response(responses: Responses, status: int) -> None:
+    """One response of ``status`` sent."""
+    responses[status // 100 if 100 <= status < 600 else 0] += 1
 
 
 def new_request_id() -> str:
@@ -257,9 +273,11 @@ class AccessLog:
     on the stack of a WebSocket for its whole life. (uvicorn is told it is ASGI 3,
     as it could not tell by looking: ``uvicorn_config``.)"""
 
-    def __init__(self, app: ASGIApp, *, enabled: bool) -> None:
+    def __init__(self, app: ASGIApp, *, enabled: bool, responses: Responses | None = None) -> None:
         self.app = app
         self.enabled = enabled
+        #: where each answer's status class is counted (None: nowhere)
+        self.responses = responses
 
     def __call__(self, scope: Scope, receive: Receive, send: Send) -> Awaitable[None]:
         kind = scope["type"]
@@ -267,7 +285,8 @@ class AccessLog:
             return self.app(scope, receive, send)
         request_id = request_id_of(scope["headers"])
         if not self.enabled:  # no record: nothing would read it
-            return self.app(scope, receive, _SendingId(send, id_header(request_id)))
+            sending = _SendingId(send, id_header(request_id), self.responses)
+            return self.app(scope, receive, sending)
         return self._logged(scope, receive, send, request_id)
 
     async def _logged(self, scope: Scope, receive: Receive, send: Send, request_id: str) -> None:
@@ -276,27 +295,39 @@ class AccessLog:
         started = time.perf_counter()
         try:
             if scope["type"] == "http":
-                await self.app(scope, receive, _http_logged(send, header, access))
+                sending = _http_logged(send, header, access, self.responses)
+                await self.app(scope, receive, sending)
             else:
                 listen = _ws_listened(receive, access)
-                await self.app(scope, listen, _ws_logged(send, header, access))
+                await self.app(scope, listen, _ws_logged(send, header, access, self.responses))
         finally:
             access.answered(time.perf_counter() - started)
 
 
 class _SendingId:
     """``send``, with ``header`` added to the response's head (an HTTP response's, or a
-    WebSocket handshake's whether accepted or refused). An object of two slots, not a
-    closure: an idle WebSocket keeps it for its whole life."""
+    WebSocket handshake's whether accepted or refused), its status class counted in
+    ``responses`` (a WebSocket closed before it was accepted: uvicorn's 403). An object of
+    four slots, not a closure: an idle WebSocket keeps it for its whole life."""
 
-    __slots__ = ("send", "header")
+    __slots__ = ("send", "header", "responses", "answered")
 
-    def __init__(self, send: Send, header: tuple[bytes, bytes]) -> None:
-        self.send, self.header = send, header
+    def __init__(
+        self, send: Send, header: tuple[bytes, bytes], responses: Responses | None
+    ) -> None:
+        self.send, self.header, self.responses = send, header, responses
+        self.answered = False
 
     async def __call__(self, message: Message) -> None:
-        if message["type"] in _HEADS:
+        kind = message["type"]
+        if kind in _HEADS:
             message = _with_header(message, self.header)
+            if self.responses is not None:
+                self.answered = True
+                count_response(self.responses, message.get("status", 101))
+        elif kind == "websocket.close" and not self.answered and self.responses is not None:
+            self.answered = True
+            count_response(self.responses, 403)
         await self.send(message)
 
 
@@ -304,14 +335,19 @@ class _SendingId:
 _HEADS = frozenset({"http.response.start", "websocket.accept", "websocket.http.response.start"})
 
 
-def _http_logged(send: Send, header: tuple[bytes, bytes], access: Access) -> Send:
-    """``send``, with the request id in the response's head, noting its status; an event
-    stream's head is its open line (a HEAD's is not: no stream follows it)."""
+def _http_logged(
+    send: Send, header: tuple[bytes, bytes], access: Access, responses: Responses | None
+) -> Send:
+    """``send``, with the request id in the response's head, noting its status (and
+    counting it in ``responses``); an event stream's head is its open line (a HEAD's is
+    not: no stream follows it)."""
     streams = access.method != "HEAD"
 
     async def sending(message: Message) -> None:
         if message["type"] == "http.response.start":
             access.status = message["status"]
+            if responses is not None:
+                count_response(responses, access.status)
             if streams and access.status == 200 and _is_event_stream(message):
                 access.stream_opened()
             message = _with_header(message, header)
@@ -320,12 +356,15 @@ def _http_logged(send: Send, header: tuple[bytes, bytes], access: Access) -> Sen
     return sending
 
 
-def _ws_logged(send: Send, header: tuple[bytes, bytes], access: Access) -> Send:
-    """``send``, with the request id in the handshake's response, noting its status and
-    the Field's close."""
+def _ws_logged(
+    send: Send, header: tuple[bytes, bytes], access: Access, responses: Responses | None
+) -> Send:
+    """``send``, with the request id in the handshake's response, noting its status (and
+    counting it in ``responses``) and the Field's close."""
 
     async def sending(message: Message) -> None:
         kind = message["type"]
+        unanswered = access.status is None
         if kind == "websocket.accept":
             access.status = 101
             message = _with_header(message, header)
@@ -337,6 +376,8 @@ def _ws_logged(send: Send, header: tuple[bytes, bytes], access: Access) -> Send:
                 access.status = 403
             else:
                 access.ended((message.get("code", 1000), message.get("reason") or ""))
+        if unanswered and access.status is not None and responses is not None:
+            count_response(responses, access.status)
         await send(message)
 
     return sending

@@ -56,7 +56,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from ..errors import Code, FieldError, Overloaded
-from .access import id_header, new_request_id
+from .access import count_response, id_header, new_request_id
 
 logger = logging.getLogger("field.connections")
 
@@ -170,6 +170,9 @@ class ConnectionGuard:
         self._next_report = 0.0
         #: connections refused since start-up, by the cap they met
         self.refused_total = {"total": 0, "client": 0}
+        #: where the answers written here (refusals, timeouts, malformed HTTP) are counted
+        #: by status class (the metrics' tally, shared with ``AccessLog``); None: nowhere
+        self.responses: list[int] | None = None
 
     def admit(self, key: str) -> Admission:
         """Count a new connection from ``key``, or raise the error that refuses it."""
@@ -342,7 +345,7 @@ class FieldHttpProtocol(HttpToolsProtocol):
             cycle.message_event.set()
 
     def _answer_and_close(self, error: FieldError, *headers: tuple[bytes, bytes]) -> None:
-        self.transport.write(error_bytes(error, self.server_state.default_headers, *headers))
+        self._write_error(error, *headers)
         self._enter(Phase.CLOSING)
         if self.transport.can_write_eof():
             self.transport.write_eof()  # the FIN follows the answer; reading goes on
@@ -374,8 +377,14 @@ class FieldHttpProtocol(HttpToolsProtocol):
             self.guard.lingering += 1
             self._answer_and_close(refusal, *headers)
         else:  # a flood: no time to wait for each client to read its answer
-            self.transport.write(error_bytes(refusal, self.server_state.default_headers, *headers))
+            self._write_error(refusal, *headers)
             self._close()
+
+    def _write_error(self, error: FieldError, *headers: tuple[bytes, bytes]) -> None:
+        """Write ``error`` as a whole response (counted in the guard's ``responses``)."""
+        self.transport.write(error_bytes(error, self.server_state.default_headers, *headers))
+        if self.guard.responses is not None:
+            count_response(self.guard.responses, error.http_status)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._timer is not None:

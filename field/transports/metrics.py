@@ -74,10 +74,10 @@ from ..core.context import Outcome
 from ..errors import HTTP_STATUS, Code, FieldError
 from ..model import AGENT_STATUSES, OPERATIONS, StoredEntry
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
+from .access import Access, Responses
 from .push import PushCounts
 
 if TYPE_CHECKING:
-    from .access import Access
     from .connections import ConnectionGuard
     from .http import HTTPBinding
 
@@ -153,6 +153,9 @@ class Metrics:
             registry=registry,
         )
         self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
+        #: HTTP responses sent, by status class (``access.count_response``): counted by
+        #: the ASGI layer around the app and by the connections' own refusals
+        self.responses: Responses = [0] * 6
         registry.register(_FieldCollector(self))
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
@@ -407,6 +410,7 @@ class _FieldCollector(Collector):
         info.add_metric([__version__], 1)
         yield info
         yield from _guard_metrics(self._metrics.guard)
+        yield _responses(self._metrics.responses)
         service = binding.service
         if service is None:  # starting or stopping
             return
@@ -416,6 +420,20 @@ class _FieldCollector(Collector):
             yield from _push_metrics(binding, self._metrics.guard)
         if binding.deliveries is not None:
             yield from _delivery_metrics(binding)
+
+
+def _responses(responses: Responses) -> Metric:
+    counted = CounterMetricFamily(
+        "field_http_responses",
+        "HTTP responses the server sent, by status class (1xx: WebSocket handshakes "
+        "accepted), refusals at accept and before a request was read whole included.",
+        labels=["class"],
+    )
+    for n in range(1, 6):
+        counted.add_metric([f"{n}xx"], responses[n])
+    if responses[0]:
+        counted.add_metric([OTHER], responses[0])
+    return counted
 
 
 def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
