@@ -13,6 +13,7 @@ first refusal. Latencies are those of the attempt the Field answered, not of the
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -82,7 +83,8 @@ class Reply:
     """The Field's answer to the last attempt of a request."""
 
     status: int
-    answer: Any
+    #: the body as read (parsed by ``answer`` only when asked for)
+    raw: bytes
     #: ``time.perf_counter()`` when that attempt was sent and when its answer was read
     began: float
     ended: float
@@ -94,6 +96,18 @@ class Reply:
     @property
     def ms(self) -> float:
         return (self.ended - self.began) * 1000
+
+    @functools.cached_property
+    def answer(self) -> Any:
+        """The body as JSON (as text if it is not JSON, None if empty)."""
+        return parse(self.raw)
+
+
+def parse(raw: bytes) -> Any:
+    try:
+        return orjson.loads(raw) if raw else None
+    except orjson.JSONDecodeError:
+        return raw.decode(errors="replace")
 
 
 async def post(
@@ -118,18 +132,15 @@ async def post(
             raw = await response.read()
             status, response_headers = response.status, response.headers
         ended = time.perf_counter()
-        try:
-            answer = orjson.loads(raw) if raw else None
-        except orjson.JSONDecodeError:
-            answer = raw.decode(errors="replace")
-        found = refusal(status, response_headers, answer)
+        # only a 503 or 429 is parsed here: a large answer costs this process nothing more
+        found = refusal(status, response_headers, parse(raw)) if status in (503, 429) else None
         if found is None:
-            return Reply(status, answer, began, ended, sent_at)
+            return Reply(status, raw, began, ended, sent_at)
         kind, wait = found
         refusals.note(kind, wait)
         refused += 1
         if until is not None and time.perf_counter() + wait > until:
-            return Reply(status, answer, began, ended, sent_at, refused=True)
+            return Reply(status, raw, began, ended, sent_at, refused=True)
         if refused >= MAX_REFUSALS:
-            raise RuntimeError(f"{url}: refused {refused} times in a row, last {kind}: {answer}")
+            raise RuntimeError(f"{url}: refused {refused} times in a row, last {kind}: {raw!r}")
         await asyncio.sleep(wait)

@@ -20,7 +20,10 @@ two interests and a context hint: a ranking of every unit), four times:
 
 Prints the normal client's p50 and p99 in each run with their ratios to the
 baseline, what the heavy and slow clients got, and the server's peak file
-descriptors and memory.
+descriptors and memory. A request refused ``503 OVERLOADED`` or ``429
+RATE_LIMITED`` is waited out for its ``Retry-After`` and sent again (timed
+by its accepted attempt); the last lines count the refusals of the set-up,
+of the normal client in each run and (on their lines) of the heavy clients.
 """
 
 from __future__ import annotations
@@ -35,8 +38,9 @@ from collections import Counter
 from typing import Any
 
 from _common import bracketed, pct
+from _refusals import Refusals
 from fanout import rss_kb, start_field
-from large_reads import corpus_arguments, heavy_process, normal_client, populate
+from large_reads import REFUSALS, corpus_arguments, heavy_process, normal_client, populate
 
 #: What each kind of slow connection sends, then holds.
 SLOW = {
@@ -145,10 +149,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             time.sleep(1)  # the others are under way
             peaks = Peaks(server.pid)
             print(f"measuring the normal client: {run}", flush=True)
-            samples = asyncio.run(normal_client(url, tokens["normal"], args.seconds))
+            refused = Refusals()
+            samples = asyncio.run(normal_client(url, tokens["normal"], args.seconds, refused))
             stop.set()
             result[run] = {
                 "samples": samples,
+                "refused": refused,
                 "heavy": heavy_out.get(timeout=120) if heavy_out is not None else None,
                 "slow": slow_out.get(timeout=120) if slow_out is not None else None,
                 "peaks": peaks.stop(),
@@ -186,15 +192,18 @@ def main() -> None:
         )
     for run, figures in result.items():
         if figures["heavy"] is not None:
-            latencies, sizes, elapsed = figures["heavy"]
+            latencies, sizes, elapsed, heavy_refused = figures["heavy"]
             print(
                 f"{run}: heavy clients {len(latencies) / elapsed:.0f} maximal ATTUNEs/s, "
                 f"p50 {pct(latencies, 0.5):.1f} ms, {pct([float(s) for s in sizes], 0.5) / 1e6:.2f}"
-                " MB each"
+                f" MB each; refused {Refusals().add(heavy_refused).describe()}"
             )
         if figures["slow"] is not None:
             answers, most = figures["slow"]
             print(f"{run}: slow connections, at most {most:,} held at once; answers {answers}")
+    print(f"refused (set-up): {REFUSALS.describe()}")
+    for run, figures in result.items():
+        print(f"refused (the normal client, {run}): {figures['refused'].describe()}")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,10 @@ Prints the normal client's p50 and p99 in both runs and their ratios, the
 heavy clients' rate, p50 and response size, the first maximal ATTUNE after
 the units were recorded (the one that used to embed them all), and the
 server's resident memory (VmRSS, sampled every 50 ms, and its peak VmHWM).
+A request the server refuses (``503 OVERLOADED``, ``429 RATE_LIMITED``) is
+waited out for its ``Retry-After`` and sent again, timed by its accepted
+attempt; the last lines count the refusals of the set-up, of the normal
+client in each run and of the heavy clients, by kind.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from typing import Any
 import aiohttp
 import orjson
 from _common import VOCABULARY, bracketed, envelope, pct, progress
+from _refusals import Refusals, Reply
+from _refusals import post as post_retried
 from fanout import rss_kb, start_field
 
 NORMAL_SCOPE = {
@@ -55,18 +61,36 @@ def content(rng: random.Random, chars: int) -> str:
     return " ".join(words)[:chars]
 
 
-async def post(
-    session: aiohttp.ClientSession, url: str, operation: str, agent: str, payload: Any, token: str
-) -> bytes:
+#: requests of this process refused for now (the set-up's, unless a caller counts its own)
+REFUSALS = Refusals()
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    url: str,
+    operation: str,
+    agent: str,
+    payload: Any,
+    token: str,
+    refusals: Refusals | None = None,
+) -> Reply:
+    """The operation, sent again after each refusal's Retry-After; fails on any other error."""
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
     body = orjson.dumps(envelope(operation, agent, payload))
-    async with session.post(f"{url}/v1/{operation.lower()}", data=body, headers=headers) as reply:
-        raw = await reply.read()
-        if reply.status != 200:
-            raise RuntimeError(f"{operation} failed: {reply.status} {raw[:300]!r}")
-        return raw
+    target = f"{url}/v1/{operation.lower()}"
+    reply = await post_retried(session, target, body, headers, refusals or REFUSALS)
+    if reply.status != 200:
+        raise RuntimeError(f"{operation} failed: {reply.status} {reply.raw[:300]!r}")
+    return reply
+
+
+async def post(
+    session: aiohttp.ClientSession, url: str, operation: str, agent: str, payload: Any, token: str
+) -> bytes:
+    """The answer's bytes."""
+    return (await send(session, url, operation, agent, payload, token)).raw
 
 
 async def populate(url: str, units: int, chars: int, heavy: int) -> dict[str, str]:
@@ -106,37 +130,38 @@ def maximal(fmt: str) -> dict[str, Any]:
 async def first_maximal(url: str, tokens: dict[str, str], fmt: str) -> tuple[float, int]:
     """The first maximal ATTUNE after the units were recorded: (ms, bytes)."""
     async with aiohttp.ClientSession() as session:
-        start = time.perf_counter()
-        raw = await post(session, url, "ATTUNE", "heavy-0", maximal(fmt), tokens["heavy-0"])
-        return (time.perf_counter() - start) * 1000, len(raw)
+        reply = await send(session, url, "ATTUNE", "heavy-0", maximal(fmt), tokens["heavy-0"])
+        return reply.ms, len(reply.raw)
 
 
-async def normal_client(url: str, token: str, seconds: float) -> list[float]:
-    """The normal client's ATTUNE latencies (ms) over ``seconds``."""
+async def normal_client(
+    url: str, token: str, seconds: float, refusals: Refusals | None = None
+) -> list[float]:
+    """The normal client's ATTUNE latencies (ms) over ``seconds``; its refusals counted in
+    ``refusals`` (default: this process's REFUSALS)."""
     payload = {"scope": NORMAL_SCOPE, "context_hint": "pricing for smb", "format": "summary"}
     samples: list[float] = []
     async with aiohttp.ClientSession() as session:
         await post(session, url, "ATTUNE", "normal", payload, token)  # warm the connection
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
-            start = time.perf_counter()
-            await post(session, url, "ATTUNE", "normal", payload, token)
-            samples.append((time.perf_counter() - start) * 1000)
+            reply = await send(session, url, "ATTUNE", "normal", payload, token, refusals)
+            samples.append(reply.ms)
     return samples
 
 
 def heavy_process(
     url: str, tokens: dict[str, str], count: int, fmt: str, ready: Any, stop: Any, out: Any
 ) -> None:
-    """``count`` heavy clients in this process until ``stop`` is set; reports on ``out``."""
+    """``count`` heavy clients in this process until ``stop`` is set; reports on ``out``
+    (latencies, sizes, seconds, and the refusals as :meth:`Refusals.as_dict`)."""
 
     async def one(agent: str, latencies: list[float], sizes: list[int]) -> None:
         async with aiohttp.ClientSession() as session:
             while not stop.is_set():
-                start = time.perf_counter()
-                raw = await post(session, url, "ATTUNE", agent, maximal(fmt), tokens[agent])
-                latencies.append((time.perf_counter() - start) * 1000)
-                sizes.append(len(raw))
+                reply = await send(session, url, "ATTUNE", agent, maximal(fmt), tokens[agent])
+                latencies.append(reply.ms)
+                sizes.append(len(reply.raw))
 
     async def run() -> None:
         latencies: list[float] = []
@@ -144,7 +169,7 @@ def heavy_process(
         ready.set()
         start = time.perf_counter()
         await asyncio.gather(*(one(f"heavy-{i}", latencies, sizes) for i in range(count)))
-        out.put((latencies, sizes, time.perf_counter() - start))
+        out.put((latencies, sizes, time.perf_counter() - start, REFUSALS.as_dict()))
 
     asyncio.run(run())
 
@@ -186,7 +211,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         result["rss_loaded"] = rss_kb(server.pid)
         result["first"] = asyncio.run(first_maximal(url, tokens, args.format))
         print("measuring the normal client alone", flush=True)
-        result["alone"] = asyncio.run(normal_client(url, tokens["normal"], args.seconds))
+        result["refused"] = {"set-up": REFUSALS, "alone": Refusals(), "beside": Refusals()}
+        alone = normal_client(url, tokens["normal"], args.seconds, result["refused"]["alone"])
+        result["alone"] = asyncio.run(alone)
         context = multiprocessing.get_context("spawn")
         ready, stop, out = context.Event(), context.Event(), context.Queue()
         child = context.Process(
@@ -198,7 +225,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         time.sleep(1)  # the heavy clients are under way
         sampler = RssSampler(server.pid)
         print(f"measuring it beside {args.heavy} heavy clients", flush=True)
-        result["beside"] = asyncio.run(normal_client(url, tokens["normal"], args.seconds))
+        beside = normal_client(url, tokens["normal"], args.seconds, result["refused"]["beside"])
+        result["beside"] = asyncio.run(beside)
         stop.set()
         result["heavy"] = out.get(timeout=120)
         child.join(60)
@@ -224,7 +252,7 @@ def main() -> None:
     args = parser.parse_args()
     result = measure(args)
     alone, beside = result["alone"], result["beside"]
-    latencies, sizes, elapsed = result["heavy"]
+    latencies, sizes, elapsed, heavy_refused = result["heavy"]
     first_ms, first_bytes = result["first"]
     print(
         f"\n{args.units:,} units of {args.chars:,} characters; the normal client: ATTUNE top 10, "
@@ -252,6 +280,9 @@ def main() -> None:
         f"{result['rss_peak'] / 1024:.0f} MB beside the heavy clients (VmHWM "
         f"{result['hwm'] / 1024:.0f} MB)"
     )
+    result["refused"]["heavy clients"] = Refusals().add(heavy_refused)
+    for phase, refusals in result["refused"].items():
+        print(f"refused ({phase}): {refusals.describe()}")
 
 
 if __name__ == "__main__":
