@@ -18,6 +18,13 @@ second server, as ``benchmarks/writes.py`` does.
 After each run: ``GET /v1/field/status`` counts the source's accepted events, the SQLite
 log holds that many ``memory.recorded`` entries, and the subscriber received that many
 notifications; each must equal the acknowledged events.
+
+A request the server refuses (``503 OVERLOADED``, ``429 RATE_LIMITED``) is
+waited out for its ``Retry-After`` and sent again, the same signed event with
+the same delivery id (the Field recorded nothing for it, so it is not taken
+for a duplicate, nor written twice), unless the wait would end past the run;
+the ``refused`` column counts the refusals, a line names their kinds, and a
+latency is the accepted attempt's.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from typing import Any
 import aiohttp
 import orjson
 from _common import bracketed, envelope, pct, progress
+from _refusals import Refusals, Reply
+from _refusals import post as post_retried
 from writes import FieldServer, count_logged_units, get_json, new_loop, record_payload
 
 OPERATOR_TOKEN = "benchmark-operator-token-0123456789"
@@ -118,6 +127,8 @@ class Run:
     acknowledged: int = 0
     samples: list[tuple[float, float]] = field(default_factory=list)
     errors: dict[str, int] = field(default_factory=dict)
+    #: requests refused for now, waited out and sent again
+    refusals: Refusals = field(default_factory=Refusals)
     window: tuple[float, float] = (0.0, 0.0)
     server_cpu: float = 0.0
     client_cpu: float = 0.0
@@ -134,10 +145,14 @@ class Run:
         t0, t1 = self.window
         return pct([(e - s) * 1000 for s, e in self.samples if s >= t0 and e <= t1], q)
 
-    def note(self, began: float, status: int, answer: dict[str, Any]) -> None:
+    def note(self, reply: Reply) -> None:
+        if reply.refused:  # refused until the deadline: counted in refusals, not sent again
+            return
+        status = reply.status
+        answer = reply.answer if isinstance(reply.answer, dict) else {}
         if status == 200 and answer.get("status") == "accepted":
             self.acknowledged += 1
-            self.samples.append((began, time.perf_counter()))
+            self.samples.append((reply.began, reply.ended))
         else:
             key = f"{status} {answer.get('code') or answer.get('status')}"
             self.errors[key] = self.errors.get(key, 0) + 1
@@ -156,9 +171,10 @@ async def sender(
             body = pull_request(rng, index * 1_000_000 + n)
             headers = signed_headers(scheme, body, f"delivery-{index}-{n}")
             n += 1
-            began = time.perf_counter()
-            async with session.post(target, data=body, headers=headers) as response:
-                run.note(began, response.status, orjson.loads(await response.read()))
+            reply = await post_retried(
+                session, target, body, headers, run.refusals, until=deadline[0]
+            )
+            run.note(reply)
 
 
 async def recorder(
@@ -179,35 +195,40 @@ async def recorder(
         while time.perf_counter() < deadline[0]:
             body = orjson.dumps(envelope("RECORD", agent, record_payload(rng, n)))
             n += 1
-            began = time.perf_counter()
-            async with session.post(f"{url}/v1/record", data=body, headers=headers) as response:
-                run.note(began, response.status, orjson.loads(await response.read()))
+            target = f"{url}/v1/record"
+            reply = await post_retried(
+                session, target, body, headers, run.refusals, until=deadline[0]
+            )
+            run.note(reply)
 
 
 async def post(
-    session: aiohttp.ClientSession, url: str, body: Any, token: str | None = None
+    session: aiohttp.ClientSession,
+    url: str,
+    body: Any,
+    token: str | None = None,
+    refusals: Refusals | None = None,
 ) -> Any:
+    """Set-up: the answer to ``body``, sent again after each refusal's Retry-After."""
     headers = {"Content-Type": "application/json"}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    async with session.post(url, data=orjson.dumps(body), headers=headers) as response:
-        answer = orjson.loads(await response.read())
-        if response.status != 200:
-            raise RuntimeError(f"{url}: {response.status} {answer}")
-        return answer
+    counted = Refusals() if refusals is None else refusals
+    reply = await post_retried(session, url, orjson.dumps(body), headers, counted)
+    if reply.status != 200:
+        raise RuntimeError(f"{url}: {reply.status} {reply.answer}")
+    return reply.answer
 
 
 async def subscriber(session: aiohttp.ClientSession, url: str, run: Run) -> asyncio.Task[None]:
     """An agent subscribed to memory.recorded, counting notifications on its SSE stream."""
     agent = "watcher"
-    registered = await post(
-        session, f"{url}/v1/register", envelope("REGISTER", agent, {"id": agent, "role": "watcher"})
-    )
+    body = envelope("REGISTER", agent, {"id": agent, "role": "watcher"})
+    registered = await post(session, f"{url}/v1/register", body, None, run.refusals)
     token = registered["token"]
     payload = {"action": "subscribe", "subscription": {"events": ["memory.recorded"]}}
-    subscribed = await post(
-        session, f"{url}/v1/subscribe", envelope("SUBSCRIBE", agent, payload), token
-    )
+    body = envelope("SUBSCRIBE", agent, payload)
+    subscribed = await post(session, f"{url}/v1/subscribe", body, token, run.refusals)
     ready = asyncio.Event()
 
     async def read() -> None:
@@ -236,16 +257,19 @@ async def drive(server: FieldServer, args: argparse.Namespace, scheme: str | Non
             for i in range(args.clients):
                 agent = f"writer-{i:02d}"
                 body = envelope("REGISTER", agent, {"id": agent, "role": "writer"})
-                tokens.append(
-                    (agent, (await post(session, f"{server.url}/v1/register", body))["token"])
-                )
+                answer = await post(session, f"{server.url}/v1/register", body, None, run.refusals)
+                tokens.append((agent, answer["token"]))
             tasks = [
                 asyncio.create_task(recorder(server.url, token, agent, i, run, start, deadline))
                 for i, (agent, token) in enumerate(tokens)
             ]
         else:
             await post(
-                session, f"{server.url}/v1/sources", source_definition(scheme), OPERATOR_TOKEN
+                session,
+                f"{server.url}/v1/sources",
+                source_definition(scheme),
+                OPERATOR_TOKEN,
+                run.refusals,
             )
             tasks = [
                 asyncio.create_task(sender(server.url, scheme, i, run, start, deadline))
@@ -322,7 +346,7 @@ def main() -> None:
     )
     print(
         f"{'case':<20}{'events/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'srv CPU':>9}{'gen CPU':>9}"
-        f"{'acked':>9}{'pushed':>9}{'durable':>9}"
+        f"{'acked':>9}{'pushed':>9}{'refused':>9}{'durable':>9}"
     )
     failed = False
     seconds = args.warmup + args.seconds
@@ -332,8 +356,11 @@ def main() -> None:
         print(
             f"{name:<20}{run.rate:>10,.0f}{run.latency(0.5):>9.2f}{run.latency(0.99):>9.2f}"
             f"{run.server_cpu / seconds:>9.0%}{run.client_cpu / seconds:>9.0%}"
-            f"{run.acknowledged:>9,}{run.notified:>9,}{'yes' if whole else 'NO':>9}"
+            f"{run.acknowledged:>9,}{run.notified:>9,}{run.refusals.total:>9,}"
+            f"{'yes' if whole else 'NO':>9}"
         )
+        if run.refusals:
+            print(f"  {name}: refused {run.refusals.describe()}")
         if run.errors or not whole:
             print(
                 f"  {name}: acknowledged {run.acknowledged}, status {run.status_accepted}, "
@@ -345,7 +372,9 @@ def main() -> None:
             print(f"{name}: {run.rate / baseline:.2f}x RECORD over HTTP")
     print(
         "durable: the status counts, the memory.recorded entries of the SQLite log and the "
-        "notifications the subscriber received equal the acknowledged events"
+        "notifications the subscriber received equal the acknowledged events;\nrefused: "
+        "requests answered 503 OVERLOADED or 429 RATE_LIMITED, each sent again after its "
+        "Retry-After (not an error)"
     )
     if failed:
         sys.exit(1)
