@@ -16,7 +16,9 @@ own log line), and the server's resident memory then, in all and per unit.
 
 With ``--live N`` it then serves the largest log with ``--snapshot-entries N`` and times
 RECORDs (100 a second) while the server writes snapshots in a process of its own and
-while it does not: what writing one costs the live server.
+while it does not: what writing one costs the live server. A RECORD refused ``503
+OVERLOADED`` or ``429 RATE_LIMITED`` is sent again after its ``Retry-After`` (timed by its
+accepted attempt), and a line counts the refusals by kind.
 """
 
 from __future__ import annotations
@@ -39,7 +41,10 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 from _common import LOAD_RATES, ROLES, ROOT, VOCABULARY, bracketed, envelope, pct, progress
+from _refusals import Refusals
+from _refusals import post as post_retried
 
 from field.model import LogEntry
 from field.store import EventLog, SQLiteEventLog
@@ -200,10 +205,12 @@ def live(directory: Path, url: str | None, every: int, seconds: float, rate: flo
                     times.append(time.perf_counter())
 
     threading.Thread(target=follow, daemon=True).start()
-    samples = asyncio.run(_record_paced(url, seconds, rate))
+    refusals = Refusals()
+    samples = asyncio.run(_record_paced(url, seconds, rate, refusals))
     process.send_signal(signal.SIGTERM)
     process.wait(timeout=60)
     runs = list(zip(marks["writing a snapshot"], marks["snapshot written"], strict=False))
+    print(f"  live: refused {refusals.describe()}")
     if not runs:
         print(f"  live: no snapshot was written in {seconds:.0f} s")
         return
@@ -225,19 +232,25 @@ def live(directory: Path, url: str | None, every: int, seconds: float, rate: flo
             )
 
 
-async def _record_paced(url: str, seconds: float, rate: float) -> list[tuple[float, float]]:
-    """(time sent, seconds to the acknowledgement) of RECORDs sent ``rate`` a second."""
+async def _record_paced(
+    url: str, seconds: float, rate: float, refusals: Refusals
+) -> list[tuple[float, float]]:
+    """(time sent, seconds to the acknowledgement) of RECORDs sent ``rate`` a second; one
+    refused (503 OVERLOADED, 429 RATE_LIMITED) is counted in ``refusals`` and sent again
+    after its Retry-After, its sample the accepted attempt's."""
     samples: list[tuple[float, float]] = []
     async with aiohttp.ClientSession() as session:
-        async with session.post(
-            url + "/v1/register",
-            json=envelope("REGISTER", "live-writer", {"id": "live-writer", "role": "analyst"}),
-        ) as r:
-            token = (await r.json())["token"]
-        headers = {"Authorization": f"Bearer {token}"}
+        body = envelope("REGISTER", "live-writer", {"id": "live-writer", "role": "analyst"})
+        json = {"Content-Type": "application/json"}
+        reply = await post_retried(
+            session, url + "/v1/register", orjson.dumps(body), json, refusals
+        )
+        assert reply.status == 200, reply.status
+        token = reply.answer["token"]
+        headers = {**json, "Authorization": f"Bearer {token}"}
         started = time.perf_counter()
         n = 0
-        while (now := time.perf_counter()) - started < seconds:
+        while time.perf_counter() - started < seconds:
             payload = {
                 "type": "finding",
                 "content": f"live unit {n} on {VOCABULARY[n % len(VOCABULARY)]}",
@@ -245,10 +258,11 @@ async def _record_paced(url: str, seconds: float, rate: float) -> list[tuple[flo
                 "confidence": {"score": 0.7, "reasoning": "generated"},
             }
             body = envelope("RECORD", "live-writer", payload)
-            async with session.post(url + "/v1/record", json=body, headers=headers) as r:
-                await r.read()
-                assert r.status == 200, r.status
-            samples.append((now, time.perf_counter() - now))
+            reply = await post_retried(
+                session, url + "/v1/record", orjson.dumps(body), headers, refusals
+            )
+            assert reply.status == 200, reply.status
+            samples.append((reply.began, reply.ended - reply.began))
             n += 1
             await asyncio.sleep(max(0.0, started + n / rate - time.perf_counter()))
     return samples
