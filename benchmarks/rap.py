@@ -21,6 +21,11 @@ at once). One agent is registered over HTTP; then:
    measures the path, not the bucket.
 
 Prints p50/p99 latencies (ms) and rates. Server and load share the machine.
+A request refused ``503 OVERLOADED`` (the server's invocations are all
+running, admission control) or ``429 RATE_LIMITED`` is sent again after its
+``Retry-After``, the same invocation or envelope (the Field changed nothing
+for it), timed from its accepted attempt; the last line counts the refusals
+of each part by kind.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ from typing import Any
 import aiohttp
 import orjson
 from _common import envelope, machine_line, pct
+from _refusals import Refusals, Reply
+from _refusals import post as post_retried
 from aiohttp import web
 from writes import FieldServer, new_loop
 
@@ -43,6 +50,10 @@ RECORD = {
     "content": "The market size grows 23% a year in the SMB segment.",
     "intent": {"purpose": "size the market"},
     "confidence": {"score": 0.8, "reasoning": "three analyst reports agree"},
+}
+#: requests refused for now, by part of the run
+REFUSALS = {
+    part: Refusals() for part in ("round trip", "RAP invocations", "HTTP RECORDs", "events")
 }
 
 
@@ -84,26 +95,27 @@ async def invoke(
     tool: str,
     call: str,
     arguments: dict[str, Any],
+    refusals: Refusals,
 ) -> float:
-    """One invocation; seconds until its tool result arrived."""
+    """One invocation; seconds from its accepted POST until its tool result arrived."""
     future = runtime.waiting[call] = asyncio.get_running_loop().create_future()
     body = {"operation": tool, "arguments": arguments, "id": call, "group_id": "bench",
             "callback_url": runtime.url}  # fmt: skip
-    start = time.perf_counter()
-    async with http.post(
-        base + "/rap/invoke", data=orjson.dumps(body),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-    ) as response:  # fmt: skip
-        assert response.status == 200, await response.text()
-    return await asyncio.wait_for(future, 30) - start
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    reply = await post_retried(http, base + "/rap/invoke", orjson.dumps(body), headers, refusals)
+    assert reply.status == 200, reply.answer
+    return await asyncio.wait_for(future, 30) - reply.began
 
 
-async def record_http(http: aiohttp.ClientSession, base: str, token: str, agent: str) -> str:
-    async with http.post(
-        base + "/v1/record", data=orjson.dumps(envelope("RECORD", agent, RECORD)),
-        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
-    ) as response:  # fmt: skip
-        return str((await response.json())["memory_unit_id"])
+async def record_http(
+    http: aiohttp.ClientSession, base: str, token: str, agent: str, refusals: Refusals
+) -> Reply:
+    """One RECORD over HTTP (sent again after each refusal's Retry-After)."""
+    body = orjson.dumps(envelope("RECORD", agent, RECORD))
+    headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+    reply = await post_retried(http, base + "/v1/record", body, headers, refusals)
+    assert reply.status == 200, reply.answer
+    return reply
 
 
 async def closed_loops(clients: int, seconds: float, one: Any) -> int:
@@ -132,25 +144,28 @@ async def run(args: argparse.Namespace, server: FieldServer) -> None:
     runtime = Runtime()
     runner = await runtime.start()
     async with aiohttp.ClientSession() as http:
-        body = envelope("REGISTER", "bench-1", {"id": "bench-1", "role": "analyst"})
-        async with http.post(base + "/v1/register", json=body) as response:
-            token = (await response.json())["token"]
+        body = orjson.dumps(envelope("REGISTER", "bench-1", {"id": "bench-1", "role": "analyst"}))
+        json = {"Content-Type": "application/json"}
+        round_trip = REFUSALS["round trip"]
+        reply = await post_retried(http, base + "/v1/register", body, json, round_trip)
+        token = reply.answer["token"]
 
-        rap = [await invoke(http, base, token, runtime, "akashik_record", f"c{i}", RECORD)
+        rap = [await invoke(http, base, token, runtime, "akashik_record", f"c{i}", RECORD,
+                            round_trip)
                for i in range(args.calls)]  # fmt: skip
         direct = []
         for _ in range(args.calls):
-            start = time.perf_counter()
-            await record_http(http, base, token, "bench-1")
-            direct.append(time.perf_counter() - start)
+            reply = await record_http(http, base, token, "bench-1", round_trip)
+            direct.append(reply.ended - reply.began)
         print(line("RECORD as a RAP call, round trip", rap))
         print(line("RECORD over HTTP, round trip", direct))
 
         async def rap_one(i: int, n: int) -> None:
-            await invoke(http, base, token, runtime, "akashik_record", f"t{i}-{n}", RECORD)
+            await invoke(http, base, token, runtime, "akashik_record", f"t{i}-{n}", RECORD,
+                         REFUSALS["RAP invocations"])  # fmt: skip
 
         async def http_one(i: int, n: int) -> None:
-            await record_http(http, base, token, "bench-1")
+            await record_http(http, base, token, "bench-1", REFUSALS["HTTP RECORDs"])
 
         for label, one in (("RAP invocations", rap_one), ("HTTP RECORDs", http_one)):
             cpu = server.cpu_seconds()
@@ -161,14 +176,16 @@ async def run(args: argparse.Namespace, server: FieldServer) -> None:
                 f"server CPU {per_call:.3f} ms each)"
             )
 
+        events = REFUSALS["events"]
         await invoke(http, base, token, runtime, "akashik_subscribe",
-                     "sub", {"events": ["memory.recorded"], "include_own": True})  # fmt: skip
+                     "sub", {"events": ["memory.recorded"], "include_own": True},
+                     events)  # fmt: skip
         sent: dict[str, float] = {}
         total = int(args.rate * args.seconds)
         start = time.perf_counter()
         for i in range(total):
-            unit = await record_http(http, base, token, "bench-1")
-            sent[unit] = time.perf_counter()
+            reply = await record_http(http, base, token, "bench-1", events)
+            sent[str(reply.answer["memory_unit_id"])] = reply.ended
             await asyncio.sleep(max(0.0, start + (i + 1) / args.rate - time.perf_counter()))
         deadline = time.perf_counter() + 30
         while len(runtime.events) < total and time.perf_counter() < deadline:
@@ -177,6 +194,7 @@ async def run(args: argparse.Namespace, server: FieldServer) -> None:
         assert units == list(sent), "events missing, repeated or out of order"
         lags = [at - sent[unit] for unit, at in runtime.events]
         print(line(f"event lag at {args.rate:g}/s (200 -> event)", lags))
+        print("refused: " + "; ".join(f"{part} {r.describe()}" for part, r in REFUSALS.items()))
     await runner.cleanup()
 
 
