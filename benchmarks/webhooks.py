@@ -52,6 +52,13 @@ agents, after ``--idle`` stream subscriptions (read by their agents; the
 reference), after as many webhook subscriptions (idle: nothing recorded),
 and once each webhook has delivered one notification and gone idle again
 (read when the delivery client has closed its idle connections).
+
+A REGISTER, SUBSCRIBE or RECORD the Field refuses (``503 OVERLOADED``,
+``429 RATE_LIMITED``) is waited out for its ``Retry-After`` and sent again,
+the same envelope (the Field changed nothing for it, so no unit is recorded
+twice), through ``fanout.py``'s clients; a refused RECORD's latencies count
+from its accepted attempt. Lines after the table count the refusals of the
+set-up and of each phase's RECORDs, by kind.
 """
 
 from __future__ import annotations
@@ -75,7 +82,17 @@ from typing import Any
 
 import aiohttp
 from _common import LOAD_RATES, ROLES, VOCABULARY, bracketed, envelope, pct, progress
-from fanout import ChildServer, FieldWriter, _post, cpu_seconds, paced, raise_nofile, rss_kb
+from _refusals import Refusals
+from fanout import (
+    REFUSALS,
+    ChildServer,
+    FieldWriter,
+    _post,
+    cpu_seconds,
+    paced,
+    raise_nofile,
+    rss_kb,
+)
 
 HOST = "127.0.0.1"
 #: Where the Field may deliver (every receiver is on loopback), and every agent registering
@@ -450,6 +467,8 @@ class Row:
     #: p99 of the receivers other than receiver 0
     others_p99: float = float("nan")
     anomalies: dict[str, int] = field(default_factory=dict)
+    #: the phase's RECORDs the Field refused for now (waited out and sent again)
+    refused: Refusals = field(default_factory=Refusals)
 
 
 def wait_for(pool: ReceiverPool, target: int, timeout: float) -> None:
@@ -535,6 +554,8 @@ def deliveries(args: argparse.Namespace, pool: ReceiverPool) -> tuple[list[Row],
                         pool.ask(("dead", 0, args.dead))
                     before = pool.total()
                     started = (time.monotonic(), cpu_seconds(server.pid), pool.cpu())
+                    REFUSALS.add(writer.refusals)  # its REGISTER and warm-up: set-up
+                    writer.refusals = Refusals()
                     if phase == "sustained":
                         acks = await sustained(
                             writer, pool, subscriptions, args.window, args.seconds
@@ -555,6 +576,7 @@ def deliveries(args: argparse.Namespace, pool: ReceiverPool) -> tuple[list[Row],
                         started,
                         server.pid,
                     )
+                    row.refused = writer.refusals
                     rows.append(row)
                     print(
                         f"{phase}: {row.delivered:,}/{row.expected:,} delivered",
@@ -770,6 +792,10 @@ def report(rows: list[Row], args: argparse.Namespace) -> None:
             print(
                 f"  ! {r.phase}: {r.delivered:,} of {r.expected:,} delivered; {r.anomalies or ''}"
             )
+    print(f"refused, set-up (REGISTER, SUBSCRIBE, the first RECORDs): {REFUSALS.describe()}")
+    for r in rows:
+        if r.refused:
+            print(f"refused, {r.phase} RECORDs: {r.refused.describe()}")
     by = {r.phase: r for r in rows}
     if "sustained" in by and "bare loop" in by and by["bare loop"].rate:
         ratio = by["sustained"].rate / by["bare loop"].rate
