@@ -22,7 +22,10 @@ and the ``websockets`` library do by default, to a server started with
 ``--ws-deflate``, so that it accepts), ``sse`` (one stream per
 subscription) and the baseline ``redis`` (a private ``redis-server`` with
 that many connections SUBSCRIBEd to one channel). The machine's speed is
-read before and after the run (``_common.machine_line``).
+read before and after the run (``_common.machine_line``). A REGISTER or
+SUBSCRIBE refused ``503 OVERLOADED`` or ``429 RATE_LIMITED`` is sent again
+after its ``Retry-After`` (``fanout.py``'s clients); a line per case counts
+the refusals by kind.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import sys
 import time
 
 from _common import bracketed
+from _refusals import Refusals
 from fanout import ClientPool, raise_nofile, rss_kb, start_field, start_redis
 
 KINDS = {
@@ -56,7 +60,9 @@ def measure(kind: str, count: int, procs: int, settle: float) -> dict[str, float
         client_kind = {"ws-deflate": "ws"}.get(kind, kind)
         pool = ClientPool(client_kind, count, procs, port, deflate=kind == "ws-deflate")
         label = f"{kind} {count / 1000:g}k"
-        pool.ask(("setup",), f"{label} setup" if kind != "redis" else None)
+        refused = Refusals()
+        for reply in pool.ask(("setup",), f"{label} setup" if kind != "redis" else None):
+            refused.add(reply[2])
         time.sleep(settle)
         before = rss_kb(server.pid)
         replies = pool.ask(("connect",), f"{label} conn", timeout=300)
@@ -79,6 +85,7 @@ def measure(kind: str, count: int, procs: int, settle: float) -> dict[str, float
         "closed": closed,
         "per_connection": (after - before) / max(1, opened),
         "per_agent": (before - fresh) / count,
+        "refused": refused,
     }
 
 
@@ -120,6 +127,9 @@ def main() -> None:
             f"{KINDS[kind]:<19}{r['opened']:>7,}{r['fresh'] / 1024:>8.1f}{r['before'] / 1024:>8.1f}"
             f"{r['after'] / 1024:>8.1f}{r['closed'] / 1024:>8.1f}{r['per_connection']:>9.1f}{agent}"
         )
+    for kind, count, r in rows:
+        if r["refused"]:
+            print(f"  {KINDS[kind]} {count:,}: set-up refused {r['refused'].describe()}")
     for kind, count, r in rows:
         if r["opened"] != count:
             print(f"  ! {KINDS[kind]} {count:,}: only {r['opened']:,} connections went live")
