@@ -40,10 +40,13 @@ every client here connects from 127.0.0.1.
   once, its cursors strictly increasing; and the writer must have had every RECORD
   acknowledged.
 
-A RECORD refused (``503 OVERLOADED``: admission control, on by default, refuses writes
-while a node's event loop runs late) is counted and shown, and is not a failure: the client
-was told. What fails the run (exit status 1) is a unit lost or delivered twice, or a node
-that does not count what the log holds.
+A request refused (``503 OVERLOADED``: admission control, on by default, refuses writes
+while a node's event loop runs late; ``429 RATE_LIMITED``) is counted and shown, and is not a
+failure: the client was told. It waits the ``Retry-After`` and sends the same request again
+(the node changed nothing for it, so no unit is written twice; the closed loop does not
+when the wait would end past its deadline); a latency is the accepted attempt's. What
+fails the run (exit status 1) is a unit lost or delivered twice, or a node that does not
+count what the log holds.
 
 ``--rounds`` runs every case that many times (a case's configurations in the reverse order
 every other round) and prints the range of each figure over the rounds. The nodes,
@@ -71,6 +74,8 @@ import aiohttp
 import orjson
 import psycopg
 from _common import bracketed, envelope, pct
+from _refusals import Refusals
+from _refusals import post as post_retried
 from fanout import CONNECT_TIMEOUT, ONE_CLIENT_ADDRESS, ClientPool, raise_nofile
 from pglog import Database
 from writes import FieldServer, Run, count_logged_units, new_loop, record_payload, register
@@ -218,7 +223,7 @@ class Throughput:
 
     @property
     def refused(self) -> int:
-        return sum(self.run.errors.values())
+        return self.run.refusals.total
 
 
 async def writer_batches(session: aiohttp.ClientSession, url: str) -> tuple[float, float]:
@@ -334,13 +339,20 @@ class Sent:
 
 
 async def open_loop(
-    url: str, rate: float, seconds: float, at: Callable[[], None] | None = None
+    url: str,
+    rate: float,
+    seconds: float,
+    at: Callable[[], None] | None = None,
+    refusals: Refusals | None = None,
 ) -> list[Sent]:
     """Register a writer on ``url``, then send ``rate * seconds`` RECORDs, each at its time
-    whether or not the previous one was answered; ``at`` is called halfway through."""
+    whether or not the previous one was answered; ``at`` is called halfway through. A
+    RECORD refused for now is counted in ``refusals`` and sent again after its Retry-After
+    (its ``sent`` is the accepted attempt's)."""
+    counted = Refusals() if refusals is None else refusals
     connector = aiohttp.TCPConnector(limit=32)
     async with aiohttp.ClientSession(connector=connector) as session:
-        token, epoch = await register(session, url, "writer")
+        token, epoch = await register(session, url, "writer", counted)
         headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
         rng = random.Random(7)
 
@@ -348,14 +360,15 @@ async def open_loop(
             body = orjson.dumps(envelope("RECORD", "writer", record_payload(rng, n), epoch))
             sent = time.time()
             try:
-                async with session.post(url + "/v1/record", data=body, headers=headers) as resp:
-                    answer = orjson.loads(await resp.read())
-                    status = resp.status
+                reply = await post_retried(session, url + "/v1/record", body, headers, counted)
             except (aiohttp.ClientError, OSError) as exc:
                 return Sent(n, sent, time.time(), None, f"{type(exc).__name__}: {exc}")
-            if status != 200:
-                return Sent(n, sent, time.time(), None, f"{status} {answer.get('code')}")
-            return Sent(n, sent, time.time(), answer["memory_unit_id"])
+            if reply.status != 200:
+                answer = reply.answer if isinstance(reply.answer, dict) else {}
+                return Sent(
+                    n, reply.sent_at, time.time(), None, f"{reply.status} {answer.get('code')}"
+                )
+            return Sent(n, reply.sent_at, time.time(), reply.answer["memory_unit_id"])
 
         total = round(rate * seconds)
         loop = asyncio.get_running_loop()
@@ -372,7 +385,7 @@ async def open_loop(
 
 
 def refusals(sent: list[Sent]) -> str:
-    """What the RECORDs that were not acknowledged got, counted."""
+    """What the RECORDs that were not acknowledged got (refusals aside: sent again), counted."""
     counts: dict[str, int] = {}
     for s in sent:
         if s.error is not None:
@@ -395,6 +408,8 @@ class Delivery:
     duplicates: int = 0
     anomalies: dict[str, int] = field(default_factory=dict)
     meter: Meter | None = None
+    #: requests refused for now (waited out and sent again)
+    refused: Refusals = field(default_factory=Refusals)
 
     @property
     def acks(self) -> list[float]:
@@ -428,7 +443,10 @@ def delivery_case(args: argparse.Namespace, count: int) -> Delivery:
             try:
                 meter.start()
                 print(f"  {config}: {args.seconds:g} s ...", file=sys.stderr, flush=True)
-                sent = loop.run_until_complete(open_loop(writer_node.url, args.rate, args.seconds))
+                refused = Refusals()
+                sent = loop.run_until_complete(
+                    open_loop(writer_node.url, args.rate, args.seconds, refusals=refused)
+                )
                 meter.stop()
             finally:
                 loop.close()
@@ -436,7 +454,7 @@ def delivery_case(args: argparse.Namespace, count: int) -> Delivery:
             replies = pool.ask(("collect", units, COLLECT_TIMEOUT), timeout=COLLECT_TIMEOUT + 60)
         finally:
             pool.close()
-    result = Delivery(config, live, sent, meter=meter)
+    result = Delivery(config, live, sent, meter=meter, refused=refused)
     sent_at = {s.unit: s.sent for s in sent if s.unit is not None}
     received: dict[str, int] = dict.fromkeys(sent_at, 0)
     anomalies: dict[str, int] = {}
@@ -536,6 +554,8 @@ class Failover:
     #: subscribers whose stream was exactly the log's units, in order, each once
     exact: int = 0
     problems: list[str] = field(default_factory=list)
+    #: requests refused for now (waited out and sent again)
+    refused: Refusals = field(default_factory=Refusals)
 
     def since_kill(self, attribute: str) -> list[float]:
         """ms from the kill to ``attribute`` of every follower that has it."""
@@ -565,11 +585,11 @@ async def register_subscribers(url: str, count: int) -> list[Follower]:
                 payload = {"action": "subscribe", "subscription": subscription}
                 body = orjson.dumps(envelope("SUBSCRIBE", agent, payload, epoch))
                 headers = {**json, "Authorization": f"Bearer {token}"}
-                async with session.post(url + "/v1/subscribe", data=body, headers=headers) as r:
-                    answer = orjson.loads(await r.read())
-                    if r.status != 200:
-                        raise RuntimeError(f"SUBSCRIBE {agent}: {r.status} {answer}")
-            return Follower(agent, token, answer["cursor"])
+                target = url + "/v1/subscribe"
+                reply = await post_retried(session, target, body, headers, Refusals())
+                if reply.status != 200:
+                    raise RuntimeError(f"SUBSCRIBE {agent}: {reply.status} {reply.answer}")
+            return Follower(agent, token, reply.answer["cursor"])
 
         return list(await asyncio.gather(*(one(i) for i in range(count))))
 
@@ -590,7 +610,8 @@ async def failover_run(nodes: list[FieldServer], args: argparse.Namespace) -> Fa
             b.process.kill()
 
         print(f"  failover: {args.seconds:g} s ...", file=sys.stderr, flush=True)
-        sent = await open_loop(a.url, args.failover_rate, args.seconds, at=kill_b)
+        refused = Refusals()
+        sent = await open_loop(a.url, args.failover_rate, args.seconds, kill_b, refused)
         units = await asyncio.to_thread(logged_units, database_of(a))
         wanted = len(units)
         deadline = time.monotonic() + COLLECT_TIMEOUT
@@ -603,6 +624,7 @@ async def failover_run(nodes: list[FieldServer], args: argparse.Namespace) -> Fa
         await asyncio.gather(*readers, return_exceptions=True)
         await session.close()
     result = Failover(len(followers), sent, killed_at[0], followers, expected=wanted)
+    result.refused = refused
     acknowledged = {s.unit for s in sent if s.unit is not None}
     if not acknowledged <= {unit for _, unit in units}:
         result.problems.append("acknowledged units are missing from the log")
@@ -672,8 +694,10 @@ def report_throughput(rows: list[Throughput], args: argparse.Namespace) -> None:
                 f"  ! {r.config}: acknowledged {r.run.acknowledged}, the nodes count "
                 f"{r.status_units}, the log holds {r.log_units}"
             )
+        if r.run.refusals:
+            print(f"  {r.config}: refused {r.run.refusals.describe()}")
         if r.run.errors:
-            print(f"  {r.config}: refused {r.run.errors} (the client waited 5 ms, went on)")
+            print(f"  ! {r.config}: not acknowledged {r.run.errors}")
     configs = list(dict.fromkeys(r.config for r in rows))
     by = {c: [r for r in rows if r.config == c] for c in configs}
     sqlite, pg1 = by.get("1 node, SQLite", []), by.get("1 node, PG", [])
@@ -713,7 +737,7 @@ def report_delivery(rows: list[Delivery], args: argparse.Namespace) -> None:
         print(
             f"{r.config:<17}{r.subscribers:>8,}{len(r.latencies):>9,}{pct(lat, 0.5):>9.1f}"
             f"{pct(lat, 0.99):>9.1f}{max(lat):>9.1f}{pct(acks, 0.5):>9.1f}{pct(acks, 0.99):>9.1f}"
-            f"{r.errors:>8}{m.node_cpu:>7.2f}{m.postgres:>6.2f}{m.host_busy:>6.0%}"
+            f"{r.refused.total:>8}{m.node_cpu:>7.2f}{m.postgres:>6.2f}{m.host_busy:>6.0%}"
             f"{'yes' if r.exact else 'NO':>7}"
         )
         if not r.exact:
@@ -721,8 +745,10 @@ def report_delivery(rows: list[Delivery], args: argparse.Namespace) -> None:
                 f"  ! {r.config}: {r.expected - r.missing:,} of {r.expected:,} delivered, "
                 f"{r.duplicates} twice; {r.anomalies or ''}"
             )
+        if r.refused:
+            print(f"  {r.config}: refused {r.refused.describe()}")
         if r.errors:
-            print(f"  {r.config}: RECORDs refused: {r.why}")
+            print(f"  ! {r.config}: RECORDs not acknowledged: {r.why}")
     print(f"over {args.rounds} round{'s' * (args.rounds > 1)}:")
     for config in dict.fromkeys(r.config for r in rows):
         runs = [r for r in rows if r.config == config and r.latencies]
@@ -757,7 +783,8 @@ def report_failover(rows: list[Failover], args: argparse.Namespace) -> None:
         for i, (name, attribute) in enumerate(events):
             times = r.since_kill(attribute) or [float("nan")]
             tail = (
-                f"{f'{r.exact}/{r.subscribers}':>10}{len(r.sent):>9}{r.errors:>9}{max(acks):>9.1f}"
+                f"{f'{r.exact}/{r.subscribers}':>10}{len(r.sent):>9}{r.refused.total:>9}"
+                f"{max(acks):>9.1f}"
                 if i == 0
                 else ""
             )
@@ -765,8 +792,10 @@ def report_failover(rows: list[Failover], args: argparse.Namespace) -> None:
                 f"{n if i == 0 else '':<7}{name:<26}{pct(times, 0.5):>8.0f}{pct(times, 0.99):>8.0f}"
                 f"{max(times):>8.0f}{tail}"
             )
+        if r.refused:
+            print(f"  refused {r.refused.describe()}")
         if r.errors:
-            print(f"  RECORDs refused: {r.why}")
+            print(f"  ! RECORDs not acknowledged: {r.why}")
         for problem in r.problems:
             print(f"  ! {problem}")
         shown = [f for f in r.followers if f.problems][:5]

@@ -203,12 +203,15 @@ def record_payload(rng: random.Random, n: int) -> dict[str, Any]:
 
 
 async def register(
-    session: aiohttp.ClientSession, url: str, agent: str, refusals: Refusals
+    session: aiohttp.ClientSession, url: str, agent: str, refusals: Refusals | None = None
 ) -> tuple[str, int]:
+    """(token, epoch); a refusal for now is sent again after its Retry-After, counted in
+    ``refusals`` if given."""
     payload = {"id": agent, "role": "market_researcher", "interests": ["market size"]}
     body = orjson.dumps(envelope("REGISTER", agent, payload))
     headers = {"Content-Type": "application/json"}
-    reply = await post(session, f"{url}/v1/register", body, headers, refusals)
+    counted = Refusals() if refusals is None else refusals
+    reply = await post(session, f"{url}/v1/register", body, headers, counted)
     if reply.status != 200:
         raise RuntimeError(f"REGISTER {agent}: {reply.status} {reply.answer}")
     return reply.answer["token"], reply.answer["epoch"]
