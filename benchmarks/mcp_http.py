@@ -22,6 +22,11 @@ registers agents over HTTP; the MCP side is the official SDK's client
    serve``'s start-up: seconds and RSS in a fresh interpreter.
 
 Prints p50/p99 latencies (ms) and kB. Server and load share the machine.
+A plain HTTP POST (REGISTER, RECORD, the stateless MCP call) refused ``503
+OVERLOADED`` or ``429 RATE_LIMITED`` is sent again after its ``Retry-After``
+(the Field changed nothing for it), timed by its accepted attempt; the last
+lines count the refusals of each part by kind. The SDK's session calls are
+the SDK's own, and are not retried.
 """
 
 from __future__ import annotations
@@ -40,7 +45,10 @@ from typing import Any
 
 import aiohttp
 import httpx2
+import orjson
 from _common import envelope, machine_line, pct
+from _refusals import Refusals, Reply
+from _refusals import post as post_retried
 from fanout import raise_nofile, rss_kb
 from mcp import ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
@@ -54,12 +62,24 @@ RECORD = {
     "confidence": {"score": 0.8, "reasoning": "three analyst reports agree"},
 }
 ACCEPT = "application/json, text/event-stream"
+#: plain HTTP POSTs refused for now (waited out and sent again), by part of the run
+REFUSALS = {part: Refusals() for part in ("round trip", "push", "memory")}
 
 
-async def register(http: aiohttp.ClientSession, url: str, agent_id: str) -> str:
+async def post_json(
+    http: aiohttp.ClientSession, url: str, body: Any, headers: dict[str, str], part: str
+) -> Reply:
+    """POST ``body`` as JSON, sent again after each refusal's Retry-After; must be a 200."""
+    headers = {**headers, "Content-Type": "application/json"}
+    reply = await post_retried(http, url, orjson.dumps(body), headers, REFUSALS[part])
+    assert reply.status == 200, (reply.status, reply.answer)
+    return reply
+
+
+async def register(http: aiohttp.ClientSession, url: str, agent_id: str, part: str) -> str:
     body = envelope("REGISTER", agent_id, {"id": agent_id, "role": "analyst"})
-    async with http.post(f"{url}/v1/register", json=body) as response:
-        return str((await response.json())["token"])
+    reply = await post_json(http, f"{url}/v1/register", body, {}, part)
+    return str(reply.answer["token"])
 
 
 @contextlib.asynccontextmanager
@@ -80,7 +100,7 @@ def ms(samples: list[float]) -> str:
 
 async def round_trips(url: str, calls: int) -> None:
     async with aiohttp.ClientSession() as http:
-        token = await register(http, url, "rt")
+        token = await register(http, url, "rt", "round trip")
         headers = {"Authorization": f"Bearer {token}"}
         async with session_of(url, token) as session:
             samples = []
@@ -95,28 +115,22 @@ async def round_trips(url: str, calls: int) -> None:
         call["params"] = {"name": "akashik_record", "arguments": RECORD}
         samples = []
         for _ in range(calls):
-            start = time.perf_counter()
-            async with http.post(f"{url}/mcp", json=call, headers=raw) as response:
-                body = await response.json()
-            samples.append(time.perf_counter() - start)
-            assert not body["result"]["isError"]
+            reply = await post_json(http, f"{url}/mcp", call, raw, "round trip")
+            samples.append(reply.ended - reply.began)
+            assert not reply.answer["result"]["isError"]
         print(f"  MCP stateless POST      {ms(samples)}")
         samples = []
         for _ in range(calls):
-            start = time.perf_counter()
-            async with http.post(
-                f"{url}/v1/record", json=envelope("RECORD", "rt", RECORD), headers=headers
-            ) as response:
-                await response.read()
-            samples.append(time.perf_counter() - start)
-            assert response.status == 200
+            body = envelope("RECORD", "rt", RECORD)
+            reply = await post_json(http, f"{url}/v1/record", body, headers, "round trip")
+            samples.append(reply.ended - reply.began)
         print(f"  POST /v1/record         {ms(samples)}")
 
 
 async def push(url: str, rate: float, seconds: float) -> None:
     async with aiohttp.ClientSession() as http:
-        reader_token = await register(http, url, "reader")
-        writer_token = await register(http, url, "writer")
+        reader_token = await register(http, url, "reader", "push")
+        writer_token = await register(http, url, "writer", "push")
         updated: asyncio.Queue[float] = asyncio.Queue()
 
         async def handler(message: Any) -> None:
@@ -157,11 +171,9 @@ async def push(url: str, rate: float, seconds: float) -> None:
             for i in range(total):
                 due = start + i / rate
                 await asyncio.sleep(max(0.0, due - time.perf_counter()))
-                async with http.post(
-                    f"{url}/v1/record", json=envelope("RECORD", "writer", RECORD), headers=headers
-                ) as response:
-                    unit = (await response.json())["memory_unit_id"]
-                acked[unit] = time.perf_counter()
+                body = envelope("RECORD", "writer", RECORD)
+                reply = await post_json(http, f"{url}/v1/record", body, headers, "push")
+                acked[reply.answer["memory_unit_id"]] = reply.ended
             await asyncio.wait_for(done.wait(), 60)
             task.cancel()
             assert sorted(order) == sorted(acked) and len(order) == len(set(order))
@@ -174,7 +186,7 @@ async def push(url: str, rate: float, seconds: float) -> None:
 
 async def memory(url: str, pid: int, sessions: int) -> None:
     async with aiohttp.ClientSession() as http:
-        tokens = [await register(http, url, f"m{i}") for i in range(sessions)]
+        tokens = [await register(http, url, f"m{i}", "memory") for i in range(sessions)]
     await asyncio.sleep(2)
     before = rss_kb(pid)
     stack = contextlib.AsyncExitStack()
@@ -223,6 +235,9 @@ async def run(args: argparse.Namespace, url: str, pid: int) -> None:
     await push(url, args.rate, args.seconds)
     print("memory:")
     await memory(url, pid, args.sessions)
+    print("refused (plain HTTP POSTs, each sent again after its Retry-After):")
+    for part, refusals in REFUSALS.items():
+        print(f"  {part}: {refusals.describe()}")
 
 
 def main() -> None:
