@@ -39,7 +39,11 @@ runs, and its append releases the lock; so every write is validated
 against every earlier entry, whichever node wrote it, and epochs in the
 log never go back. A batch of reads only reads the log's head and applies
 what is new, without the lock: a read sees every write acknowledged, on
-any node, before its batch began. Should such a batch still write (a
+any node, before its batch began, unless the log could not be read: then
+reads are served from what the node holds, and a recheck task (off the
+writer, every :data:`PROBE_SECONDS`) says when batches of reads catch up
+again, so that a table locked elsewhere costs reads one lock timeout, not
+one per batch. Should such a batch still write (a
 clock reservation) and another node have appended meanwhile, the
 reservation, which commutes with everything, is stored after their
 entries. A follower task (:meth:`EventLog.follow`: ``LISTEN/NOTIFY``)
@@ -155,6 +159,8 @@ class FieldService:
         self._max_batch = max_batch
         self._writer: asyncio.Task[None] | None = None
         self._probe: asyncio.Task[None] | None = None
+        #: while set, batches of reads do not catch up (see :meth:`_recheck_log`)
+        self._recheck: asyncio.Task[None] | None = None
         self._stopping = False
         self._blocking_log = log.persistent
         #: called, in order, with every batch of newly durable entries, in log order; a
@@ -307,12 +313,12 @@ class FieldService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sampler
             self._sampler = None
-        for task in (self._probe, self._follower):
+        for task in (self._probe, self._follower, self._recheck):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-        self._probe = self._follower = None
+        self._probe = self._follower = self._recheck = None
         self.log.close()
 
     async def execute(
@@ -579,9 +585,14 @@ class FieldService:
     async def _prepare(self, batch: list[_Pending]) -> None:
         """On a shared log, bring the Field up to the log before ``batch`` runs: under
         the log's lock when one of its jobs may write. While writes are refused, reads
-        are served from what this node holds."""
-        if self.log.shared and self.refusing is None:
-            await self._catch_up(lock=any(p.locks for p in batch))
+        are served from what this node holds, and so are they while the log could not
+        be read lately (a table locked elsewhere): a read waits out the log's lock
+        timeout once, not once per batch, until :meth:`_recheck_log` finds it readable."""
+        if not self.log.shared or self.refusing is not None:
+            return
+        lock = any(p.locks for p in batch)
+        if lock or self._recheck is None or self._recheck.done():
+            await self._catch_up(lock=lock)
 
     async def _catch_up(self, *, lock: bool) -> None:
         """Apply what other nodes appended; with ``lock``, end holding the log's lock.
@@ -607,13 +618,34 @@ class FieldService:
         except FieldError as error:
             if lock:
                 self._refuse_writes(error)  # this batch's writes are refused up front
-            elif not self._stale:
-                logger.warning("reads are served without catching up: %s", error.message)
+            else:
+                if not self._stale:
+                    logger.warning("reads are served without catching up: %s", error.message)
+                if self._recheck is None or self._recheck.done():
+                    self._recheck = asyncio.create_task(self._recheck_log(), name="field-recheck")
             self._stale = True
         else:
             if self._stale:
                 logger.warning("caught up with the log again")
             self._stale = False
+
+    async def _recheck_log(self) -> None:
+        """Every :data:`PROBE_SECONDS`, read the log's head and the entry after this
+        node's position, off the writer; once both answer, wake the writer (its next batch
+        of reads catches up again)."""
+        while True:
+            await asyncio.sleep(PROBE_SECONDS)
+            try:
+                await asyncio.to_thread(self.log.head)
+                await asyncio.to_thread(self.log.read, self.field.state.last_position, 1)
+            except FieldError:
+                continue
+            except Exception:
+                logger.exception("probing the log for reads failed")
+                continue
+            break
+        self._recheck = None
+        self._wake()
 
     def _follow_entries(self, entries: list[StoredEntry]) -> None:
         """Apply entries other nodes appended (in log order) and publish them."""

@@ -13,8 +13,10 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
 from field.client import FieldClient, FieldClientError
@@ -141,39 +143,92 @@ async def test_a_second_server_on_the_same_database_joins_the_field(
     assert first.process.poll() is None and second.process.poll() is None
 
 
+#: Every table a node uses while it serves, and whether a lock on it stops writes.
+LOCKED_TABLES = {
+    "field_log": True,
+    "field_log_head": True,
+    "field_nodes": False,
+    "field_presence": False,
+    "field_snapshots": False,
+    "field_snapshot_chunks": False,
+}
+#: Longest a request may take while a table is locked: the documented bound is
+#: LOCK_TIMEOUT_MS (2 s); this leaves room for a busy machine, not for a hang.
+LOCKED_BOUND_SECONDS = 10.0
+
+
+@pytest.mark.parametrize("table", sorted(LOCKED_TABLES))
 async def test_a_locked_log_refuses_writes_keeps_reads_and_resumes(
-    server_process: SpawnServer, tmp_path: Path, database: str
+    server_process: SpawnServer, tmp_path: Path, database: str, table: str
 ) -> None:
-    proc = server_process(tmp_path / "data", "--log", database)
-    async with FieldClient(proc.url) as field:
-        agent = await field.register("agent-a", "analyst")
-        kept = await _record(agent, "finding", "before the lock", purpose="lock")
+    """Another client holds ``LOCK TABLE <table> IN ACCESS EXCLUSIVE MODE`` (VACUUM FULL,
+    CLUSTER, ALTER TABLE) under a Field of two nodes: on each, a write is refused 503
+    LOG_UNAVAILABLE when the lock stops writes, else answered, never hung; ATTUNE and the
+    status answer all along; once the lock is released writes resume by themselves, and
+    every acknowledged unit is in the log once and seen by both nodes."""
+    nodes = [server_process(tmp_path / name, "--log", database, "--node-id", name) for name in "ab"]
+    stops_writes = LOCKED_TABLES[table]
+
+    async def bounded(call: Any) -> Any:
+        return await asyncio.wait_for(call, LOCKED_BOUND_SECONDS)
+
+    async with FieldClient(nodes[0].url) as one, FieldClient(nodes[1].url) as two:
+        fields = [one, two]
+        registered = await one.register("agent-a", "analyst")
+        agents = [registered, _agent(two, "agent-a", registered.token, "analyst")]
+        acknowledged = [
+            await _record(agent, "finding", f"before the lock, node {i}", purpose="lock")
+            for i, agent in enumerate(agents)
+        ]
         other = await asyncio.to_thread(psycopg.connect, database)
         try:
-            # another client of the database holds the head row: appends time out
-            await asyncio.to_thread(other.execute, "SELECT * FROM field_log_head FOR UPDATE")
-            with pytest.raises(FieldClientError) as refused:
-                await _record(agent, "finding", "refused", purpose="lock")
-            assert refused.value.code == "LOG_UNAVAILABLE" and refused.value.status == 503
-            assert refused.value.body["recoverable"] is True
-            status = await field.status()
-            assert status["log"]["writable"] is False
-            assert status["log"]["refusing"]["code"] == "LOG_UNAVAILABLE"
-            units = await _all_units(agent)  # reads go on
-            assert kept["memory_unit_id"] in units
-            with pytest.raises(FieldClientError) as again:
-                await _record(agent, "finding", "refused", purpose="lock")
-            assert again.value.code == "LOG_UNAVAILABLE"
+            await asyncio.to_thread(other.execute, f"LOCK TABLE {table} IN ACCESS EXCLUSIVE MODE")
+            for i, agent in enumerate(agents):  # reads go on, before a write as after
+                units = await bounded(_all_units(agent))
+                assert acknowledged[i]["memory_unit_id"] in units
+            writes = [
+                _record(agent, "finding", f"in flight {i}", purpose="lock")
+                for agent in agents
+                for i in range(3)
+            ]
+            answers = await bounded(asyncio.gather(*writes, return_exceptions=True))
+            for answer in answers:
+                if stops_writes:
+                    assert isinstance(answer, FieldClientError), answer
+                    assert answer.code == "LOG_UNAVAILABLE" and answer.status == 503
+                    assert answer.body["recoverable"] is True
+                else:
+                    assert not isinstance(answer, BaseException), answer
+                    acknowledged.append(answer)
+            for i, (field, agent) in enumerate(zip(fields, agents, strict=True)):
+                status = await bounded(field.status())
+                assert status["log"]["writable"] is not stops_writes
+                if stops_writes:
+                    assert status["log"]["refusing"]["code"] == "LOG_UNAVAILABLE"
+                units = await bounded(_all_units(agent))
+                assert acknowledged[i]["memory_unit_id"] in units
         finally:
             await asyncio.to_thread(other.rollback)
             await asyncio.to_thread(other.close)
-        deadline = time.monotonic() + 15
-        while not (await field.status())["log"]["writable"]:
-            assert time.monotonic() < deadline, "writes never resumed"
-            await asyncio.sleep(0.1)
-        after = await _record(agent, "finding", "after the lock", purpose="lock")
-        assert after["memory_unit_id"] in await _all_units(agent)
-    assert await asyncio.to_thread(proc.stop, signal.SIGTERM) == 0
+        for field in fields:
+            deadline = time.monotonic() + 15
+            while not (await field.status())["log"]["writable"]:
+                assert time.monotonic() < deadline, "writes never resumed"
+                await asyncio.sleep(0.1)
+        for i, agent in enumerate(agents):
+            acknowledged.append(
+                await _record(agent, "finding", f"after the lock, node {i}", purpose="lock")
+            )
+        ids = {a["memory_unit_id"] for a in acknowledged}
+        for agent in agents:
+            assert ids <= (await _all_units(agent)).keys()
+    for node in nodes:
+        assert await asyncio.to_thread(node.stop, signal.SIGTERM) == 0
+    recorded = [
+        orjson.loads(data)["unit"]["id"]
+        for (data,) in _query(database, "SELECT data FROM field_log WHERE kind = 'memory.recorded'")
+    ]
+    assert sorted(recorded) == sorted(ids)
 
 
 def _query(url: str, query: str) -> list[tuple[int, ...]]:

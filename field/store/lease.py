@@ -32,6 +32,11 @@ States, and the one table of moves between them (:data:`TRANSITIONS`)::
   it tries again, so that another node, which tries every interval, takes
   the role first.
 
+Every statement of the lease (``pg_try_advisory_lock``, which never
+waits, and the check of ``pg_locks``) runs on the link's connection, whose
+``lock_timeout`` and ``statement_timeout`` are ``max(2, 2 × interval)``
+seconds: a check that cannot answer within ``term`` loses the lease.
+
 So two nodes never act at once, whatever their clocks say (only
 durations are compared, each on its own monotonic clock), and a dead
 holder's role moves within about ``2 × interval``: the next try of a

@@ -14,33 +14,48 @@ Layout (in the schema the connection's ``search_path`` names first):
   a database whose version is newer than this server knows is refused.
 
 **Positions are assigned by the database.** An append is one transaction
-that takes the head row's lock, inserts the rows after the head, moves the
-head and commits. A second appender (another node) blocks on the head row
-until the first commits, then takes the positions after it: two appenders
-never commit the same position, never leave a gap, and commit in position
-order, so a reader that sees position ``p`` has every position before it.
+that takes ``field_log``'s write lock and the head row's lock (in that
+order, always), inserts the rows after the head, moves the head and
+commits. A second appender (another node) blocks on the head row until the
+first commits, then takes the positions after it: two appenders never
+commit the same position, never leave a gap, and commit in position order,
+so a reader that sees position ``p`` has every position before it.
 Contention is waited out, not reported as a conflict; only a wait longer
 than :data:`LOCK_TIMEOUT_MS` fails the append (``LOG_UNAVAILABLE``).
 
 **Several nodes, one Field** (``shared``). Any number of servers may open
 one database. A node validates a batch against its projection, so before
 it runs a batch that may write, :meth:`PostgresEventLog.lock` begins the
-transaction, takes the head row (``SELECT ... FOR UPDATE``) and returns
-what the other nodes appended since the node's position; the node applies
-those, runs its batch, and :meth:`~PostgresEventLog.append` stores the
-batch right after them and commits (or :meth:`~PostgresEventLog.unlock`
-rolls back an empty one). So every write is validated against a state that
-holds every earlier entry, whichever node wrote it: the head row is a
-writer lease taken per batch. A node that hangs or loses the database while
-holding it loses it after :data:`LEASE_TIMEOUT_MS` (the database ends the
-session), so the others wait no longer than that. Every commit also sends
-``NOTIFY field_log, '<head>'``; :meth:`PostgresEventLog.follow` listens on
-its own connection and tells the node of new entries (and polls the head
-now and then, should a notification be lost with its connection).
+transaction, takes the write lock the append's ``COPY`` needs on
+``field_log`` (``ROW EXCLUSIVE``, which appenders share) and the head row
+(``SELECT ... FOR UPDATE``), and returns what the other nodes appended
+since the node's position; the node applies those, runs its batch, and
+:meth:`~PostgresEventLog.append` stores the batch right after them and
+commits (or :meth:`~PostgresEventLog.unlock` rolls back an empty one). So
+every write is validated against a state that holds every earlier entry,
+whichever node wrote it: the head row is a writer lease taken per batch. A
+node that hangs or loses the database while holding it loses it after
+:data:`LEASE_TIMEOUT_MS` (the database ends the session), so the others
+wait no longer than that. Every commit also sends ``NOTIFY field_log,
+'<head>'``; :meth:`PostgresEventLog.follow` listens on its own connection
+and tells the node of new entries (and polls the head now and then, should
+a notification be lost with its connection).
 
 **Durable before acknowledged.** Every connection sets
 ``synchronous_commit = on``: ``append`` returns after the commit's WAL is
 flushed, as durable as the server's own ``fsync`` setting makes it.
+
+**Every wait is bounded.** Every connection (the writer, the reader, the
+follower's and the snapshots') sets ``lock_timeout`` to
+:data:`LOCK_TIMEOUT_MS` (2 s) and ``statement_timeout`` to
+:data:`STATEMENT_TIMEOUT_MS` (30 s), and the writer
+``idle_in_transaction_session_timeout`` to :data:`LEASE_TIMEOUT_MS`. A
+lock held elsewhere on any table (``LOCK TABLE``, ``VACUUM FULL``,
+``CLUSTER``, ``ALTER TABLE``) fails the statement that meets it within
+2 s, never later: :meth:`PostgresEventLog.lock` meets a lock on
+``field_log_head`` or ``field_log`` before the node ran its batch (its
+writes are refused, nothing to undo), a read raises
+:class:`~field.errors.LogUnavailable` and the follower connects again.
 
 **Failures.** A database that cannot be reached, a lost connection or a
 lock wait that times out make ``append`` raise
@@ -128,8 +143,13 @@ MIGRATIONS: dict[int, tuple[str, ...]] = {
 
 #: Seconds to wait for the database to accept a connection (libpq's least is 2).
 CONNECT_TIMEOUT = 2
-#: How long an append waits for the head row held by another appender (ms).
+#: How long any statement of the log's connections waits for a lock (ms): the head row
+#: another appender holds, or a table another client locked (``VACUUM FULL``, ``CLUSTER``,
+#: ``ALTER TABLE``, ``LOCK TABLE``); past it the statement fails (``LOG_UNAVAILABLE``).
 LOCK_TIMEOUT_MS = 2000
+#: How long any statement of the log's connections may run (ms), locks aside: a backstop
+#: for a database that stalls; every statement the Field runs takes milliseconds.
+STATEMENT_TIMEOUT_MS = 30000
 #: How long a node may hold the head row between :meth:`PostgresEventLog.lock` and its
 #: append (ms): the database ends a session idle that long in its transaction, so a node
 #: that hangs or is cut off while holding the lease holds up the others no longer than this.
@@ -146,6 +166,17 @@ _INSTALL = "pip install 'akashik-field[postgres]'"
 
 _HEAD = "UPDATE field_log_head SET position = position + %s WHERE id = 1 RETURNING position"
 _LOCK = "SELECT position FROM field_log_head WHERE id = 1 FOR UPDATE"
+#: What the append's COPY takes, taken first by every append and by
+#: :meth:`PostgresEventLog.lock` (before the head row, so that a node waiting for a table
+#: locked elsewhere holds up no other node, and every node takes the two in one order):
+#: a table lock held elsewhere refuses the batch before it runs, not its append after it ran.
+_LOCK_LOG = "LOCK TABLE field_log IN ROW EXCLUSIVE MODE"
+#: Every connection's settings (SET takes no parameters: these are constants).
+_SETTINGS = (
+    "SET synchronous_commit = on;"
+    f" SET lock_timeout = {LOCK_TIMEOUT_MS};"
+    f" SET statement_timeout = {STATEMENT_TIMEOUT_MS}"
+)
 _MOVE = "UPDATE field_log_head SET position = %s WHERE id = 1"
 _NOTIFY = f"SELECT pg_notify('{CHANNEL}', %s)"
 #: The batch goes in with one binary COPY: for 128 entries, half the time of an INSERT of
@@ -302,13 +333,16 @@ class PostgresEventLog(EventLog):
             connect_timeout=CONNECT_TIMEOUT,
             application_name="field",
         )
-        conn.execute("SET synchronous_commit = on")
+        try:
+            conn.execute(_SETTINGS)
+        except BaseException:
+            conn.close()
+            raise
         return conn
 
     def _open_writer(self) -> Any:
         conn = self._connect()
         try:
-            conn.execute(f"SET lock_timeout = {LOCK_TIMEOUT_MS}")
             conn.execute(f"SET idle_in_transaction_session_timeout = {LEASE_TIMEOUT_MS}")
         except BaseException:
             conn.close()
@@ -392,6 +426,7 @@ class PostgresEventLog(EventLog):
                 conn = self._writer_conn()
                 if self._locked is None:
                     conn.execute("BEGIN")
+                    conn.execute(_LOCK_LOG)
                     last = conn.execute(_HEAD, (count,)).fetchone()[0]
                 else:
                     last = self._locked + count
@@ -419,6 +454,7 @@ class PostgresEventLog(EventLog):
                     conn.execute("ROLLBACK")
                     self._locked = None
                 conn.execute("BEGIN")
+                conn.execute(_LOCK_LOG)
                 head = conn.execute(_LOCK).fetchone()[0]
                 rows = []
                 if head > after:
@@ -452,6 +488,7 @@ class PostgresEventLog(EventLog):
         (from any node) and every :data:`FOLLOW_POLL_SECONDS`; after a lost connection,
         once more as soon as it is back. Never ends; the caller cancels it."""
         backoff = 0.1
+        failing = False  # a failure was logged: the next ones are debug lines until it works
         while not self._closed:
             conn = None
             try:
@@ -461,16 +498,22 @@ class PostgresEventLog(EventLog):
                     connect_timeout=CONNECT_TIMEOUT,
                     application_name="field-follow",
                 )
+                await conn.execute(_SETTINGS)
                 await conn.execute(f"LISTEN {CHANNEL}")
                 backoff = 0.1
                 while True:
                     row = await (await conn.execute(_LAST)).fetchone()
                     assert row is not None  # the schema's first migration inserts the head's row
+                    if failing:
+                        logger.warning("following the event log %s again", self.where)
+                        failing = False
                     yield row[0]
                     async for notify in conn.notifies(timeout=FOLLOW_POLL_SECONDS):
                         yield int(notify.payload)
             except psycopg.Error as exc:
-                logger.warning("following the event log %s: %s", self.where, reason(exc))
+                level = logging.DEBUG if failing else logging.WARNING
+                logger.log(level, "following the event log %s: %s", self.where, reason(exc))
+                failing = True
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):

@@ -44,6 +44,13 @@ fresh (read less than ``node_timeout`` ago). A node that cannot read the
 others' presence decides nothing: it might fail an agent connected
 elsewhere.
 
+**Bounded waits.** The flush runs on a :class:`~field.store.link.Link`,
+whose ``lock_timeout`` and ``statement_timeout`` are the link's timeout
+(twice ``interval``, at least 2 s): ``field_nodes`` or ``field_presence``
+locked elsewhere fails the flush within that, the node's view goes stale
+(it decides nothing) and the next flush tries again; no request waits for
+presence.
+
 **Times.** What is shared is wall-clock time (``time.time()``): the nodes'
 clocks must agree to well within ``node_timeout``. :class:`Liveness`
 counts in its own clock, so the two exchange ages (seconds before now),

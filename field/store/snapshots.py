@@ -16,7 +16,11 @@ checks every snapshot before it uses it.
   (the state holds webhook secrets sealed, as the log does).
 * ``PostgresSnapshots``: rows of chunks in the log's database (see
   :meth:`field.store.postgres.PostgresEventLog.snapshot_write`), so that a
-  node starting on another machine finds them.
+  node starting on another machine finds them. Each operation has a
+  connection of its own with the log's bounds (``lock_timeout`` 2 s,
+  ``statement_timeout`` 30 s): a snapshots' table locked elsewhere fails it
+  within 2 s (``LOG_UNAVAILABLE``; the next snapshot tries again), and
+  holds up no request.
 """
 
 from __future__ import annotations
