@@ -43,7 +43,9 @@ any node, before its batch began, unless the log could not be read: then
 reads are served from what the node holds, and a recheck task (off the
 writer, every :data:`PROBE_SECONDS`) says when batches of reads catch up
 again, so that a table locked elsewhere costs reads one lock timeout, not
-one per batch. Should such a batch still write (a
+one per batch (and a REPLAY whose entries could not be read makes the next
+ones refused ``LOG_UNAVAILABLE`` at once meanwhile: it reads the log on the
+event loop). Should such a batch still write (a
 clock reservation) and another node have appended meanwhile, the
 reservation, which commutes with everything, is stored after their
 entries. A follower task (:meth:`EventLog.follow`: ``LISTEN/NOTIFY``)
@@ -159,8 +161,11 @@ class FieldService:
         self._max_batch = max_batch
         self._writer: asyncio.Task[None] | None = None
         self._probe: asyncio.Task[None] | None = None
-        #: while set, batches of reads do not catch up (see :meth:`_recheck_log`)
+        #: while set, batches of reads do not catch up and REPLAY is refused at once
+        #: (see :meth:`_recheck_log`)
         self._recheck: asyncio.Task[None] | None = None
+        #: why REPLAY could not read the log's entries, while :meth:`_recheck_log` runs
+        self._entries_unreadable: str | None = None
         self._stopping = False
         self._blocking_log = log.persistent
         #: called, in order, with every batch of newly durable entries, in log order; a
@@ -249,7 +254,16 @@ class FieldService:
         """
         stored_up_to = self.field.state.last_position
         wanted = [p for p in positions if p <= stored_up_to]
-        found = self.log.read_positions(wanted, max_bytes=max_bytes)
+        if wanted and self._entries_unreadable is not None and self._rechecking:
+            # the entries could not be read lately: this runs on the event loop, which
+            # must not wait out a lock timeout per REPLAY
+            raise LogUnavailable(self._entries_unreadable)
+        try:
+            found = self.log.read_positions(wanted, max_bytes=max_bytes)
+        except LogUnavailable as error:
+            self._entries_unreadable = error.message
+            self._cannot_read()
+            raise
         if len(found) < len(set(wanted)):
             return found  # cut by max_bytes: a prefix, and the batch's entries come after
         for position in sorted({p for p in positions if p > stored_up_to}):
@@ -591,7 +605,7 @@ class FieldService:
         if not self.log.shared or self.refusing is not None:
             return
         lock = any(p.locks for p in batch)
-        if lock or self._recheck is None or self._recheck.done():
+        if lock or not self._rechecking:
             await self._catch_up(lock=lock)
 
     async def _catch_up(self, *, lock: bool) -> None:
@@ -621,23 +635,36 @@ class FieldService:
             else:
                 if not self._stale:
                     logger.warning("reads are served without catching up: %s", error.message)
-                if self._recheck is None or self._recheck.done():
-                    self._recheck = asyncio.create_task(self._recheck_log(), name="field-recheck")
+                self._cannot_read()
             self._stale = True
         else:
             if self._stale:
                 logger.warning("caught up with the log again")
             self._stale = False
 
+    @property
+    def _rechecking(self) -> bool:
+        return self._recheck is not None and not self._recheck.done()
+
+    def _cannot_read(self) -> None:
+        """The log could not be read: start :meth:`_recheck_log`."""
+        if self._rechecking or self._stopping:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # not on the loop: the next read on it starts the recheck
+            return
+        self._recheck = loop.create_task(self._recheck_log(), name="field-recheck")
+
     async def _recheck_log(self) -> None:
         """Every :data:`PROBE_SECONDS`, read the log's head and the entry after this
-        node's position, off the writer; once both answer, wake the writer (its next batch
-        of reads catches up again)."""
+        node's position, off the writer and off the connection the reads use
+        (:meth:`EventLog.check_readable`); once both answer, wake the writer (its next
+        batch of reads catches up again)."""
         while True:
             await asyncio.sleep(PROBE_SECONDS)
             try:
-                await asyncio.to_thread(self.log.head)
-                await asyncio.to_thread(self.log.read, self.field.state.last_position, 1)
+                await asyncio.to_thread(self.log.check_readable, self.field.state.last_position)
             except FieldError:
                 continue
             except Exception:
@@ -645,6 +672,7 @@ class FieldService:
                 continue
             break
         self._recheck = None
+        self._entries_unreadable = None
         self._wake()
 
     def _follow_entries(self, entries: list[StoredEntry]) -> None:

@@ -207,6 +207,16 @@ async def test_a_locked_log_refuses_writes_keeps_reads_and_resumes(
                     assert status["log"]["refusing"]["code"] == "LOG_UNAVAILABLE"
                 units = await bounded(_all_units(agent))
                 assert acknowledged[i]["memory_unit_id"] in units
+                # REPLAY reads the entries themselves: refused while field_log is locked
+                unit_id = acknowledged[i]["memory_unit_id"]
+                for _ in range(2):
+                    try:
+                        replayed = await bounded(agent.replay("memory_unit", unit_id))
+                    except FieldClientError as error:
+                        assert table == "field_log", error
+                        assert error.code == "LOG_UNAVAILABLE" and error.status == 503
+                    else:
+                        assert table != "field_log" and replayed["timeline"], replayed
         finally:
             await asyncio.to_thread(other.rollback)
             await asyncio.to_thread(other.close)
@@ -220,8 +230,17 @@ async def test_a_locked_log_refuses_writes_keeps_reads_and_resumes(
                 await _record(agent, "finding", f"after the lock, node {i}", purpose="lock")
             )
         ids = {a["memory_unit_id"] for a in acknowledged}
-        for agent in agents:
+        for i, agent in enumerate(agents):
             assert ids <= (await _all_units(agent)).keys()
+            while True:  # REPLAY reads the log again once it can
+                try:
+                    replayed = await agent.replay("memory_unit", acknowledged[i]["memory_unit_id"])
+                    break
+                except FieldClientError as error:
+                    assert error.code == "LOG_UNAVAILABLE", error
+                    assert time.monotonic() < deadline + 15, "REPLAY never resumed"
+                    await asyncio.sleep(0.1)
+            assert replayed["timeline"], replayed
     for node in nodes:
         assert await asyncio.to_thread(node.stop, signal.SIGTERM) == 0
     recorded = [

@@ -99,6 +99,12 @@ class EventLog(abc.ABC):
         """The newest position in the log now, other appenders' entries included."""
         return self.last_position()
 
+    def check_readable(self, after: int) -> None:
+        """Raise :class:`~field.errors.LogUnavailable` unless the head and the entry after
+        ``after`` can be read now (a shared log: without holding up the other reads)."""
+        self.head()
+        self.read(after, 1)
+
     def lock(self, after: int) -> list[StoredEntry]:
         """Take the log's append lock; return the entries after ``after`` (ascending).
 

@@ -544,6 +544,24 @@ class PostgresEventLog(EventLog):
                 suggested_action="Retry in a few seconds, once the database answers again.",
             ) from exc
 
+    def check_readable(self, after: int) -> None:
+        """Read the head and the entry after ``after`` on a connection of its own, opened
+        for it: a check that waits out a lock timeout holds up no other read."""
+        if self._closed:
+            raise OperationalError("The event log is closed.")
+        conn = None
+        try:
+            conn = self._connect()
+            conn.execute(_LAST).fetchall()
+            conn.execute(_SELECT, (after, 1)).fetchall()
+        except psycopg.Error as exc:
+            raise LogUnavailable(
+                f"Cannot read the event log {self.where}: {reason(exc)}",
+                suggested_action="Retry in a few seconds, once the database answers again.",
+            ) from exc
+        finally:
+            self._drop(conn)
+
     def read(self, after: int = 0, limit: int = 1000) -> list[StoredEntry]:
         """Entries with ``position > after``, ascending, at most ``limit``."""
         if limit < 0:
