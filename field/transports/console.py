@@ -64,6 +64,7 @@ from ..errors import Code, FieldError, Overloaded
 from ..model import StoredEntry
 from ..subscriptions.outbox import Frame, Outbox
 from .http import error_response
+from .index import CONSOLE_PATH
 from .push import SHUTDOWN, SINK_KINDS, Connection, PushHub
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
@@ -164,7 +165,7 @@ class ConsoleBinding:
         snapshot stream."""
         return [
             *(
-                Route(f"/console/{name}".rstrip("/"), self._file(name), methods=["GET"])
+                Route(f"{CONSOLE_PATH}/{name}".rstrip("/"), self._file(name), methods=["GET"])
                 for name in FILES
             ),
             Route("/v1/console/stream", self.stream, methods=["GET"]),

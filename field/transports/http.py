@@ -67,7 +67,7 @@ from .cors import cors_middleware, mcp_refusal, websocket_refusal
 from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .health import health_routes
-from .index import index_routes
+from .index import MCP_PATH, OPENAPI_PATH, index_routes
 from .metrics import Metrics, Observer
 from .push import PushHub
 from .ratelimits import AgentRateLimits, agent_of
@@ -490,7 +490,7 @@ class _FieldApp(Starlette):
                 del request
                 await stream(scope, receive, send)
                 return
-        if kind == "http" and scope["path"] == "/mcp" and self._binding.mcp is not None:
+        if kind == "http" and scope["path"] == MCP_PATH and self._binding.mcp is not None:
             # MCP over HTTP: its GET streams live as long as SSE streams. A browser page may
             # call it only from an allowed origin (MCP's rule against DNS rebinding)
             refusal = mcp_refusal(scope, self._origins, self._hosts)
@@ -737,7 +737,7 @@ def create_app(
         *registration.routes(),
         *health_routes(binding),
         *(binding.metrics.routes() if binding.metrics is not None else ()),
-        Route("/openapi.json", openapi_endpoint, methods=["GET"]),
+        Route(OPENAPI_PATH, openapi_endpoint, methods=["GET"]),
         *ConsoleBinding(binding).routes(),
     ]
     app = (_CORSFieldApp if config.cors_origin else _FieldApp)(

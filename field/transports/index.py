@@ -19,6 +19,7 @@ from starlette.routing import Route
 
 from .. import PROTOCOL_VERSION, __version__
 
+#: The paths of the entry points, which their routes take from here.
 CONSOLE_PATH = "/console"
 OPENAPI_PATH = "/openapi.json"
 METRICS_PATH = "/metrics"

@@ -102,12 +102,11 @@ from . import mcp_resources as resources
 from .access import access_of
 from .connections import client_key
 from .http import HTTPBinding, bearer_token, error_response, read_body
+from .index import MCP_PATH
 from .streaming import absolute_urls
 
 logger = logging.getLogger("field.mcp")
 
-#: Where ``field serve`` serves MCP.
-MCP_PATH = "/mcp"
 #: The key of a request's :class:`Caller` in its ASGI scope.
 CALLER = "field.mcp"
 #: Subscriptions made in a session whose start the session keeps until it reads them.

@@ -75,6 +75,7 @@ from ..errors import HTTP_STATUS, Code, FieldError
 from ..model import AGENT_STATUSES, OPERATIONS, StoredEntry
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from .access import Access, Responses
+from .index import METRICS_PATH
 from .push import PushCounts
 
 if TYPE_CHECKING:
@@ -239,7 +240,7 @@ class Metrics:
     # -- the endpoint -------------------------------------------------------------------
 
     def routes(self) -> list[Route]:
-        return [Route("/metrics", self.endpoint, methods=["GET"])]
+        return [Route(METRICS_PATH, self.endpoint, methods=["GET"])]
 
     async def endpoint(self, request: Request) -> Response:
         if self.token is not None and not _authorized(request, self.token):
