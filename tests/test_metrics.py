@@ -104,6 +104,19 @@ async def _call(change: Callable[[Any], None], app: Any) -> None:
     change(app)
 
 
+#: A REGISTER of agent-b, sent once while writes are shed (503 OVERLOADED, not retried).
+REGISTER_B = {
+    "protocol": "akashik",
+    "version": "0.1.0",
+    "id": "m-1",
+    "operation": "REGISTER",
+    "agent_id": "agent-b",
+    "session_id": None,
+    "epoch": 0,
+    "payload": {"id": "agent-b", "role": "analyst"},
+}
+
+
 def shed_writes(app: Any) -> None:
     """Admission control refuses writes (a target of 0 holds the mode where it is)."""
     controller = app.state.service.admission.controllers[Work.WRITE]
@@ -237,19 +250,9 @@ async def test_refusals_are_counted(server_factory: StartServer) -> None:
             await record(agent, "two: over the rate")
         assert limited.value.code == "RATE_LIMITED"
         await on_server_loop(server, shed_writes)
-        envelope = {
-            "protocol": "akashik",
-            "version": "0.1.0",
-            "id": "m-1",
-            "operation": "REGISTER",
-            "agent_id": "agent-b",
-            "session_id": None,
-            "epoch": 0,
-            "payload": {"id": "agent-b", "role": "analyst"},
-        }
         async with (
             aiohttp.ClientSession() as session,
-            session.post(f"{server.url}/v1/register", json=envelope) as r,
+            session.post(f"{server.url}/v1/register", json=REGISTER_B) as r,
         ):
             assert r.status == 503 and (await r.json())["code"] == "OVERLOADED"  # once, no retry
         samples = await scrape(server.url)
@@ -493,17 +496,7 @@ async def test_http_responses_are_counted_by_status_class(
         async with http.get(f"{url}/v1/ws") as r:  # a WebSocket path without a handshake
             assert 400 <= r.status < 500
         await on_server_loop(server, shed_writes)
-        envelope = {
-            "protocol": "akashik",
-            "version": "0.1.0",
-            "id": "m-1",
-            "operation": "REGISTER",
-            "agent_id": "agent-b",
-            "session_id": None,
-            "epoch": 0,
-            "payload": {"id": "agent-b", "role": "analyst"},
-        }
-        async with http.post(f"{url}/v1/register", json=envelope) as r:  # once, no retry
+        async with http.post(f"{url}/v1/register", json=REGISTER_B) as r:  # once, no retry
             assert r.status == 503 and (await r.json())["code"] == "OVERLOADED"
         async with open_ws(url, agent.token):  # 101: the handshake accepted
             pass
