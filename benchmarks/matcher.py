@@ -1,6 +1,7 @@
 """Subscription matching: time per event against 1k, 10k and 100k subscriptions.
 
     python benchmarks/matcher.py [--subscriptions 1000 10000 100000] [--events 200]
+                                 [--embedder hashing]
 
 For each size, builds a Field (in the core, no I/O) with up to 5,000 agents
 holding that many subscriptions in total (mixed event types, thresholds
@@ -42,8 +43,10 @@ import statistics
 import time
 from typing import Any
 
+import numpy as np
 from _common import ROLES, VOCABULARY, bracketed, envelope, progress
 
+from field.core.embedding import load_embedder
 from field.core.field import Field, Ids
 from field.core.relevance import RECENCY_HALF_LIFE, keywords, unit_keywords
 from field.model import TYPE_IMPORTANCE, Limits, StoredEntry
@@ -64,11 +67,19 @@ FILTERS = (
 
 
 def build(
-    subscriptions: int, events: int, rng: random.Random, filtered: float = 0.0
+    subscriptions: int,
+    events: int,
+    rng: random.Random,
+    filtered: float = 0.0,
+    embedder: str = "hashing",
 ) -> tuple[Field, list[Any]]:
     counter = iter(range(1, 10**9))
     limits = Limits(max_subscriptions_per_agent=10**6)
-    field = Field(limits=limits, ids=Ids(suffix=lambda: f"{next(counter):020x}"))
+    field = Field(
+        limits=limits,
+        ids=Ids(suffix=lambda: f"{next(counter):020x}"),
+        embedder=load_embedder(embedder),
+    )
     log = list(field.genesis())
     tokens = {}
     agents = min(subscriptions, 5000)
@@ -131,7 +142,8 @@ def loop_match(field: Field, event: Any) -> int:
     recency = 2.0 ** (-age / RECENCY_HALF_LIFE)
     registry = state.registry
     weights = state.index.weights
-    unit_vector, unit_square = state.index.vector(unit["id"])
+    unit_row = np.array([row], dtype=np.intp)
+    recorded = state.index.count_at(event.epoch)
     notified = 0
     for subscription in state.subscriptions.values():
         if not eligible(subscription, event):
@@ -146,12 +158,11 @@ def loop_match(field: Field, event: Any) -> int:
             subscriber, recorder, recorder_words, words, unit["intent"].get("task_id")
         )
         # the semantic factor, from the embeddings the registry and the index hold
-        profile = registry.profile.view[registry.rows[subscription["id"]]]
-        square = float(registry.squares.view[profile])
-        if square > 0:
-            dot = float(registry.vectors.view[profile] @ unit_vector)
-            norms = math.sqrt(square * unit_square)
-            factors.append((weights.semantic, max(dot / norms if norms else 0.0, 0.0)))
+        profile = int(registry.profile.view[registry.rows[subscription["id"]]])
+        interests = registry.interests(profile)
+        if interests.texts:
+            semantic = state.index.calibrated(interests, unit_row, recorded)[0]
+            factors.append((weights.semantic, float(semantic[0])))
         factors.append((weights.type, TYPE_IMPORTANCE[unit["type"]]))
         factors.append((weights.confidence, unit["confidence"]["score"]))
         if combine(factors, recency, RECENCY_WEIGHT) >= subscription["min_relevance"]:
@@ -159,8 +170,10 @@ def loop_match(field: Field, event: Any) -> int:
     return notified
 
 
-def measure(subscriptions: int, events: int, rng: random.Random, filtered: float) -> dict[str, Any]:
-    field, found = build(subscriptions, events, rng, filtered)
+def measure(
+    subscriptions: int, events: int, rng: random.Random, filtered: float, embedder: str
+) -> dict[str, Any]:
+    field, found = build(subscriptions, events, rng, filtered, embedder)
     state = field.state
     matcher = Matcher(state.registry, state.index, state.units)
     _ = state.index.vectors  # embed the recorded units (the index's work, not timed)
@@ -287,10 +300,12 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--filtered", type=float, default=0.1, help="share with a filter")
+    parser.add_argument("--embedder", default="hashing", help="the Field's embedder (hashing)")
     args = parser.parse_args()
     rows = []
     for size in args.subscriptions:
-        rows.append((size, measure(size, args.events, random.Random(args.seed), args.filtered)))
+        found = measure(size, args.events, random.Random(args.seed), args.filtered, args.embedder)
+        rows.append((size, found))
     print(
         f"\n{'subscriptions':>13} {'batch ms/ev':>12} {'single ms/ev':>13} {'kept ms/ev':>11} "
         f"{'events/s':>9} {'loop ms/ev':>11} {'speed-up':>9} {'notified/ev':>12} {'agree':>6}"

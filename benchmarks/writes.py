@@ -2,6 +2,7 @@
 
     python benchmarks/writes.py [--clients 32] [--seconds 8] [--sync full normal]
                                 [--metrics on off] [--rounds 3] [--no-baseline]
+    python benchmarks/writes.py --embedders hashing wordllama [--rounds 2] [--sync full]
 
 For each ``--sync`` mode, starts two ``field serve`` processes on loopback
 (each with a fresh data directory, so a durable SQLite log) and drives each
@@ -32,7 +33,10 @@ accepted attempt's, without the waits.
 default) and off (``--no-metrics``), alternating, ``--rounds`` times each
 (the order flips every round), and prints the mean RECORD/s and p50 with
 metrics on as a ratio of those with them off. ``--no-baseline`` skips the
-one-commit-per-write server.
+one-commit-per-write server. ``--embedders hashing wordllama`` instead runs
+group commit with each embedder (``--embedder``), alternating, and prints
+the cost per write of each against the first's (writes per second of the
+first over its own).
 """
 
 from __future__ import annotations
@@ -298,11 +302,17 @@ def count_logged_units(data_dir: Path) -> int:
 
 
 def run_case(
-    args: argparse.Namespace, sync: str, max_batch: int | None, label: str, metrics: str = "on"
+    args: argparse.Namespace,
+    sync: str,
+    max_batch: int | None,
+    label: str,
+    metrics: str = "on",
+    embedder: str | None = None,
 ) -> Run:
     with tempfile.TemporaryDirectory(prefix="field-writes-") as tmp:
         flags = ["--sync", sync, "--max-queue", str(args.max_queue), "--log-level", "info"]
         flags += ["--no-metrics"] if metrics == "off" else []
+        flags += ["--embedder", embedder] if embedder is not None else []
         env = {"FIELD_MAX_BATCH": str(max_batch)} if max_batch is not None else {}
         with FieldServer(Path(tmp) / "data", *flags, env=env) as server:
             loop, _ = new_loop()
@@ -310,6 +320,43 @@ def run_case(
                 return loop.run_until_complete(drive(server, args, label))
             finally:
                 loop.close()
+
+
+def compare_embedders(args: argparse.Namespace) -> None:
+    """Group commit with each embedder of ``args.embedders``, alternating every round (the
+    order flips), and each one's RECORD/s and p50 against the first's."""
+    names = list(dict.fromkeys(args.embedders))
+    runs: dict[tuple[str, str], list[Run]] = {}
+    for sync in args.sync:
+        for round_ in range(args.rounds):
+            for name in names if round_ % 2 == 0 else names[::-1]:
+                run = run_case(args, sync, None, f"{sync}/{name}{round_ + 1}", embedder=name)
+                runs.setdefault((sync, name), []).append(run)
+    print(
+        f"\nRECORD over HTTP, group commit: {args.clients} clients, closed loop; "
+        f"{args.seconds:g} s measured after {args.warmup:g} s warm-up, {args.rounds} round(s)"
+    )
+    print(f"{'--sync':<8}{'embedder':<14}{'RECORD/s':>10}{'p50 ms':>9}{'p99 ms':>9}{'durable':>9}")
+    failed = False
+    for (sync, name), found in runs.items():
+        durable = all(r.status_units == r.acknowledged == r.log_units for r in found)
+        failed |= not durable or any(r.errors for r in found)
+        print(
+            f"{sync:<8}{name:<14}{mean_rate(found):>10,.0f}"
+            f"{statistics.median(r.latency(0.5) for r in found):>9.2f}"
+            f"{statistics.median(r.latency(0.99) for r in found):>9.2f}"
+            f"{'yes' if durable else 'NO':>9}"
+        )
+    for sync in args.sync:
+        first = mean_rate(runs[(sync, names[0])])
+        for name in names[1:]:
+            rate = mean_rate(runs[(sync, name)])
+            print(
+                f"--sync {sync}: {name} {rate:,.0f} RECORD/s, {first / rate:.2f}x the cost per "
+                f"write of {names[0]} ({first:,.0f})"
+            )
+    if failed:
+        sys.exit(1)
 
 
 def mean_rate(runs: list[Run]) -> float:
@@ -336,6 +383,13 @@ def main() -> None:
     parser.add_argument(
         "--no-baseline", action="store_true", help="skip the one-commit-per-write server"
     )
+    parser.add_argument(
+        "--embedders",
+        nargs="+",
+        metavar="NAME",
+        help="instead: group commit with each of these embedders, alternating, --rounds "
+        "times, the RECORD/s of each against the first's (e.g. hashing wordllama)",
+    )
     args = parser.parse_args()
     if not 1 <= args.rounds <= 20:
         parser.error("--rounds must be between 1 and 20")
@@ -344,6 +398,9 @@ def main() -> None:
     if not 0 < args.seconds <= 60 or not 0 <= args.warmup <= 10:
         parser.error("--seconds must be in (0, 60] and --warmup in [0, 10]")
 
+    if args.embedders:
+        compare_embedders(args)
+        return
     metered: list[tuple[str, str, str, Run]] = []
     cases = [("group commit", None)] + ([] if args.no_baseline else [("one commit per write", 1)])
     settings = list(dict.fromkeys(args.metrics))

@@ -97,7 +97,9 @@ def _parser() -> argparse.ArgumentParser:
         metavar="URL",
         help="the event log in PostgreSQL instead (or set FIELD_LOG), as field serve takes it",
     )
-    snapshot.add_argument("--embedder", help="the embedder the server runs with (default hashing)")
+    snapshot.add_argument(
+        "--embedder", help="the embedder the server runs with (default wordllama)"
+    )
     snapshot.add_argument(
         "--log-level",
         choices=["critical", "error", "warning", "info", "debug"],
@@ -283,8 +285,8 @@ def _serve_parser(commands: Any) -> None:
     )
     the_field.add_argument(
         "--embedder",
-        help="semantic relevance embedder: hashing (default), "
-        "wordllama[-64|-128] (the wordllama extra: a small sentence model inside its wheel), or "
+        help="semantic relevance embedder: wordllama[-64|-128] (default: a small sentence "
+        "model inside its wheel), hashing (no model: the fastest writes), "
         "sentence-transformers:<model or local path> (installed locally, never downloaded), "
         "or minilm[-<max tokens>] (all-MiniLM-L6-v2 in NumPy: the minilm extra and its model "
         "wheel)",

@@ -64,9 +64,10 @@ class Config:
     heartbeat_timeout: float = 300.0
     #: The operator's bearer token (authority 10, spec 11.2); None: no operator.
     operator_token: str | None = field(default=None, repr=False)
-    #: Embedder of semantic relevance: "hashing", "wordllama" or
+    #: Embedder of semantic relevance: "wordllama" (a small sentence model shipped inside the
+    #: server's wheel), "hashing" (no model: the fastest writes), "minilm" or
     #: "sentence-transformers:<model or path>".
-    embedder: str = "hashing"
+    embedder: str = "wordllama"
     #: Accept WebSocket permessage-deflate when a client offers it (browsers always do). Off:
     #: its zlib state costs about 37 KB per connection, and every notification is then
     #: compressed once per subscriber.

@@ -38,11 +38,11 @@ from __future__ import annotations
 from typing import Any
 
 from field.core.embedding import HashingEmbedder
-from field.core.relevance import RECENCY_HALF_LIFE, keywords, semantic_text, weights_for
+from field.core.relevance import RECENCY_HALF_LIFE, keywords, weights_for
 from field.model import TYPE_IMPORTANCE
 from field.subscriptions.events import FieldEvent
 
-from .reference_relevance import closeness, interest_value, quantized, words_of
+from .reference_relevance import calibrated, interest_value, quantized, words_of
 
 EMBEDDER = HashingEmbedder()
 WEIGHTS = weights_for(EMBEDDER)
@@ -116,8 +116,10 @@ def unit_score(
         words_of(unit),
         unit["intent"].get("task_id"),
     )
-    semantic = closeness(
-        quantized(unit["content"], EMBEDDER), quantized(semantic_text(agent["interests"]), EMBEDDER)
+    unit_vectors = [quantized(u["content"], EMBEDDER) for u in units]
+    contents = [u["content"] for u in units]
+    semantic = calibrated(
+        unit_vectors, row, agent["interests"], EMBEDDER, WEIGHTS, recorded_by_then, contents
     )
     if semantic is not None:
         factors.append((WEIGHTS.semantic, semantic))

@@ -175,17 +175,40 @@ def roc_auc(scores: Iterable[float], labels: Iterable[bool]) -> float:
     return float((ranks[y].sum() - positives * (positives + 1) / 2) / (positives * negatives))
 
 
-def at_threshold(scored: Scored, threshold: float) -> dict[str, float]:
-    """Notifications at ``min_relevance`` = ``threshold``: precision, recall and the shares."""
+def by_agent(scored: Scored) -> dict[str, np.ndarray[Any, np.dtype[np.bool_]]]:
+    """Per agent, which of the pairs are its own."""
+    owner = np.array([agent for agent, _ in scored.pairs])
+    return {agent: owner == agent for agent in scored.agents}
+
+
+def agent_aucs(scored: Scored) -> dict[str, float]:
+    """Each agent's ROC AUC over its own pairs (NaN for an agent with no relevant pair)."""
+    return {
+        agent: roc_auc(scored.scores[mine], scored.labels[mine])
+        for agent, mine in by_agent(scored).items()
+    }
+
+
+def at_threshold(scored: Scored, threshold: float) -> dict[str, Any]:
+    """Notifications at ``min_relevance`` = ``threshold``: precision, recall and the shares,
+    pooled and per agent (the least and the most of any agent)."""
     notified = scored.scores >= threshold
     relevant = scored.labels
     tp = int((notified & relevant).sum())
+    below, above = [], []
+    for mine in by_agent(scored).values():
+        if (mine & ~relevant).any():
+            below.append(float((~notified[mine & ~relevant]).mean()))
+        if (mine & relevant).any():
+            above.append(float(notified[mine & relevant].mean()))
     return {
         "threshold": threshold,
         "precision": tp / max(1, int(notified.sum())),
         "recall": tp / max(1, int(relevant.sum())),
         "irrelevant_below": float((~notified[~relevant]).mean()) if (~relevant).any() else 1.0,
         "relevant_at_or_above": float(notified[relevant].mean()) if relevant.any() else 1.0,
+        "irrelevant_below_per_agent": (min(below, default=1.0), max(below, default=1.0)),
+        "relevant_at_or_above_per_agent": (min(above, default=1.0), max(above, default=1.0)),
     }
 
 
@@ -213,10 +236,13 @@ def summary(scored: Scored, thresholds: Sequence[float]) -> dict[str, Any]:
         for agent in scored.agents
     }
     measured = [v for v in per_agent.values() if v["relevant_units"]]
+    aucs = [auc for auc in agent_aucs(scored).values() if not math.isnan(auc)]
     return {
         "pairs": len(scored.scores),
         "relevant_pairs": int(scored.labels.sum()),
         "auc": roc_auc(scored.scores, scored.labels),
+        "mean_agent_auc": float(np.mean(aucs)) if aucs else math.nan,
+        "min_agent_auc": min(aucs, default=math.nan),
         "thresholds": [at_threshold(scored, t) for t in thresholds],
         "attune": per_agent,
         "mean_precision_at_10": float(np.mean([v["precision_at_10"] for v in measured])),

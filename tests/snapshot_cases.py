@@ -475,8 +475,14 @@ def registry_by_subscription(state: FieldState) -> dict[str, Any]:
                 "interest_unit": float(registry.interest_unit.view[profile]),
                 "words": [sorted(words) for words in registry.profile_words[profile]],
                 "agent": registry.profile_agent[profile],
-                "vector": registry.vectors.view[profile].tolist(),
-                "square": float(registry.squares.view[profile]),
+                "interests": [
+                    (registry.vectors.view[i].tolist(), float(registry.squares.view[i]))
+                    for i in range(
+                        int(registry.interest_start.view[profile]),
+                        int(registry.interest_start.view[profile])
+                        + int(registry.interest_count.view[profile]),
+                    )
+                ],
                 "key": [k for k, p in registry.profiles.items() if p == profile],
             },
         }

@@ -68,8 +68,8 @@ def page_ids(response: dict[str, Any]) -> list[str]:
 def test_a_ranking_is_cut_to_the_response_bound_and_says_so(fmt: str) -> None:
     # two Fields given the same requests hold the same units with the same ids
     roomy, h = harness(limit=Limits().max_response_bytes), harness()
-    made = record_many(roomy, 150)
-    assert record_many(h, 150) == made
+    made = record_many(roomy, 250, chars=400)  # 250 of the shortest items pass SMALL
+    assert record_many(h, 250, chars=400) == made
     ranking = roomy.attune("reader", max_units=1000, format=fmt)
     assert ranking["context_budget"]["limited_by"] is None
     assert sorted(page_ids(ranking)) == sorted(made)
@@ -77,8 +77,8 @@ def test_a_ranking_is_cut_to_the_response_bound_and_says_so(fmt: str) -> None:
     cut = h.attune("reader", max_units=1000, format=fmt)
     budget = cut["context_budget"]
     assert size(cut) <= SMALL
-    assert budget["units_available"] == 150
-    assert budget["units_returned"] == len(cut["record"]) < 150
+    assert budget["units_available"] == 250
+    assert budget["units_returned"] == len(cut["record"]) < 250
     assert budget["limited_by"] == "max_response_bytes"
     # the best units, as ranked without the bound: the page is the ranking's head
     assert cut["record"] == ranking["record"][: len(cut["record"])]

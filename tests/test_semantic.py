@@ -80,8 +80,8 @@ def test_a_paraphrase_outranks_an_unrelated_unit_with_equal_other_features(by: s
     assert ranked == [close, unrelated]
     first, second = response["record"]
     assert first["relevance_score"] > second["relevance_score"]
-    about = "interests" if by == "interests" else "context hint"
-    assert f"close in meaning to your {about} (similarity" in first["relevance_reason"]
+    about = 'interest "pricing strategy"' if by == "interests" else "context hint"
+    assert f"close in meaning to your {about} (closer than" in first["relevance_reason"]
     assert "close in meaning" not in second["relevance_reason"]
     assert "matches your" not in first["relevance_reason"]  # no keyword matched
 
@@ -205,8 +205,11 @@ def test_a_units_closeness_is_read_from_the_scoring_or_computed_alone_the_same()
     scored = np.arange(0, len(index), 3)  # ascending, as candidates() gives them
     factor = query.semantic(index, scored)
     assert factor is not None
-    assert [query.closeness(index, int(row)) for row in scored] == factor.tolist()
+    assert [query.closeness(index, int(row)) for row in scored] == [
+        (value, alone[row][1]) for value, row in zip(factor.tolist(), scored.tolist(), strict=True)
+    ]
     assert [query.closeness(index, row) for row in range(len(index))] == alone
+    assert {text for _, text in alone} == {"pricing", "churn"}  # the interest that matched
     nothing = dataclasses.replace(query, interests=[], context_hint=None)
     assert nothing.closeness(index, 0) is None
 
@@ -363,7 +366,7 @@ def test_profiles_without_interests_score_without_the_semantic_factor() -> None:
     got = notified(h, sub)
     assert len(got) == 2
     registry = h.field.state.registry
-    assert registry.squares.view[registry.profile.view[registry.rows[sub]]] == 0.0
+    assert registry.interest_count.view[registry.profile.view[registry.rows[sub]]] == 0
     check_against_reference(h)
 
 
@@ -479,7 +482,7 @@ def test_sentence_transformers_loads_local_files_only(monkeypatch: pytest.Monkey
     h.register("w", "engineer")
     h.record("w", "xyz")  # same length as the interests: the same fake vector
     (item,) = h.attune("reader")["record"]
-    assert "close in meaning to your interests (similarity 1.00)" in item["relevance_reason"]
+    assert 'close in meaning to your interest "abc" (closer than' in item["relevance_reason"]
     assert h.field.capabilities()["embedder"] == "sentence-transformers:/models/mini"
 
 

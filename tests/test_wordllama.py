@@ -233,6 +233,7 @@ def test_loading_and_embedding_open_no_connection(
 
 
 def test_a_missing_package_names_the_pip_command(monkeypatch: pytest.MonkeyPatch) -> None:
+    embedding._wordllama.cache_clear()  # one model per process: load it again
     for module in ("wordllama", "tokenizers", "safetensors"):
         with monkeypatch.context() as patch:
             patch.setitem(sys.modules, module, None)
@@ -320,3 +321,41 @@ def test_serve_refuses_a_width_the_model_lacks_in_one_line(spec: str) -> None:
     assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert "wordllama" in lines[0] and "embedder" in lines[0]
+
+
+@pytest.mark.slow
+async def test_a_log_written_with_hashing_opens_with_the_default_embedder(
+    server_process: Callable[..., ServerProcess], tmp_path: Path
+) -> None:
+    """A Field's log does not depend on its embedder: one written with ``--embedder hashing``
+    (the default before wordllama) opens with the default, every unit embedded again, and
+    a paraphrase that shares no word with an interest is then found by its meaning."""
+    data = tmp_path / "field"
+    units = {
+        "close": "The German payroll software space is worth 1.2 billion euros a year.",
+        "far": "The office coffee machine is broken again.",
+    }
+    first = server_process(data, "--embedder", "hashing")
+    async with FieldClient(first.url) as field:
+        writer = await field.register("writer", "analyst")
+        reader = await field.register("reader", "strategist", interests=["market size"])
+        assert reader.registration["field_capabilities"]["embedder"] == "hashing-128"
+        ids = {
+            name: (
+                await writer.record(
+                    "finding", text, purpose="keep the team informed", confidence=0.8, reasoning="r"
+                )
+            )["memory_unit_id"]
+            for name, text in units.items()
+        }
+    assert first.stop() == 0
+    second = server_process(data)  # the default embedder
+    async with FieldClient(second.url) as field:
+        reader = await field.register("reader-2", "strategist", interests=["market size"])
+        assert reader.registration["field_capabilities"]["embedder"] == "wordllama-256"
+        assert reader.registration["field_capabilities"]["relevance"]["weights"] == "sentence"
+        page = (await reader.attune())["record"]
+    by_id = {item["memory_unit"]["id"]: item for item in page}
+    assert set(by_id) == set(ids.values())  # nothing lost
+    close, far = by_id[ids["close"]], by_id[ids["far"]]
+    assert close["relevance_score"] > far["relevance_score"]  # by meaning: no word is shared

@@ -2,10 +2,12 @@
 
 An :class:`Embedder` turns texts into unit-length float32 vectors, so the
 cosine similarity of two texts is the dot product of their rows. The
-default, :class:`HashingEmbedder`, needs no model and no download: it is
-feature hashing of the text's words and character trigrams (stop words
-left out; each feature lands in one of ``dim`` buckets with a sign from
-the same hash), which makes texts that share words and word pieces close.
+server's default is :class:`WordLlamaEmbedder`, a static sentence model
+shipped inside its wheel; :class:`HashingEmbedder`, the default of a Field
+made without an embedder, needs no model at all: it is feature hashing
+of the text's words and character trigrams (stop words left out; each
+feature lands in one of ``dim`` buckets with a sign from the same hash),
+which makes texts that share words and word pieces close.
 It is deterministic across processes and machines, so embeddings never
 need to be stored: the Field recomputes them when it replays the log.
 
@@ -16,9 +18,9 @@ score is the same whether it is computed for one unit, a page of them or
 an (agents x events) matrix, live or at replay.
 
 :func:`load_embedder` chooses an embedder by name (config ``embedder``):
-``hashing`` (the default), ``hashing-<dim>``, ``wordllama`` or
-``wordllama-<dim>`` (:class:`WordLlamaEmbedder`: a static sentence
-embedder whose model ships inside the ``wordllama`` wheel), or
+``wordllama`` (the server's default) or ``wordllama-<dim>``
+(:class:`WordLlamaEmbedder`: a static sentence embedder whose model ships
+inside the ``wordllama`` wheel), ``hashing``, ``hashing-<dim>``, or
 ``sentence-transformers:<model name or local path>``, which loads a
 locally installed ``sentence-transformers`` package and model, or
 ``minilm`` (``minilm-<max tokens>``: :class:`field.core.minilm.MiniLMEmbedder`,
@@ -28,6 +30,7 @@ None of them ever downloads anything.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import math
 import os
@@ -309,7 +312,16 @@ class WordLlamaEmbedder:
 
 
 def default_embedder() -> Embedder:
+    """The embedder of a Field made without one: hashing, which needs no model (the
+    server's default is ``wordllama``: config ``embedder``)."""
     return HashingEmbedder()
+
+
+@functools.cache
+def _wordllama(dim: int) -> WordLlamaEmbedder:
+    """One model per width and process: it holds no state but its read-only table (a few
+    MB), so every Field of a process (tests, ``field serve`` and its snapshots) shares it."""
+    return WordLlamaEmbedder(dim)
 
 
 def load_embedder(spec: str) -> Embedder:
@@ -323,9 +335,9 @@ def load_embedder(spec: str) -> Embedder:
         except ValueError as exc:
             raise EmbedderError(f"embedder {spec!r}: {exc}") from exc
     if spec == "wordllama":
-        return WordLlamaEmbedder()
+        return _wordllama(256)
     if spec.startswith("wordllama-") and spec[10:].isdigit():
-        return WordLlamaEmbedder(int(spec[10:]))
+        return _wordllama(int(spec[10:]))
     if kind == "sentence-transformers" and argument:
         return SentenceTransformerEmbedder(argument)
     if spec == "minilm" or (spec.startswith("minilm-") and spec[7:].isdigit()):

@@ -28,18 +28,21 @@ interest   W_INT   ``min(1, m / k) ** power``: ``m`` the            interests
                    interest and hint keywords found in the unit's   or hint
                    content, purpose and question, ``k`` the
                    keywords per interest (:func:`keyword_unit`)
-semantic   W_SEM   cosine of the unit's content embedding and the   the hint or
-                   embedding of the interests and hint, below 0: 0  interests
-                                                                    embed
+semantic   W_SEM   the calibrated similarity of the unit's content  the hint or
+                   with the best of the interests and the hint,     interests
+                   each embedded on its own: how many of the        embed
+                   Field's units it is closer than
+                   (:mod:`~field.core.calibration`)
 type       W_TYPE  :data:`~field.model.TYPE_IMPORTANCE`             always
 task       W_TASK  1 when the unit serves the agent's task          a task
 confidence W_CONF  confidence.score (0.5 for a draft without one)   always
 =========  ======  ===============================================  ==========
 
-The weights and the interest power (a :class:`Weights`) follow the embedder
-(:func:`weights_for`): :data:`LEXICAL` for hashing, :data:`SENTENCE` for a
-model. Both were chosen by measurement on the training split of a labelled
-set (``benchmarks/relevance.py --tune``).
+The weights, the interest power and the recommended threshold (a
+:class:`Weights`) are the same for every embedder, chosen by measurement on
+the labelled sets (``benchmarks/relevance.py``); :func:`weights_for` gives
+hashing (:data:`LEXICAL`) and the models (:data:`SENTENCE`) each the prior
+of its calibration.
 What a unit says is its content, purpose and question: who recorded it
 counts through the role factor alone, so a unit by a ``market_researcher``
 does not match an interest in "market".
@@ -51,23 +54,27 @@ score whole. Every factor lies in [0, 1] and the weights are normalized,
 so the score does too. :func:`combine` is the formula; ATTUNE applies it to many units
 for one agent (:func:`score`), subscription matching to one unit for many
 subscribers (``field.subscriptions.matcher``). A unit's score depends
-only on the unit, the agent and how many units were recorded after it,
-never on the rest of the log, so a notification replayed from the log
-scores exactly as it did live.
+only on the unit, the agent, the units recorded before the unit's
+calibration checkpoint and how many units were recorded after it, never
+on the rest of the log, so a notification replayed from the log scores
+exactly as it did live.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 import re
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 
 from ..model import MEMORY_TYPES, TYPE_IMPORTANCE, UNIT_STATUSES
+from .calibration import Calibration, percentile, standardized
 from .embedding import STOPWORDS, Embedder, Vectors, cosine, default_embedder, quantize
 
 RECENCY_HALF_LIFE = 256.0
@@ -97,32 +104,48 @@ class Weights:
     #: the ``min_relevance`` the docs recommend with this embedder: on the labelled set it
     #: keeps most irrelevant units out of a stream and the most relevant ones in
     threshold: float
+    #: the typical mean and spread of an interest's cosine with a unit, for this kind of
+    #: embedder: the prior of the calibration (:mod:`field.core.calibration`)
+    prior_mean: float = 0.0
+    prior_sd: float = 0.1
+    #: the semantic factor is the calibrated percentile to this power: most units of a Field
+    #: are about something else, and their percentiles spread evenly over [0, 1]; a power
+    #: keeps them low, so that role, task and keywords still order them
+    semantic_power: float = 1.0
+
+    @property
+    def semantic_note(self) -> float:
+        """The semantic factor of a calibrated similarity of :data:`SEMANTIC_NOTE`."""
+        note: float = SEMANTIC_NOTE**self.semantic_power
+        return note
+
+    def calibrated(self, factor: float) -> float:
+        """The calibrated similarity (how many of the Field's units a unit is closer than)
+        behind a semantic ``factor``."""
+        return float(factor ** (1.0 / self.semantic_power))
 
 
-#: the hashing embedder's (the default)
+#: the hashing embedder's. The threshold and most weights are every embedder's: the semantic
+#: factor is calibrated (a percentile of the Field's own units, :mod:`field.core.calibration`),
+#: so one threshold means about the same share of a Field's units for every agent and every
+#: embedder. Hashing's calibration has its own prior (its cosines are lower, more spread),
+#: and its keywords weigh more: its embedding sees little beyond the words themselves
 LEXICAL = Weights(
     name="lexical",
     role=0.10,
-    interest=0.30,
-    semantic=0.30,
-    type=0.05,
-    task=0.20,
-    confidence=0.05,
-    interest_power=0.5,
-    threshold=0.2,
-)
-#: every embedder of a model (wordllama, minilm, sentence-transformers)
-SENTENCE = Weights(
-    name="sentence",
-    role=0.10,
-    interest=0.20,
+    interest=0.60,
     semantic=1.0,
-    type=0.0,
-    task=0.20,
+    type=0.05,
+    task=0.50,
     confidence=0.05,
     interest_power=0.5,
-    threshold=0.22,
+    threshold=0.45,
+    prior_mean=0.02,
+    prior_sd=0.10,
+    semantic_power=4.0,
 )
+#: every embedder of a model (wordllama, the default; minilm, sentence-transformers)
+SENTENCE = replace(LEXICAL, name="sentence", interest=0.20, prior_mean=0.07, prior_sd=0.09)
 
 
 def weights_for(embedder: Embedder) -> Weights:
@@ -130,8 +153,9 @@ def weights_for(embedder: Embedder) -> Weights:
     return LEXICAL if embedder.name.startswith("hashing") else SENTENCE
 
 
-#: a semantic factor at least this high is named in ``relevance_reason``
-SEMANTIC_NOTE = 0.25
+#: a calibrated similarity at least this high (closer than 90% of the Field's units) is named
+#: in ``relevance_reason`` (:meth:`Weights.semantic_note`: the semantic factor it is)
+SEMANTIC_NOTE = 0.9
 #: units embedded per call of the embedder
 EMBED_BATCH = 1024
 #: characters embedded per call at most (beyond one content): bounds the work of the
@@ -333,11 +357,6 @@ class KeywordRows:
         return cast(npt.NDArray[np.float64], np.bincount(of, weights=found, minlength=len(rows)))
 
 
-def semantic_text(interests: Iterable[str], hint: str | None = None) -> str:
-    """The text whose embedding a unit's content is compared with: interests, then the hint."""
-    return "\n".join([*interests, *([hint] if hint else [])])
-
-
 def keyword_unit(phrases: Iterable[frozenset[str]]) -> float:
     """Keywords per phrase: the distinct keywords of ``phrases`` over how many have any.
 
@@ -363,16 +382,6 @@ def interest_factor(hits: Any, unit: Any, power: float) -> Any:
     return np.power(share, power)
 
 
-def semantic_factor(cosines: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
-    """The semantic factor of cosine similarities: the cosine, 0 where it is negative.
-
-    (``benchmarks/relevance.py --tune`` also tried a floor under which cosines count as 0,
-    rescaling above it: on the labelled set no floor did better than none.)
-    """
-    factor: npt.NDArray[np.float64] = np.maximum(np.asarray(cosines, dtype=np.float64), 0.0)
-    return factor
-
-
 def role_alignment(
     role: str, words: frozenset[str], other: str, other_words: frozenset[str]
 ) -> float:
@@ -390,6 +399,10 @@ class UnitIndex:
         self.embedder = embedder or default_embedder()
         #: the formula's weights: by default those for this embedder (:func:`weights_for`)
         self.weights = weights or weights_for(self.embedder)
+        #: the running sums that calibrate every similarity (:mod:`field.core.calibration`)
+        self.calibration = Calibration(
+            self.embedder.dim, prior_mean=self.weights.prior_mean, prior_sd=self.weights.prior_sd
+        )
         #: embeddings of query texts (interests and hints) by text: a poller asks the same
         self._texts: dict[str, tuple[Vectors, float]] = {}
         #: quantized content embeddings, one row per unit (see :attr:`vectors`)
@@ -464,6 +477,7 @@ class UnitIndex:
             rows, squares = quantize(self.embedder.embed(batch))
             self._vectors.extend(rows)
             self._squares.extend(squares)
+            self.calibration.add(rows, squares)
         self._queued_chars = 0
 
     @property
@@ -518,6 +532,71 @@ class UnitIndex:
             return cosine(matrix @ vector, squares, square)
         dots = matrix[rows] @ vector if 4 * len(rows) < len(matrix) else (matrix @ vector)[rows]
         return cosine(dots, squares[rows], square)
+
+    def calibrated(
+        self,
+        interests: Interests,
+        rows: npt.NDArray[np.intp],
+        counts: Any = None,
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp]]:
+        """The semantic factor of ``rows`` for ``interests``, and which interest is the
+        best for each row.
+
+        ``counts`` is how many units had been recorded when each row is scored
+        (a number or one per row; None: now). Each interest's cosine, and the
+        joined text's, is standardized against the Field's units at that
+        count's checkpoint and made a percentile (:mod:`field.core.calibration`).
+        Exact, so the same for one row or many.
+        """
+        vectors, squares, joined = interests.vectors, interests.squares, interests.joined
+        if not len(rows):
+            return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.intp)
+        if joined is not None:
+            vectors = np.concatenate([vectors, joined[0][None, :]])
+            squares = np.append(squares, joined[1])
+        matrix = self.vectors  # embeds what is queued: the checkpoints must be current
+        # exact integer dot products, a few rows gathered first, most multiplied whole
+        units = matrix[rows] if 4 * len(rows) < len(matrix) else None
+        dots = (units if units is not None else matrix) @ vectors.T
+        dots = (dots if units is not None else dots[rows]).T.astype(np.float64)
+        at = self.calibration.at(len(self) if counts is None else counts)
+        standard = self.standardized(dots, vectors, squares, rows, np.broadcast_to(at, rows.shape))
+        count = len(interests.texts)
+        best = standard[:count].argmax(axis=0)
+        top = standard[best, np.arange(len(rows))]
+        return percentile(top, standard[-1], count, self.weights.semantic_power), best
+
+    def standardized(
+        self,
+        dots: npt.NDArray[Any],
+        vectors: Vectors,
+        squares: npt.NDArray[np.float64],
+        rows: npt.NDArray[np.intp],
+        at: npt.NDArray[np.intp],
+        scales: Any = None,
+    ) -> npt.NDArray[np.float64]:
+        """``(cosine - mean) / sd`` of each (interest, unit of ``rows``) from their exact
+        dot products, the mean and sd those of the interest's cosines at checkpoint
+        position ``at`` (one per column).
+
+        ``scales`` may map a checkpoint position to the interests' (scale, shift)
+        (:meth:`~field.core.calibration.Calibration.scales`), computed earlier for
+        the same ``vectors``; otherwise they are computed here.
+        """
+        unit_squares = self.squares[rows]
+        positions = np.unique(at)
+        if len(positions) == 1:
+            position = int(positions[0])
+            found = None if scales is None else scales(position)
+            scale, shift = found or self.calibration.scales(vectors, squares, position)
+            return standardized(dots, unit_squares, scale, shift)
+        out = np.empty_like(dots)
+        for position in positions.tolist():
+            found = None if scales is None else scales(position)
+            scale, shift = found or self.calibration.scales(vectors, squares, position)
+            columns = np.flatnonzero(at == position)
+            out[:, columns] = standardized(dots[:, columns], unit_squares[columns], scale, shift)
+        return out
 
     def set_status(self, unit_id: str, status: str) -> None:
         self.status[self.rows[unit_id]] = STATUS_CODE[status]
@@ -594,13 +673,14 @@ class Query:
     interest_keywords: tuple[tuple[str, frozenset[str]], ...] = field(init=False)
     hint_words: frozenset[str] = field(init=False)
     role_words: frozenset[str] = field(init=False)
-    _vector: tuple[Vectors, float] | None = field(init=False, default=None)
-    #: the rows :meth:`semantic` scored last and their factor, for :meth:`closeness`
-    _scored: tuple[npt.NDArray[np.intp], npt.NDArray[np.float64]] | None = field(
-        init=False, default=None
+    #: the embedded interests and hint (:func:`interest_vectors`)
+    _vectors: Interests | None = field(init=False, default=None)
+    #: the rows :meth:`semantic` scored last, their factor and best interest (for :meth:`closeness`)
+    _scored: tuple[npt.NDArray[np.intp], npt.NDArray[np.float64], npt.NDArray[np.intp]] | None = (
+        field(init=False, default=None)
     )
-    #: row -> semantic factor of the rows a page is about to explain (:meth:`look_up`)
-    _near: dict[int, float] = field(init=False, default_factory=dict)
+    #: row -> (semantic factor, best interest) of the rows a page is about to explain
+    _near: dict[int, tuple[float, int]] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
         self.interest_keywords = tuple((i, frozenset(keywords(i))) for i in self.interests)
@@ -611,20 +691,21 @@ class Query:
         phrases = [words for _, words in self.interest_keywords]
         self.match_unit = keyword_unit([*phrases, self.hint_words])
 
-    def vector(self, index: UnitIndex) -> tuple[Vectors, float]:
-        """The embedding of the interests and hint (computed once per query)."""
-        if self._vector is None:
-            self._vector = index.embed(semantic_text(self.interests, self.context_hint))
-        return self._vector
+    def vectors(self, index: UnitIndex) -> Interests:
+        """Each interest's embedding, and the hint's (those that embed to something)."""
+        if self._vectors is None:
+            self._vectors = interest_vectors(index, self.interests, self.context_hint)
+        return self._vectors
 
     def semantic(
         self, index: UnitIndex, rows: npt.NDArray[np.intp]
     ) -> npt.NDArray[np.float64] | None:
         """The semantic factor of ``rows``; None when the interests and hint embed to nothing."""
-        factor = self._factor(index, rows)
-        if factor is not None:
-            self._scored = rows, factor
-        return factor
+        found = self._factor(index, rows)
+        if found is None:
+            return None
+        self._scored = (rows, *found)
+        return found[0]
 
     def look_up(self, rows: npt.NDArray[np.intp]) -> None:
         """Read the semantic factors of ``rows`` (a page to explain) in one pass.
@@ -634,36 +715,89 @@ class Query:
         """
         if self._scored is None or not len(rows) or not len(self._scored[0]):
             return
-        scored_rows, scored = self._scored
+        scored_rows, scored, best = self._scored
         at = np.minimum(np.searchsorted(scored_rows, rows), len(scored_rows) - 1)
         found = scored_rows[at] == rows
-        self._near.update(zip(rows[found].tolist(), scored[at[found]].tolist(), strict=True))
+        pairs = zip(scored[at[found]].tolist(), best[at[found]].tolist(), strict=True)
+        self._near.update(zip(rows[found].tolist(), pairs, strict=True))
 
-    def closeness(self, index: UnitIndex, row: int) -> float | None:
-        """The semantic factor of one row; None when the interests and hint embed to nothing.
+    def closeness(self, index: UnitIndex, row: int) -> tuple[float, str] | None:
+        """The semantic factor of one row and the interest (or hint) that gave it; None
+        when the interests and hint embed to nothing.
 
         Read from the rows :meth:`semantic` scored last when they hold it
         (they ascend, as :func:`candidates` gives them); the factor is exact,
         so the same as computed alone.
         """
         near = self._near.get(row)
-        if near is not None:
-            return near
-        if self._scored is not None:
-            rows, scored = self._scored
+        if near is None and self._scored is not None:
+            rows, scored, best = self._scored
             at = int(np.searchsorted(rows, row))
             if at < len(rows) and rows[at] == row:
-                return float(scored[at])
-        factor = self._factor(index, np.array([row], dtype=np.intp))
-        return None if factor is None else float(factor[0])
+                near = float(scored[at]), int(best[at])
+        if near is None:
+            found = self._factor(index, np.array([row], dtype=np.intp))
+            if found is None:
+                return None
+            near = float(found[0][0]), int(found[1][0])
+        return near[0], self.vectors(index).texts[near[1]]
 
     def _factor(
         self, index: UnitIndex, rows: npt.NDArray[np.intp]
-    ) -> npt.NDArray[np.float64] | None:
-        vector, square = self.vector(index)
-        if square == 0.0:
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp]] | None:
+        interests = self.vectors(index)
+        if not interests.texts:
             return None
-        return semantic_factor(index.similarity(vector, square, rows))
+        return index.calibrated(interests, rows)
+
+
+@dataclass(frozen=True, slots=True)
+class Interests:
+    """An agent's interests (and hint) as the semantic factor compares them: each text that
+    embeds to something, once, and all of them as one text."""
+
+    #: quantized rows of the texts, and their squared norms (none zero)
+    vectors: Vectors
+    squares: npt.NDArray[np.float64]
+    texts: tuple[str, ...]
+    #: the texts joined by newlines, embedded (None for fewer than two texts)
+    joined: tuple[Vectors, float] | None
+
+
+def interest_vectors(
+    index: UnitIndex | None,
+    interests: Iterable[str],
+    hint: str | None = None,
+    *,
+    embedder: Embedder | None = None,
+) -> Interests:
+    """:class:`Interests` of ``interests`` and ``hint``, embedded by ``index`` (which keeps
+    the query texts it embedded) or else by ``embedder``, each text alone."""
+    if index is not None:
+        embed, dim = index.embed, index.embedder.dim
+    else:
+        assert embedder is not None
+        embed, dim = functools.partial(embed_one, embedder), embedder.dim
+    found = [
+        (text, *embed(text)) for text in dict.fromkeys([*interests, *([hint] if hint else [])])
+    ]
+    kept = [(text, vector, square) for text, vector, square in found if square > 0]
+    if not kept:
+        return Interests(np.zeros((0, dim), dtype=np.float32), np.zeros(0), (), None)
+    texts = tuple(text for text, _, _ in kept)
+    joined = embed("\n".join(texts)) if len(texts) > 1 else None
+    return Interests(
+        np.stack([vector for _, vector, _ in kept]),
+        np.array([square for _, _, square in kept], dtype=np.float64),
+        texts,
+        joined,
+    )
+
+
+def embed_one(embedder: Embedder, text: str) -> tuple[Vectors, float]:
+    """One text's quantized row and squared norm, embedded alone (as ATTUNE embeds it)."""
+    rows, squares = quantize(embedder.embed([text]))
+    return rows[0], float(squares[0])
 
 
 def candidates(
@@ -926,10 +1060,11 @@ def explain(
     if hint:
         parts.append(f"matches your context hint ({', '.join(hint[:5])})")
     closeness = query.closeness(index, row)
-    if closeness is not None and closeness >= SEMANTIC_NOTE:
-        given = (("interests", query.interests), ("context hint", query.context_hint))
-        about = " and ".join(name for name, value in given if value)
-        parts.append(f"close in meaning to your {about} (similarity {closeness:.2f})")
+    if closeness is not None and closeness[0] >= index.weights.semantic_note:
+        factor, text = closeness
+        about = "context hint" if text == query.context_hint else f'interest "{text}"'
+        share = math.floor(index.weights.calibrated(factor) * 100)  # never "100%"
+        parts.append(f"close in meaning to your {about} (closer than {share}% of units)")
     if query.task_id is not None and unit["intent"].get("task_id") == query.task_id:
         parts.append(f"serves your task {query.task_id}")
     score_value = (unit.get("confidence") or {}).get("score")

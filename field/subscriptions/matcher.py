@@ -21,8 +21,9 @@ Relevance (documented in ``protocol/README.md``, "Relevance of events"):
 
 * memory events: the ATTUNE score of the unit for the subscriber, as of
   the event (:func:`field.core.relevance.combine`), its semantic factor
-  the cosine of the subscriber's interests embedding with the unit's
-  content embedding (one (profiles x units) matrix product per batch);
+  the calibrated similarity of the subscriber's best interest with the
+  unit's content (:mod:`field.core.calibration`; one (interests x units)
+  matrix product per batch);
   1.0 for ``memory.contested`` when the subscriber wrote the unit;
 * ``conflict.detected`` and ``conflict.resolved``: 1.0 when the
   subscriber wrote either unit, otherwise the better of the two units'
@@ -50,19 +51,17 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..core.embedding import cosine
+from ..core.calibration import percentile
 from ..core.relevance import (
-    SEMANTIC_NOTE,
     Column,
     UnitIndex,
     combine,
     interest_factor,
     keywords,
     recency,
-    semantic_factor,
 )
 from .events import EVENT_BIT, FieldEvent
-from .registry import FEW_ROWS, SubscriptionRegistry
+from .registry import FEW_ROWS, SubscriptionRegistry, interest_rows
 
 #: Largest (events x agent profiles) matrix built at once; bigger batches are chunked.
 MATRIX_CELLS = 1 << 18
@@ -420,26 +419,73 @@ class Matcher:
         return matches
 
     def _semantic(
-        self, profiles: npt.NDArray[np.intp], unit_ids: list[str]
+        self, profiles: npt.NDArray[np.intp], pairs: list[tuple[str, int]]
     ) -> npt.NDArray[np.float64]:
-        """The semantic factor of each (profile, unit): one matrix product.
+        """The semantic factor of each (profile, pair of a unit and an epoch): one matrix
+        product.
 
-        NaN where a profile's interests embed to nothing (the factor does
-        not apply, as in an ATTUNE without interests or hint).
+        Every interest row of every profile against every unit, each cosine
+        standardized at the checkpoint of the pair's epoch, and made a
+        percentile of the profile's best interest and joined interests, as
+        ATTUNE does (:meth:`~field.core.relevance.UnitIndex.calibrated`). NaN
+        where a profile has no interest that embeds (the factor does not
+        apply, as in an ATTUNE without interests or hint).
         """
         reg, index = self.registry, self.index
-        if not unit_ids:
+        if not pairs:
             return np.empty((len(profiles), 0), dtype=np.float64)
+        unit_ids = list(dict.fromkeys(unit_id for unit_id, _ in pairs))
+        column = {unit_id: k for k, unit_id in enumerate(unit_ids)}
         rows = np.array([index.rows[unit_id] for unit_id in unit_ids], dtype=np.intp)
+        counts = reg.interest_count.view[profiles]
+        spans = interest_rows(counts)
         whole = len(profiles) == reg.profile_count  # then profiles is arange: skip the gather
-        vectors = reg.vectors.view if whole else reg.vectors.view[profiles]
-        squares = (reg.squares.view if whole else reg.squares.view[profiles])[:, None]
+        if whole:
+            chosen = None
+            vectors, squares = reg.vectors.view, reg.squares.view
+        else:
+            starts = reg.interest_start.view[profiles]
+            chosen = np.repeat(starts - (np.cumsum(spans) - spans), spans) + np.arange(
+                int(spans.sum())
+            )
+            vectors, squares = reg.vectors.view[chosen], reg.squares.view[chosen]
         # exact: integer-valued rows; one unit as a matrix-vector product (a one-column
         # matrix product costs far more in a threaded BLAS)
         units = index.vectors[rows]
         dots = (vectors @ units[0])[:, None] if len(rows) == 1 else vectors @ units.T
-        closeness = semantic_factor(cosine(dots, squares, index.squares[rows][None, :]))
-        semantic: npt.NDArray[np.float64] = np.where(squares > 0, closeness, np.nan)
+        dots = dots.astype(np.float64)
+        if len(pairs) != len(unit_ids):  # a unit in events of several epochs
+            taken = [column[unit_id] for unit_id, _ in pairs]
+            dots, rows = dots[:, taken], rows[taken]
+        epochs = np.array([epoch for _, epoch in pairs], dtype=np.int64)
+        at = index.calibration.at(index.count_at(epochs))
+
+        def scales(position: int) -> tuple[Any, Any]:
+            scale, shift = reg.scales(index.calibration, position)
+            return (scale, shift) if chosen is None else (scale[chosen], shift[chosen])
+
+        standard = index.standardized(dots, vectors, squares, rows, at, scales)
+        firsts = np.cumsum(spans) - spans
+        every = bool(counts.all())  # most often: every profile has an interest
+        semantic = np.full((len(profiles), len(pairs)), np.nan)
+        some = slice(None) if every else np.flatnonzero(counts > 0)
+        firsts, counts = firsts[some], counts[some]
+        if len(counts):
+            # each profile's best interest: its first, then the k-th of those with more
+            best = standard[firsts]
+            for k in range(1, int(counts.max())):  # interests per profile: a few
+                more = counts > k
+                if more.all():
+                    np.maximum(best, standard[firsts + k], out=best)
+                else:
+                    has = np.flatnonzero(more)
+                    best[has] = np.maximum(best[has], standard[firsts[has] + k])
+            joined = standard[np.where(counts > 1, firsts + counts, firsts)]
+            power = index.weights.semantic_power
+            found = percentile(best, joined, counts[:, None], power)
+            if every:
+                return found
+            semantic[some] = found
         return semantic
 
     def _alignment(
@@ -504,11 +550,10 @@ class Matcher:
             task = None
             if task_id is not None:
                 task = (index.task.view[unit_rows] == index.tasks.find(task_id)).astype(np.float64)
-            square = float(reg.squares.view[profile])
             semantic = None
-            if square > 0:
-                closeness = index.similarity(reg.vectors.view[profile], square, unit_rows)
-                semantic = semantic_factor(closeness)
+            interests = reg.interests(profile)
+            if interests.texts:
+                semantic = index.calibrated(interests, unit_rows, index.count_at(epochs))[0]
             scores[:, j] = combine(
                 index.weights,
                 role=role,
@@ -522,7 +567,7 @@ class Matcher:
                 role,
                 np.zeros(len(pairs)) if hits is None else hits,
                 np.zeros(len(pairs)) if task is None else task,
-            ) | (0 if semantic is None else _semantic_flags(semantic))
+            ) | (0 if semantic is None else _semantic_flags(semantic, index.weights.semantic_note))
         return scores, flags
 
     def _units_for_many_profiles(
@@ -540,10 +585,7 @@ class Matcher:
         if not pairs:
             return np.empty((0, len(profiles))), np.empty((0, len(profiles)), dtype=np.int64)
         reg, index = self.registry, self.index
-        unit_ids = list(dict.fromkeys(unit_id for unit_id, _ in pairs))
-        column = {unit_id: k for k, unit_id in enumerate(unit_ids)}
-        semantic = self._semantic(profiles, unit_ids)
-        semantic = semantic[:, [column[unit_id] for unit_id, _ in pairs]].T
+        semantic = self._semantic(profiles, pairs).T
         unit_rows = np.array([index.rows[unit_id] for unit_id, _ in pairs], dtype=np.intp)
         epochs = np.array([epoch for _, epoch in pairs], dtype=np.int64)
         row_list = unit_rows.tolist()
@@ -586,7 +628,7 @@ class Matcher:
         interest *= w.interest
         total += interest
         semantic = np.nan_to_num(semantic, nan=0.0)
-        flags |= np.where(semantic >= SEMANTIC_NOTE, _SEMANTIC, 0)
+        flags |= np.where(semantic >= w.semantic_note, _SEMANTIC, 0)
         semantic *= w.semantic
         total += semantic
         total += w.type * index.type_weight.view[unit_rows][:, None]
@@ -682,10 +724,8 @@ def _flags(same_role: Any, role: Any, interest_hits: Any, task: Any) -> npt.NDAr
     return flags
 
 
-def _semantic_flags(semantic: npt.NDArray[np.float64]) -> npt.NDArray[np.int64]:
-    flags: npt.NDArray[np.int64] = np.where(semantic >= SEMANTIC_NOTE, _SEMANTIC, 0).astype(
-        np.int64
-    )
+def _semantic_flags(semantic: npt.NDArray[np.float64], note: float) -> npt.NDArray[np.int64]:
+    flags: npt.NDArray[np.int64] = np.where(semantic >= note, _SEMANTIC, 0).astype(np.int64)
     return flags
 
 

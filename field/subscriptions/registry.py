@@ -6,7 +6,7 @@ needs lives here in numpy arrays: per subscription, the event bitmask,
 "not my own actions" and "my unit"); per agent *profile* (an agent as it
 was when it subscribed: role, task, role and interest keywords, with
 inverted indexes from keyword to profile, and the quantized embedding
-of its interests), which many subscriptions share. Relevance depends
+of each of its interests), which many subscriptions share. Relevance depends
 only on the profile, so the matcher scores each profile once and gathers
 the scores for the subscriptions. Rows are never reused; a cancelled row
 is marked inactive and skipped by a mask.
@@ -20,12 +20,23 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..core.embedding import Embedder, default_embedder, quantize
-from ..core.relevance import Column, Interner, Matrix, keyword_unit, keywords, semantic_text
+from ..core.calibration import Calibration
+from ..core.embedding import Embedder, default_embedder
+from ..core.relevance import (
+    Column,
+    Interests,
+    Interner,
+    Matrix,
+    interest_vectors,
+    keyword_unit,
+    keywords,
+)
 from .events import EVENT_BIT
 
 #: Up to this many profiles, :meth:`SubscriptionRegistry.hits` intersects word sets.
 FEW_ROWS = 16
+#: Checkpoints whose interest moments the registry keeps (see :meth:`moments`).
+KEPT_MOMENTS = 8
 
 
 class SubscriptionRegistry:
@@ -68,9 +79,17 @@ class SubscriptionRegistry:
         self.profile_task: list[str | None] = []
         #: per profile, the agent as a filter reads it (``subscriber``)
         self.profile_agent: list[dict[str, Any]] = []
-        #: per profile, the quantized embedding of its interests and its squared norm
+        #: per profile, where its interests' rows start below and how many interests it has
+        #: (those that embed to something, each text once: as ATTUNE compares them); when
+        #: it has more than one, a row of them all joined follows them
+        self.interest_start = Column(np.int64)
+        self.interest_count = Column(np.int64)
+        #: per interest row (profiles' rows end to end), its quantized embedding and its
+        #: squared norm
         self.vectors = Matrix(self.embedder.dim)
         self.squares = Column(np.float64)
+        #: checkpoint position -> each interest row's (scale, shift) there (:meth:`scales`)
+        self._moments: dict[int, tuple[Column, Column]] = {}
         #: cancelled subscriptions :meth:`compact` dropped, each with the agent as its
         #: profile was made from (what :meth:`add` needs to add its row again)
         self.retired: dict[str, dict[str, Any]] = {}
@@ -133,9 +152,14 @@ class SubscriptionRegistry:
         self.profile_words.append((role_words, interest_words))
         self.role_word_count.append(len(role_words))
         self.interest_unit.append(keyword_unit(phrases))
-        vector, square = quantize(self.embedder.embed([semantic_text(agent["interests"])]))
-        self.vectors.extend(vector)
-        self.squares.append(square[0])
+        self.interest_start.append(self.squares.size)
+        interests = interest_vectors(None, agent["interests"], embedder=self.embedder)
+        self.interest_count.append(len(interests.texts))
+        self.vectors.extend(interests.vectors)
+        self.squares.extend(interests.squares)
+        if interests.joined is not None:
+            self.vectors.extend(interests.joined[0][None, :])
+            self.squares.append(interests.joined[1])
         indexes = ((role_words, self.role_words), (interest_words, self.interest_words))
         for words, postings in indexes:
             for word in words:
@@ -217,9 +241,24 @@ class SubscriptionRegistry:
         for name in _PROFILE_LISTS:
             values = getattr(self, name)
             setattr(self, name, [values[old] for old in order])
+        spans = interest_rows(self.interest_count.view[kept])
+        rows = np.concatenate(
+            [np.empty(0, dtype=np.intp)]
+            + [
+                np.arange(start, start + span, dtype=np.intp)
+                for start, span in zip(
+                    self.interest_start.view[kept].tolist(), spans.tolist(), strict=True
+                )
+            ]
+        )
         vectors = Matrix(self.embedder.dim)
-        vectors.extend(self.vectors.view[kept])
+        vectors.extend(self.vectors.view[rows])
         self.vectors = vectors
+        self.squares = _taken(self.squares, rows)
+        self.interest_count = _taken(self.interest_count, kept)
+        self.interest_start = Column(np.int64)
+        self.interest_start.extend(np.cumsum(spans) - spans)
+        self._moments = {}
         self.role_words, self.interest_words = {}, {}
         for profile, words in enumerate(self.profile_words):
             for found, postings in zip(words, (self.role_words, self.interest_words), strict=True):
@@ -228,6 +267,48 @@ class SubscriptionRegistry:
                     if column is None:
                         column = postings[word] = Column(np.int32)
                     column.append(profile)
+
+    def interests(self, profile: int) -> Interests:
+        """A profile's interests as ATTUNE compares them (its texts are not kept: the
+        number of them is what the factor reads)."""
+        start, count = (
+            int(self.interest_start.view[profile]),
+            int(self.interest_count.view[profile]),
+        )
+        joined = None
+        if count > 1:
+            joined = self.vectors.view[start + count], float(self.squares.view[start + count])
+        return Interests(
+            self.vectors.view[start : start + count],
+            self.squares.view[start : start + count],
+            ("",) * count,
+            joined,
+        )
+
+    def scales(self, calibration: Calibration, position: int) -> tuple[Any, Any]:
+        """Every interest row's (scale, shift) at checkpoint ``position`` of ``calibration``
+        (:meth:`~field.core.calibration.Calibration.scales`).
+
+        Kept for the last :data:`KEPT_MOMENTS` checkpoints asked for, and
+        extended for the interests added since: a checkpoint comes at most
+        once per doubling of the units (then every 65,536), so most batches
+        read them whole.
+        """
+        found = self._moments.pop(position, None)
+        size = self.squares.size
+        if found is None:
+            found = (Column(np.float64), Column(np.float64))
+        if found[0].size < size:
+            done = found[0].size
+            scale, shift = calibration.scales(
+                self.vectors.view[done:size], self.squares.view[done:size], position
+            )
+            found[0].extend(scale)
+            found[1].extend(shift)
+        if len(self._moments) >= KEPT_MOMENTS:
+            del self._moments[next(iter(self._moments))]  # the least recently used
+        self._moments[position] = found
+        return found[0].view, found[1].view
 
     def hits(
         self, kind: str, words: frozenset[str], profiles: npt.NDArray[np.intp]
@@ -263,8 +344,15 @@ _ROW_COLUMNS = (
     "agent",
     "filter",
 )
-_PROFILE_COLUMNS = ("role", "task", "role_word_count", "interest_unit", "squares")
+_PROFILE_COLUMNS = ("role", "task", "role_word_count", "interest_unit")
 _PROFILE_LISTS = ("profile_words", "profile_role", "profile_task", "profile_agent")
+
+
+def interest_rows(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
+    """How many rows profiles of ``counts`` interests hold: theirs, and one joined row for
+    two or more."""
+    rows: npt.NDArray[np.int64] = counts + (counts > 1)
+    return rows
 
 
 def _taken(column: Column, rows: npt.NDArray[np.intp]) -> Column:
