@@ -40,9 +40,9 @@ confidence W_CONF  confidence.score (0.5 for a draft without one)   always
 
 The weights, the interest power and the recommended threshold (a
 :class:`Weights`) are the same for every embedder, chosen by measurement on
-the labelled sets (``benchmarks/relevance.py``); :func:`weights_for` gives
-hashing (:data:`LEXICAL`) and the models (:data:`SENTENCE`) each the prior
-of its calibration.
+the labelled sets (``benchmarks/relevance.py``), but for hashing's heavier
+keywords; :func:`weights_for` gives hashing (:data:`LEXICAL`) and the models
+(:data:`SENTENCE`) each the prior of its calibration.
 What a unit says is its content, purpose and question: who recorded it
 counts through the role factor alone, so a unit by a ``market_researcher``
 does not match an interest in "market".
@@ -54,10 +54,10 @@ score whole. Every factor lies in [0, 1] and the weights are normalized,
 so the score does too. :func:`combine` is the formula; ATTUNE applies it to many units
 for one agent (:func:`score`), subscription matching to one unit for many
 subscribers (``field.subscriptions.matcher``). A unit's score depends
-only on the unit, the agent, the units recorded before the unit's
-calibration checkpoint and how many units were recorded after it, never
-on the rest of the log, so a notification replayed from the log scores
-exactly as it did live.
+only on the unit, the agent, how many units were recorded after it and
+the units before the calibration checkpoint of the scoring (which the
+number of units recorded by then decides), never on the rest of the log,
+so a notification replayed from the log scores exactly as it did live.
 """
 
 from __future__ import annotations

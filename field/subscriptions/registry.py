@@ -35,8 +35,8 @@ from .events import EVENT_BIT
 
 #: Up to this many profiles, :meth:`SubscriptionRegistry.hits` intersects word sets.
 FEW_ROWS = 16
-#: Checkpoints whose interest moments the registry keeps (see :meth:`moments`).
-KEPT_MOMENTS = 8
+#: Checkpoints whose interest scales the registry keeps (see :meth:`scales`).
+KEPT_SCALES = 8
 
 
 class SubscriptionRegistry:
@@ -89,7 +89,7 @@ class SubscriptionRegistry:
         self.vectors = Matrix(self.embedder.dim)
         self.squares = Column(np.float64)
         #: checkpoint position -> each interest row's (scale, shift) there (:meth:`scales`)
-        self._moments: dict[int, tuple[Column, Column]] = {}
+        self._scales: dict[int, tuple[Column, Column]] = {}
         #: cancelled subscriptions :meth:`compact` dropped, each with the agent as its
         #: profile was made from (what :meth:`add` needs to add its row again)
         self.retired: dict[str, dict[str, Any]] = {}
@@ -258,7 +258,7 @@ class SubscriptionRegistry:
         self.interest_count = _taken(self.interest_count, kept)
         self.interest_start = Column(np.int64)
         self.interest_start.extend(np.cumsum(spans) - spans)
-        self._moments = {}
+        self._scales = {}
         self.role_words, self.interest_words = {}, {}
         for profile, words in enumerate(self.profile_words):
             for found, postings in zip(words, (self.role_words, self.interest_words), strict=True):
@@ -289,12 +289,12 @@ class SubscriptionRegistry:
         """Every interest row's (scale, shift) at checkpoint ``position`` of ``calibration``
         (:meth:`~field.core.calibration.Calibration.scales`).
 
-        Kept for the last :data:`KEPT_MOMENTS` checkpoints asked for, and
+        Kept for the last :data:`KEPT_SCALES` checkpoints asked for, and
         extended for the interests added since: a checkpoint comes at most
         once per doubling of the units (then every 65,536), so most batches
         read them whole.
         """
-        found = self._moments.pop(position, None)
+        found = self._scales.pop(position, None)
         size = self.squares.size
         if found is None:
             found = (Column(np.float64), Column(np.float64))
@@ -305,9 +305,9 @@ class SubscriptionRegistry:
             )
             found[0].extend(scale)
             found[1].extend(shift)
-        if len(self._moments) >= KEPT_MOMENTS:
-            del self._moments[next(iter(self._moments))]  # the least recently used
-        self._moments[position] = found
+        if len(self._scales) >= KEPT_SCALES:
+            del self._scales[next(iter(self._scales))]  # the least recently used
+        self._scales[position] = found
         return found[0].view, found[1].view
 
     def hits(
