@@ -42,7 +42,7 @@ from field.core.relevance import RECENCY_HALF_LIFE, keywords, weights_for
 from field.model import TYPE_IMPORTANCE
 from field.subscriptions.events import FieldEvent
 
-from .reference_relevance import calibrated, interest_value, quantized, words_of
+from .reference_relevance import calibrated, compared, interest_value, quantized, words_of
 
 EMBEDDER = HashingEmbedder()
 WEIGHTS = weights_for(EMBEDDER)
@@ -119,7 +119,13 @@ def unit_score(
     unit_vectors = [quantized(u["content"], EMBEDDER) for u in units]
     contents = [u["content"] for u in units]
     semantic = calibrated(
-        unit_vectors, row, agent["interests"], EMBEDDER, WEIGHTS, recorded_by_then, contents
+        unit_vectors,
+        row,
+        compared(agent["interests"]),
+        EMBEDDER,
+        WEIGHTS,
+        recorded_by_then,
+        contents,
     )
     if semantic is not None:
         factors.append((WEIGHTS.semantic, semantic))

@@ -105,6 +105,11 @@ def rounded(unit: tuple[list[int], int]) -> tuple[list[int], int]:
     return whole, 256 * 256
 
 
+def compared(interests: list[str]) -> list[str]:
+    """The interests compared one by one: the first 16 distinct ones."""
+    return list(dict.fromkeys(interests))[:16]
+
+
 def calibrated(
     unit_vectors: list[tuple[list[int], int]],
     row: int,
@@ -205,7 +210,7 @@ def reference_scores(
         (vectors or {}).get(unit["id"]) or quantized(unit["content"], embedder) for unit in units
     ]
     contents = [unit["content"] for unit in units]
-    texts = [*query.interests, *([query.context_hint] if query.context_hint else [])]
+    texts = [*compared(query.interests), *([query.context_hint] if query.context_hint else [])]
 
     phrases = [frozenset(keywords(i)) for i in query.interests]
     phrases.append(frozenset(keywords(query.context_hint)))

@@ -499,3 +499,32 @@ def test_serve_with_an_unavailable_embedder_exits_2_with_one_line(spec: str) -> 
     assert len(lines) == 1, result.stderr
     assert "Traceback" not in result.stderr
     assert "embedder" in lines[0]
+
+
+def test_an_agent_of_many_interests_costs_a_bounded_number_of_embeddings() -> None:
+    """An agent may register 64 interests; a query embeds the first 16 of them, the hint and
+    their joined text, and no more, and its profile in the registry holds as many rows."""
+    embedded: list[str] = []
+
+    class Counting(HashingEmbedder):
+        def embed(self, texts: Sequence[str]) -> Vectors:
+            embedded.extend(texts)
+            return super().embed(texts)
+
+    h = Harness(embedder=Counting())
+    interests = [f"pricing plan number {i}" for i in range(64)]
+    h.register("many", "analyst", interests=interests)
+    h.register("w", "engineer")
+    h.record("w", "pricing plan number 40 went up", score=0.5)
+    h.field.state.index.vectors  # noqa: B018 - the unit's content is embedded first
+    embedded.clear()
+    (item,) = h.attune("many", context_hint="a hint about plans")["record"]
+    queried = set(embedded)
+    assert len(queried) <= relevance.COMPARED_INTERESTS + 2  # the hint and the joined text
+    assert set(interests[:16]) <= queried and not set(interests[16:]) & queried
+    sub = subscribe(h, "many", ["memory.recorded"])
+    registry = h.field.state.registry
+    profile = registry.profile.view[registry.rows[sub]]
+    assert registry.interest_count.view[profile] == relevance.COMPARED_INTERESTS
+    assert registry.interests(int(profile)).joined is not None
+    check_against_reference(h)

@@ -161,6 +161,9 @@ EMBED_BATCH = 1024
 #: characters embedded per call at most (beyond one content): bounds the work of the
 #: request that happens to flush the queue (about 4 ms with the default embedder)
 EMBED_BATCH_CHARS = 65536
+#: Interests of an agent compared one by one with a unit (the first ones; see
+#: :func:`interest_vectors`)
+COMPARED_INTERESTS = 16
 #: Query texts whose embeddings the index keeps (see :meth:`UnitIndex.embed`).
 QUERY_TEXTS = 256
 
@@ -772,15 +775,18 @@ def interest_vectors(
     embedder: Embedder | None = None,
 ) -> Interests:
     """:class:`Interests` of ``interests`` and ``hint``, embedded by ``index`` (which keeps
-    the query texts it embedded) or else by ``embedder``, each text alone."""
+    the query texts it embedded) or else by ``embedder``, each text alone.
+
+    The first :data:`COMPARED_INTERESTS` distinct interests are compared (an agent may
+    register 64): what one query costs to embed is bounded, whatever an agent sends.
+    """
     if index is not None:
         embed, dim = index.embed, index.embedder.dim
     else:
         assert embedder is not None
         embed, dim = functools.partial(embed_one, embedder), embedder.dim
-    found = [
-        (text, *embed(text)) for text in dict.fromkeys([*interests, *([hint] if hint else [])])
-    ]
+    compared = list(dict.fromkeys(interests))[:COMPARED_INTERESTS]
+    found = [(text, *embed(text)) for text in dict.fromkeys([*compared, *([hint] if hint else [])])]
     kept = [(text, vector, square) for text, vector, square in found if square > 0]
     if not kept:
         return Interests(np.zeros((0, dim), dtype=np.float32), np.zeros(0), (), None)
