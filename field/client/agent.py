@@ -361,7 +361,7 @@ class AgentClient:
         ``name`` (1-100 of ``A-Z a-z 0-9 . _ : -``) and subscribing again with
         the same name and definition returns the same subscription
         (``created`` is ``False``); another definition under that name is
-        ``409 SUBSCRIPTION_NAME_TAKEN``. ``min_relevance`` (0.2 recommended)
+        ``409 SUBSCRIPTION_NAME_TAKEN``. ``min_relevance`` (0.45 recommended)
         drops events less relevant to this agent, ``debounce_ms`` folds the
         notifications of one entity in a window, ``include_own`` also notifies
         the agent's own events, ``filter`` is a CEL expression, ``bindings``
