@@ -21,6 +21,7 @@ from typing import Any
 
 import aiohttp
 import orjson
+from _common import envelope
 
 from field.client.errors import retry_after_seconds
 
@@ -144,3 +145,25 @@ async def post(
         if refused >= MAX_REFUSALS:
             raise RuntimeError(f"{url}: refused {refused} times in a row, last {kind}: {raw!r}")
         await asyncio.sleep(wait)
+
+
+async def send(
+    session: aiohttp.ClientSession,
+    url: str,
+    operation: str,
+    agent: str,
+    payload: Any,
+    token: str | None,
+    refusals: Refusals,
+) -> Reply:
+    """The operation's envelope POSTed to ``url``'s ``/v1/<operation>`` (with ``token``, if
+    any), sent again after each refusal's Retry-After (:func:`post`); fails on any other
+    answer than 200."""
+    body = orjson.dumps(envelope(operation, agent, payload))
+    headers = {"Content-Type": "application/json"}
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
+    reply = await post(session, f"{url}/v1/{operation.lower()}", body, headers, refusals)
+    if reply.status != 200:
+        raise RuntimeError(f"{operation} failed: {reply.status} {reply.raw[:300]!r}")
+    return reply

@@ -28,10 +28,8 @@ import time
 from typing import Any
 
 import aiohttp
-import orjson
-from _common import VOCABULARY, bracketed, envelope, pct, progress
-from _refusals import Refusals, Reply
-from _refusals import post as post_retried
+from _common import VOCABULARY, bracketed, pct, progress
+from _refusals import Refusals, send
 from fanout import start_field
 
 TYPES = ["finding", "decision", "observation", "assumption", "constraint", "question"]
@@ -39,26 +37,6 @@ TYPES = ["finding", "decision", "observation", "assumption", "constraint", "ques
 
 #: refusals met while populating and while measuring
 REFUSALS = {"set-up": Refusals(), "measured": Refusals()}
-
-
-async def send(
-    session: aiohttp.ClientSession,
-    url: str,
-    operation: str,
-    agent: str,
-    payload: Any,
-    token: str,
-    refusals: Refusals,
-) -> Reply:
-    """The operation, sent again after each refusal's Retry-After; fails on any other error."""
-    body = orjson.dumps(envelope(operation, agent, payload))
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    reply = await post_retried(session, f"{url}/v1/{operation.lower()}", body, headers, refusals)
-    if reply.status != 200:
-        raise RuntimeError(f"{operation} failed: {reply.status} {reply.answer}")
-    return reply
 
 
 async def post(

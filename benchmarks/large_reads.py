@@ -36,9 +36,8 @@ from typing import Any
 
 import aiohttp
 import orjson
-from _common import VOCABULARY, bracketed, envelope, pct, progress
-from _refusals import Refusals, Reply
-from _refusals import post as post_retried
+from _common import VOCABULARY, bracketed, pct, progress
+from _refusals import Refusals, send
 from fanout import rss_kb, start_field
 
 NORMAL_SCOPE = {
@@ -65,32 +64,11 @@ def content(rng: random.Random, chars: int) -> str:
 REFUSALS = Refusals()
 
 
-async def send(
-    session: aiohttp.ClientSession,
-    url: str,
-    operation: str,
-    agent: str,
-    payload: Any,
-    token: str,
-    refusals: Refusals | None = None,
-) -> Reply:
-    """The operation, sent again after each refusal's Retry-After; fails on any other error."""
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    body = orjson.dumps(envelope(operation, agent, payload))
-    target = f"{url}/v1/{operation.lower()}"
-    reply = await post_retried(session, target, body, headers, refusals or REFUSALS)
-    if reply.status != 200:
-        raise RuntimeError(f"{operation} failed: {reply.status} {reply.raw[:300]!r}")
-    return reply
-
-
 async def post(
     session: aiohttp.ClientSession, url: str, operation: str, agent: str, payload: Any, token: str
 ) -> bytes:
     """The answer's bytes."""
-    return (await send(session, url, operation, agent, payload, token)).raw
+    return (await send(session, url, operation, agent, payload, token, REFUSALS)).raw
 
 
 async def populate(url: str, units: int, chars: int, heavy: int) -> dict[str, str]:
@@ -130,7 +108,8 @@ def maximal(fmt: str) -> dict[str, Any]:
 async def first_maximal(url: str, tokens: dict[str, str], fmt: str) -> tuple[float, int]:
     """The first maximal ATTUNE after the units were recorded: (ms, bytes)."""
     async with aiohttp.ClientSession() as session:
-        reply = await send(session, url, "ATTUNE", "heavy-0", maximal(fmt), tokens["heavy-0"])
+        heavy = maximal(fmt)
+        reply = await send(session, url, "ATTUNE", "heavy-0", heavy, tokens["heavy-0"], REFUSALS)
         return reply.ms, len(reply.raw)
 
 
@@ -145,7 +124,9 @@ async def normal_client(
         await post(session, url, "ATTUNE", "normal", payload, token)  # warm the connection
         deadline = time.perf_counter() + seconds
         while time.perf_counter() < deadline:
-            reply = await send(session, url, "ATTUNE", "normal", payload, token, refusals)
+            reply = await send(
+                session, url, "ATTUNE", "normal", payload, token, refusals or REFUSALS
+            )
             samples.append(reply.ms)
     return samples
 
@@ -159,7 +140,9 @@ def heavy_process(
     async def one(agent: str, latencies: list[float], sizes: list[int]) -> None:
         async with aiohttp.ClientSession() as session:
             while not stop.is_set():
-                reply = await send(session, url, "ATTUNE", agent, maximal(fmt), tokens[agent])
+                reply = await send(
+                    session, url, "ATTUNE", agent, maximal(fmt), tokens[agent], REFUSALS
+                )
                 latencies.append(reply.ms)
                 sizes.append(len(reply.raw))
 
