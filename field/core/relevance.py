@@ -181,6 +181,15 @@ _ARCHIVED_CODE = STATUS_CODE["archived"]
 _WORD = re.compile(r"[a-z0-9]+")
 
 
+def ranges(starts: npt.NDArray[Any], lengths: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
+    """The integers of ``[start, start + length)`` for each (start, length), end to end."""
+    lengths = np.asarray(lengths, dtype=np.intp)
+    total = int(lengths.sum())
+    shift = np.asarray(starts, dtype=np.intp) - (np.cumsum(lengths) - lengths)
+    found: npt.NDArray[np.intp] = np.arange(total, dtype=np.intp) + np.repeat(shift, lengths)
+    return found
+
+
 def keywords(text: str | None) -> list[str]:
     """The keywords of ``text``: lower-case words, no stop words, plural 's' removed.
 
@@ -353,7 +362,7 @@ class KeywordRows:
         if total == 0:
             return counts
         # the positions of every row's codes, the rows one after the other
-        at = np.arange(total) + np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+        at = ranges(starts, lengths)
         found = np.isin(self._codes.view[at], np.array(wanted, dtype=np.int32))
         of = np.repeat(np.arange(len(rows)), lengths)
         # weighted, the counts are float64 (numpy's stubs say intp whatever the weights)
@@ -515,8 +524,7 @@ class UnitIndex:
         """
         found = self._texts.get(text)
         if found is None:
-            rows, squares = quantize(self.embedder.embed([text]))
-            found = rows[0], float(squares[0])
+            found = embed_one(self.embedder, text)
             if len(self._texts) >= QUERY_TEXTS:
                 del self._texts[next(iter(self._texts))]  # the oldest
             self._texts[text] = found
@@ -530,11 +538,19 @@ class UnitIndex:
         All rows when ``rows`` is None. Exact, so equal whichever way it is
         computed: a few rows are gathered first, most rows multiplied whole.
         """
-        matrix, squares = self.vectors, self.squares
         if rows is None:
-            return cosine(matrix @ vector, squares, square)
-        dots = matrix[rows] @ vector if 4 * len(rows) < len(matrix) else (matrix @ vector)[rows]
-        return cosine(dots, squares[rows], square)
+            return cosine(self.vectors @ vector, self.squares, square)
+        return cosine(self.dots(vector, rows), self.squares[rows], square)
+
+    def dots(self, vectors: Vectors, rows: npt.NDArray[np.intp]) -> Vectors:
+        """Exact dot products of ``rows`` with a quantized vector (or of each of ``vectors``:
+        then one column per row of ``vectors``): a few rows gathered first, most multiplied
+        whole."""
+        matrix = self.vectors
+        if 4 * len(rows) < len(matrix):
+            found: Vectors = matrix[rows] @ vectors.T
+            return found
+        return (matrix @ vectors.T)[rows]
 
     def calibrated(
         self,
@@ -557,11 +573,9 @@ class UnitIndex:
         if joined is not None:
             vectors = np.concatenate([vectors, joined[0][None, :]])
             squares = np.append(squares, joined[1])
-        matrix = self.vectors  # embeds what is queued: the checkpoints must be current
-        # exact integer dot products, a few rows gathered first, most multiplied whole
-        units = matrix[rows] if 4 * len(rows) < len(matrix) else None
-        dots = (units if units is not None else matrix) @ vectors.T
-        dots = (dots if units is not None else dots[rows]).T.astype(np.float64)
+        # exact integer dot products; reading the rows embeds what is queued, so the
+        # checkpoints are current
+        dots = self.dots(vectors, rows).T.astype(np.float64)
         at = self.calibration.at(len(self) if counts is None else counts)
         standard = self.standardized(dots, vectors, squares, rows, np.broadcast_to(at, rows.shape))
         count = len(interests.texts)

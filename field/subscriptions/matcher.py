@@ -58,6 +58,7 @@ from ..core.relevance import (
     combine,
     interest_factor,
     keywords,
+    ranges,
     recency,
 )
 from .events import EVENT_BIT, FieldEvent
@@ -445,9 +446,7 @@ class Matcher:
             vectors, squares = reg.vectors.view, reg.squares.view
         else:
             starts = reg.interest_start.view[profiles]
-            chosen = np.repeat(starts - (np.cumsum(spans) - spans), spans) + np.arange(
-                int(spans.sum())
-            )
+            chosen = ranges(starts, spans)
             vectors, squares = reg.vectors.view[chosen], reg.squares.view[chosen]
         # exact: integer-valued rows; one unit as a matrix-vector product (a one-column
         # matrix product costs far more in a threaded BLAS)

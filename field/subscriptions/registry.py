@@ -30,6 +30,7 @@ from ..core.relevance import (
     interest_vectors,
     keyword_unit,
     keywords,
+    ranges,
 )
 from .events import EVENT_BIT
 
@@ -242,15 +243,7 @@ class SubscriptionRegistry:
             values = getattr(self, name)
             setattr(self, name, [values[old] for old in order])
         spans = interest_rows(self.interest_count.view[kept])
-        rows = np.concatenate(
-            [np.empty(0, dtype=np.intp)]
-            + [
-                np.arange(start, start + span, dtype=np.intp)
-                for start, span in zip(
-                    self.interest_start.view[kept].tolist(), spans.tolist(), strict=True
-                )
-            ]
-        )
+        rows = ranges(self.interest_start.view[kept], spans)
         vectors = Matrix(self.embedder.dim)
         vectors.extend(self.vectors.view[rows])
         self.vectors = vectors
