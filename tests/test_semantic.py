@@ -19,6 +19,7 @@ from field.client import FieldClient
 from field.config import Config
 from field.core import embedding, relevance
 from field.core.attune import tokens
+from field.core.calibration import Calibration
 from field.core.embedding import (
     EmbedderError,
     HashingEmbedder,
@@ -28,6 +29,7 @@ from field.core.embedding import (
 )
 from field.core.field import Field
 from field.core.relevance import LEXICAL
+from field.subscriptions.registry import KEPT_SCALES
 
 from .conftest import ThreadedServer
 from .core_util import Harness
@@ -528,3 +530,36 @@ def test_an_agent_of_many_interests_costs_a_bounded_number_of_embeddings() -> No
     assert registry.interest_count.view[profile] == relevance.COMPARED_INTERESTS
     assert registry.interests(int(profile)).joined is not None
     check_against_reference(h)
+
+
+def test_the_registry_keeps_the_scales_of_its_last_checkpoints_and_makes_others_again() -> None:
+    """The registry's cache of interest scales holds KEPT_SCALES checkpoints: asking for one
+    more drops the least recently used, which is computed again, to the same values."""
+    h = Harness()
+    h.register("reader", "analyst", interests=["pricing", "churn"])
+    subscribe(h, "reader", ["memory.recorded"])
+    registry = h.field.state.registry
+    calibration = Calibration(128, prior_mean=LEXICAL.prior_mean, prior_sd=LEXICAL.prior_sd)
+    rows, squares = quantize(HashingEmbedder().embed([f"unit {i} of many" for i in range(1024)]))
+    calibration.add(rows, squares)
+    assert len(calibration.checkpoints) == KEPT_SCALES + 1  # 0, 8, 16, ..., 1024
+    made: list[int] = []
+    scales = calibration.scales
+
+    def counted(vectors: Any, squares: Any, at: int) -> Any:
+        made.append(at)
+        return scales(vectors, squares, at)
+
+    calibration.scales = counted  # type: ignore[method-assign]
+    first = [a.copy() for a in registry.scales(calibration, 0)]
+    for position in range(1, KEPT_SCALES):
+        registry.scales(calibration, position)
+    registry.scales(calibration, 0)  # kept: the most recently used now
+    assert made == list(range(KEPT_SCALES))
+    registry.scales(calibration, KEPT_SCALES)  # one more: position 1, the oldest, goes
+    registry.scales(calibration, 0)
+    assert made[-1] == KEPT_SCALES
+    again = registry.scales(calibration, 1)
+    assert made[-1] == 1  # made again
+    assert [a.tolist() for a in registry.scales(calibration, 0)] == [a.tolist() for a in first]
+    assert len(again[0]) == registry.squares.size  # a scale per interest row
