@@ -66,6 +66,13 @@ measured cost). A full queue is refused the same way.
 A batch is published (its push fan-out) a slice of :data:`PUBLISH_SLICE`
 at a time, the loop reading requests between slices, and answered once
 published: an answer on a socket follows the frames its entries made.
+
+With a sentence model (``embedder``, :mod:`field.embeddings`) units are
+embedded after their commit, off the loop: a batch whose units are not
+embedded yet is answered at once and *held*, published (in log order,
+with every later batch) once they are; ATTUNE and DETECT first wait up to
+:data:`~field.embeddings.READ_WAIT` seconds for the units before them; and
+while the embedding queue is full the writer takes no writes.
 """
 
 from __future__ import annotations
@@ -74,6 +81,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
@@ -81,7 +89,9 @@ from . import snapshots
 from .admission import Admission, AdmissionPolicy, Work, work_of
 from .core.clock import RESERVATION_BLOCK
 from .core.context import Outcome
+from .core.embedding import Embedder
 from .core.field import Field
+from .embeddings import READ_WAIT, EmbeddingWorker
 from .errors import Code, FieldError, LogUnavailable, Overloaded, StorageFull, internal_error
 from .model import MAX_EPOCH, LogEntry, StoredEntry
 from .store.base import EventLog
@@ -103,6 +113,11 @@ CATCH_UP_UNLOCKED = 256
 #: Entry kinds that commute with every other entry: a batch of reads that wrote only these
 #: may store them after what another node appended meanwhile.
 _COMMUTING = frozenset({"clock.reserved"})
+#: Operations that read the units' embeddings: with embedding after the commit, they wait
+#: (a while) for the units recorded before them.
+_READ_EMBEDDINGS = frozenset({"ATTUNE", "DETECT"})
+#: Seconds a stopping service waits for held batches to be embedded and published.
+DRAIN_SECONDS = 5.0
 
 
 @dataclass(slots=True)
@@ -146,8 +161,20 @@ class FieldService:
         max_batch: int = 512,
         admission: AdmissionPolicy | None = None,
         node_id: str = "node-1",
+        embed_after_commit: Embedder | None = None,
     ) -> None:
+        """``embed_after_commit``: the Field's embedder, when units are to be embedded
+        after their commit, off the loop (:mod:`field.embeddings`)."""
         self.log = log
+        #: embeds units after their commit (None: they are embedded when first read)
+        self.embeddings: EmbeddingWorker | None = None
+        if embed_after_commit is not None:
+            self.embeddings = EmbeddingWorker(lambda: self.field.state.index, embed_after_commit)
+            self.embeddings.on_progress = self._release_held
+        #: published batches waiting for their units' embeddings, in log order, each with
+        #: how many units must be embedded first (see :meth:`_hold`)
+        self._held: deque[tuple[list[StoredEntry], int]] = deque()
+        self._releasing: asyncio.Task[None] | None = None
         #: this process's name among the nodes of the Field (status, logs)
         self.node_id = node_id
         self._field_factory = field_factory
@@ -207,6 +234,8 @@ class FieldService:
         self.started_from = snapshots.load(field, self.log)
         field.read_entries = self._read_entries
         field.sliced_reads = True  # execute() builds large pages in steps
+        if self.embeddings is not None:
+            field.state.index.deferred = True  # the replay's last units included
         return field
 
     async def _rebuild(self) -> None:
@@ -242,6 +271,8 @@ class FieldService:
         field.writes_refused = self.field.writes_refused
         field.delivery_status = self.field.delivery_status
         self.field = field
+        if self.embeddings is not None:
+            self.embeddings.replaced()
 
     def _read_entries(
         self, positions: Sequence[int], *, max_bytes: int | None = None
@@ -296,6 +327,9 @@ class FieldService:
         if genesis:
             await self._append(genesis)
         await self._release()
+        if self.embeddings is not None:
+            self.embeddings.start()
+            self.embeddings.wake()
         self._start_writer()
         self._sampler = asyncio.create_task(self._sample_delay(), name="field-admission")
         if self.log.shared:
@@ -327,6 +361,9 @@ class FieldService:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sampler
             self._sampler = None
+        if self.embeddings is not None:
+            await self._drain_held()
+            await self.embeddings.stop()
         for task in (self._probe, self._follower, self._recheck):
             if task is not None:
                 task.cancel()
@@ -348,6 +385,9 @@ class FieldService:
         work = work or work_of(operation)
         self.admission.admit(work, operation)
         try:
+            if self.embeddings is not None and operation in _READ_EMBEDDINGS:
+                # read-your-writes while the model keeps up; never longer than READ_WAIT
+                await self.embeddings.caught_up(len(self.field.state.index), READ_WAIT)
             loop = asyncio.get_running_loop()
             future: asyncio.Future[Outcome] = loop.create_future()
             pending = _Pending(job, future, operation, loop.time(), work)
@@ -393,6 +433,8 @@ class FieldService:
             self._publishing = 0.0
             self.busy = True
             try:
+                if self.embeddings is not None and any(p.writes for p in batch):
+                    await self.embeddings.room()  # full: writes wait, admission refuses more
                 if self.field.broken:
                     await self._rebuild()
                 if not self.field.broken:
@@ -522,7 +564,7 @@ class FieldService:
 
     def _publish(self, stored: list[StoredEntry]) -> None:
         """Publish ``stored`` to every listener at once (entries the writer did not write)."""
-        if not stored:
+        if not stored or self._hold(stored):
             return
         for listener in self.listeners:
             try:
@@ -535,8 +577,11 @@ class FieldService:
     async def _publish_in_slices(self, stored: list[StoredEntry]) -> None:
         """Publish ``stored``, letting the loop run every :data:`PUBLISH_SLICE` seconds:
         a batch's fan-out may take long, and requests are read (and refused) meanwhile."""
-        if not stored:
+        if not stored or self._hold(stored):
             return
+        await self._publish_now(stored)
+
+    async def _publish_now(self, stored: list[StoredEntry]) -> None:
         loop = asyncio.get_running_loop()
         started = loop.time()
         due = started + PUBLISH_SLICE
@@ -549,6 +594,64 @@ class FieldService:
             except Exception:  # a push failure must never undo or block a commit
                 logger.exception("publishing %d entries failed", len(stored))
         self._publishing += loop.time() - started
+
+    # -- publishing after the embeddings -----------------------------------------
+
+    def _hold(self, stored: list[StoredEntry]) -> bool:
+        """Whether ``stored`` waits for embeddings before it is published (and now
+        waits): its units, or a held batch before it, are not embedded yet."""
+        if self.embeddings is None:
+            return False
+        index = self.field.state.index
+        if not self._held and index.scorable >= len(index):
+            return False
+        self._held.append((stored, len(index)))
+        self.embeddings.wake()
+        self._release_held()
+        return True
+
+    @property
+    def held(self) -> int:
+        """Entries committed whose publishing waits for embeddings."""
+        return sum(len(stored) for stored, _ in self._held)
+
+    def _release_held(self) -> None:
+        """Publish the held batches whose units are embedded (one task at a time)."""
+        if self._held and (self._releasing is None or self._releasing.done()):
+            self._releasing = asyncio.get_running_loop().create_task(
+                self._publish_held(), name="field-publish-held"
+            )
+
+    async def _publish_held(self) -> None:
+        assert self.embeddings is not None
+        while self._held:
+            stored, needed = self._held[0]
+            index = self.field.state.index  # a rebuilt one holds no more units than needed
+            if index.scorable < min(needed, len(index)):
+                await self.embeddings.progress()
+                continue
+            try:
+                await self._publish_now(stored)
+            finally:
+                self._held.popleft()  # published, or failed as a publish does: never again
+            self._answered()
+
+    async def _drain_held(self) -> None:
+        """Give held batches :data:`DRAIN_SECONDS` to be published (a stopping service);
+        what is left is owed from the log at the next start, as after a crash."""
+        if not self._held:
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(DRAIN_SECONDS):
+                while self._held:
+                    self._release_held()
+                    assert self._releasing is not None
+                    await asyncio.shield(self._releasing)
+        if self._held:
+            logger.warning(
+                "stopping with %d entries not published (their units are not embedded yet)",
+                self.held,
+            )
 
     def _answer_rest(self, batch: list[_Pending], unreadable: str | None = None) -> None:
         """Answer every job of ``batch`` still waiting with an internal error, or with

@@ -28,6 +28,7 @@ import uvicorn
 from field.cli import uvicorn_config
 from field.client import FieldClient
 from field.config import Config
+from field.core.embedding import Embedder
 from field.transports.http import create_app
 
 _LISTENING = re.compile(r"listening on (http://\S+?):? ")
@@ -72,7 +73,9 @@ class ThreadedServer:
     on 127.0.0.1 whatever ``config.host`` says: a test may give the app another address
     to take itself to be bound to (``0.0.0.0``: one whose ``Host`` is not checked)."""
 
-    def __init__(self, config: Config, *, ws: str | None = None) -> None:
+    def __init__(
+        self, config: Config, *, ws: str | None = None, embedder: Embedder | None = None
+    ) -> None:
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(1024)
@@ -81,7 +84,7 @@ class ThreadedServer:
         self.url = f"http://127.0.0.1:{self.port}"
         self._ready = threading.Event()
         #: the Starlette app (its ``state`` holds the push hub once started)
-        self.app = create_app(self.config)
+        self.app = create_app(self.config, embedder=embedder)
         app = _ready_signal(self.app, self._ready)
         settings = uvicorn_config(app, self.config, metrics=self.app.state.metrics)
         if ws is not None:  # another of uvicorn's WebSocket protocols than field serve's
@@ -109,7 +112,9 @@ def server_factory() -> Iterator[Callable[..., ThreadedServer]]:
     """Start servers with a given config; all are stopped after the test."""
     started: list[ThreadedServer] = []
 
-    def start(*, ws: str | None = None, **overrides: Any) -> ThreadedServer:
+    def start(
+        *, ws: str | None = None, embedder: Embedder | None = None, **overrides: Any
+    ) -> ThreadedServer:
         values: dict[str, Any] = {
             "data_dir": None,
             "log_level": "warning",
@@ -117,7 +122,7 @@ def server_factory() -> Iterator[Callable[..., ThreadedServer]]:
             **overrides,
         }
         config = Config(**values)
-        server = ThreadedServer(config, ws=ws).start()
+        server = ThreadedServer(config, ws=ws, embedder=embedder).start()
         started.append(server)
         return server
 

@@ -34,6 +34,7 @@ FIELD_STATUS = {
             "read": {"mode": "admitting", "refused": 0, "episodes": 0},
         },
     },
+    "embedding": {"after_commit": False, "queued": 0, "held_entries": 0},
     "counts": {
         "agents": 2,
         "memory_units": {"active": 1, "contested": 2},

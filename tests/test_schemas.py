@@ -488,6 +488,7 @@ FIELD_STATUS = {
             "read": {"mode": "admitting", "refused": 0, "episodes": 0},
         },
     },
+    "embedding": {"after_commit": True, "queued": 4, "held_entries": 2},
     "counts": {
         "agents": 2,
         "memory_units": {"active": 3, "contested": 2, "draft": 1},
@@ -1840,6 +1841,11 @@ INVALID = [
         "refusing-other-code",
     ),
     case("field-status.response", drop(FIELD_STATUS, "writer"), "missing-writer"),
+    case(
+        "field-status.response",
+        {**FIELD_STATUS, "embedding": {"after_commit": True, "queued": -1, "held_entries": 0}},
+        "negative-embedding-queue",
+    ),
     case(
         "field-status.response",
         put(FIELD_STATUS, "writer.admission.write.mode", "refusing"),

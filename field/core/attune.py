@@ -23,7 +23,10 @@ first unit (so polling cannot stall), and the byte bound never leaves a
 page empty: one unit is far smaller than the bound. Because a poll's
 page is a prefix of the oldest new units, its ``epoch`` (that of the
 newest unit taken, when some were left out) lets the next poll continue
-with nothing lost or repeated, whichever bound cut the page.
+with nothing lost or repeated, whichever bound cut the page. Units not
+embedded yet (a sentence model embeds after the commit:
+:attr:`~field.core.relevance.UnitIndex.scorable`) are no candidates, and a
+poll's ``epoch`` stays below the first of them.
 
 Sizes are measured, not guessed: each item is encoded once as it is
 taken, and the rest of the body with the largest values its fields can
@@ -100,6 +103,9 @@ def attune(field: Field, ctx: Context) -> Outcome:
         "context_budget": budget,
         "epoch": ctx.epoch,
     }
+    if polling and index.scorable < len(index):
+        # units not embedded yet were left out: the next poll starts with the first
+        response["epoch"] = min(ctx.epoch, int(index.epoch.view[index.scorable]) - 1)
     query.look_up(rows)
     row_list = rows.tolist()
     page = _Page(

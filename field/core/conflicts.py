@@ -506,13 +506,15 @@ _NEGATIONS = frozenset({"not", "no", "never", "cannot", "none", "neither", "nor"
 def vectors_for(state: FieldState, unit_ids: list[str]) -> Vectors:
     """Unit-length content vectors of ``unit_ids`` (one row each, in order).
 
-    Read from the unit index's stored embeddings; rows with no features
-    stay zero (they are similar to nothing).
+    Read from the unit index's stored embeddings (a unit not embedded yet
+    is embedded for the check: :meth:`~field.core.relevance.UnitIndex.rows_vectors`);
+    rows with no features stay zero (they are similar to nothing).
     """
     index = state.index
     rows = np.array([index.rows[unit_id] for unit_id in unit_ids], dtype=np.intp)
-    vectors = index.vectors[rows].astype(np.float32)
-    norms = np.sqrt(index.squares[rows]).astype(np.float32)[:, None]
+    vectors, squares = index.rows_vectors(rows)
+    vectors = vectors.astype(np.float32)
+    norms = np.sqrt(squares).astype(np.float32)[:, None]
     np.divide(vectors, norms, out=vectors, where=norms > 0)
     return vectors
 
@@ -632,6 +634,7 @@ def _scope(state: FieldState, viewer: AgentRecord, *, exclude: str | None) -> tu
         mask &= visible
     if exclude is not None and exclude in index.rows:
         mask[index.rows[exclude]] = False
+    mask[index.scorable :] = False  # a scan covers the units embedded when it runs
     rows = np.flatnonzero(mask)
     return [index.ids[row] for row in rows[-MAX_SCAN_UNITS:].tolist()], len(rows)
 

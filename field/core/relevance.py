@@ -14,6 +14,14 @@ whole log embeds 1,024 units per call. A batch is also full at
 for embedding more than that: the queue never holds a backlog of long
 contents for the next ATTUNE to embed.
 
+With a sentence model (milliseconds per text) the index is
+:attr:`~UnitIndex.deferred`: reading it embeds nothing, and whoever owns
+the Field embeds what is queued elsewhere (:meth:`UnitIndex.queued`, then
+:meth:`UnitIndex.supply`: the server does it after the commit, off its
+event loop). Meanwhile only the first :attr:`~UnitIndex.scorable` rows,
+those embedded, are scored: ATTUNE's candidates and DETECT's scan stop
+there, and a poll's ``epoch`` stays below the first unit not yet embedded.
+
 A score is ``content * ((1 - rw) + rw * recency)`` where ``rw`` is the
 scope's ``recency_weight`` and ``content`` is the weighted mean of the
 factors that apply to this request:
@@ -422,6 +430,9 @@ class UnitIndex:
         self._squares = Column(np.float64)
         self._queued: list[str] = []
         self._queued_chars = 0
+        #: whether what is queued waits to be :meth:`supply`-ed, not embedded when read
+        #: (a setting of the process, not state: snapshots leave it out)
+        self.deferred = False
         self.ids: list[str] = []
         self.rows: dict[str, int] = {}
         self.row_keywords = KeywordRows()
@@ -480,35 +491,91 @@ class UnitIndex:
             postings.append(row)
         self._queued.append(unit["content"])
         self._queued_chars += len(unit["content"])
+        if self.deferred:
+            return
         if len(self._queued) >= EMBED_BATCH or self._queued_chars >= EMBED_BATCH_CHARS:
-            self._embed_queued()
+            self.flush()
 
-    def _embed_queued(self) -> None:
+    def flush(self) -> None:
+        """Embed every queued unit now (deferred or not)."""
         while self._queued:
-            batch, self._queued = self._queued[:EMBED_BATCH], self._queued[EMBED_BATCH:]
-            rows, squares = quantize(self.embedder.embed(batch))
-            self._vectors.extend(rows)
-            self._squares.extend(squares)
-            self.calibration.add(rows, squares)
-        self._queued_chars = 0
+            start, texts = self.queued(EMBED_BATCH, EMBED_BATCH_CHARS)
+            self.supply(start, *quantize(self.embedder.embed(texts)))
+
+    @property
+    def scorable(self) -> int:
+        """How many rows, from the first, can be scored: all of them unless
+        :attr:`deferred` (reading the vectors embeds what is queued), else those
+        embedded so far."""
+        return len(self._vectors.view) if self.deferred else len(self.ids)
+
+    @property
+    def waiting(self) -> int:
+        """Units queued for embedding."""
+        return len(self._queued)
+
+    @property
+    def waiting_chars(self) -> int:
+        """Characters of the units queued for embedding."""
+        return self._queued_chars
+
+    def queued(self, count: int, chars: int) -> tuple[int, list[str]]:
+        """The row of the first queued unit and the contents of the next ones to embed:
+        at most ``count`` of them and ``chars`` characters (but at least one)."""
+        texts: list[str] = []
+        size = 0
+        for text in self._queued[:count]:
+            if texts and size + len(text) > chars:
+                break
+            texts.append(text)
+            size += len(text)
+        return len(self._vectors.view), texts
+
+    def supply(self, start: int, rows: Vectors, squares: npt.NDArray[np.float64]) -> bool:
+        """Take the quantized embeddings of the queued units from row ``start`` on
+        (:func:`~field.core.embedding.quantize` of what :meth:`queued` gave); False,
+        and nothing taken, when the index has moved on from ``start``."""
+        if start != len(self._vectors.view) or len(rows) > len(self._queued):
+            return False
+        self._vectors.extend(rows)
+        self._squares.extend(squares)
+        self.calibration.add(rows, squares)
+        self._queued_chars -= sum(len(text) for text in self._queued[: len(rows)])
+        del self._queued[: len(rows)]
+        return True
+
+    def rows_vectors(self, rows: npt.NDArray[np.intp]) -> tuple[Vectors, npt.NDArray[np.float64]]:
+        """The quantized embeddings of ``rows`` and their squared norms; a row still
+        queued (deferred) is embedded for the caller, and stays queued."""
+        scorable = len(self.vectors)  # embeds what is queued, unless deferred
+        late = rows >= scorable
+        if not late.any():
+            return self.vectors[rows], self.squares[rows]
+        vectors = np.zeros((len(rows), self.embedder.dim), dtype=np.float32)
+        squares = np.zeros(len(rows), dtype=np.float64)
+        vectors[~late], squares[~late] = self.vectors[rows[~late]], self.squares[rows[~late]]
+        texts = [self._queued[row - scorable] for row in rows[late].tolist()]
+        vectors[late], squares[late] = quantize(self.embedder.embed(texts))
+        return vectors, squares
 
     @property
     def vectors(self) -> Vectors:
-        """The units' content embeddings, an (n x dim) float32 matrix aligned with ``ids``.
+        """The units' content embeddings, an (n x dim) float32 matrix aligned with ``ids``
+        (:attr:`deferred`: its first :attr:`scorable` rows, those embedded so far).
 
         Rows are quantized (:func:`~field.core.embedding.quantize`):
         integer-valued, so dot products are exact; divide by the norms
         (:attr:`squares`) for cosines, or use :meth:`similarity`.
         """
-        if self._queued:
-            self._embed_queued()
+        if self._queued and not self.deferred:
+            self.flush()
         return self._vectors.view
 
     @property
     def squares(self) -> npt.NDArray[np.float64]:
         """Squared norms of :attr:`vectors` (0 for a content with no features)."""
-        if self._queued:
-            self._embed_queued()
+        if self._queued and not self.deferred:
+            self.flush()
         return self._squares.view
 
     def vector(self, unit_id: str) -> tuple[Vectors, float]:
@@ -576,7 +643,7 @@ class UnitIndex:
         # exact integer dot products; reading the rows embeds what is queued, so the
         # checkpoints are current
         dots = self.dots(vectors, rows).T.astype(np.float64)
-        at = self.calibration.at(len(self) if counts is None else counts)
+        at = self.calibration.at(self.scorable if counts is None else counts)
         standard = self.standardized(dots, vectors, squares, rows, np.broadcast_to(at, rows.shape))
         count = len(interests.texts)
         best = standard[:count].argmax(axis=0)
@@ -823,7 +890,8 @@ def embed_one(embedder: Embedder, text: str) -> tuple[Vectors, float]:
 def candidates(
     index: UnitIndex, query: Query, visible: npt.NDArray[np.bool_] | None = None
 ) -> npt.NDArray[np.intp]:
-    """Rows ATTUNE may return: shown, not the caller's own, after since_epoch.
+    """Rows ATTUNE may return: shown, not the caller's own, after since_epoch, and
+    embedded (:attr:`UnitIndex.scorable`).
 
     ``visible`` masks the rows the caller may see (session visibility);
     None: all of them.
@@ -840,6 +908,7 @@ def candidates(
             mask &= index.agent.view != own
     if query.since_epoch is not None:
         mask &= index.epoch.view > query.since_epoch
+    mask[index.scorable :] = False  # not embedded yet (a deferred index)
     return np.flatnonzero(mask) if n else np.empty(0, dtype=np.intp)
 
 

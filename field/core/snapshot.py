@@ -171,7 +171,7 @@ def compact(state: FieldState) -> None:
 def encode(state: FieldState, header: Header, sink: Callable[[bytes], object]) -> None:
     """Write the bytes of a snapshot of ``state`` to ``sink``, in pieces of at most
     :data:`CHUNK_BYTES` as they are made (the whole body is never held in memory)."""
-    state.index.vectors  # noqa: B018 - embeds what is queued: a snapshot holds every vector
+    state.index.flush()  # a snapshot holds every vector
     head = header.to_json()
     digest = hashlib.sha256()
     prefix = _PREFIX.pack(MAGIC, len(head)) + head
@@ -257,7 +257,8 @@ class _Pickler(pickle.Pickler):
         if kind is Source:
             return _source, (obj.definition, obj.deliveries, obj.accepted)
         if kind is UnitIndex:
-            kept = {k: v for k, v in vars(obj).items() if k not in ("rows", "weights")}
+            left_out = ("rows", "weights", "deferred")
+            kept = {k: v for k, v in vars(obj).items() if k not in left_out}
             return _unit_index, (kept,)
         return NotImplemented
 
@@ -284,11 +285,12 @@ def _small_matrix(rows: Any, width: int) -> Matrix:
 
 def _unit_index(state: dict[str, Any]) -> UnitIndex:
     """A unit index from its attributes; ``rows`` (id -> row) is made again from ``ids``,
-    and the weights are those of the reader's embedder."""
+    the weights are those of the reader's embedder, and it embeds as it is read."""
     index = UnitIndex.__new__(UnitIndex)
     index.__dict__.update(state)
     index.rows = dict(zip(index.ids, range(len(index.ids)), strict=True))
     index.weights = weights_for(index.embedder)
+    index.deferred = False  # the reader's process decides
     return index
 
 

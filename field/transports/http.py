@@ -34,7 +34,7 @@ from .. import __version__
 from ..admission import Work, work_of
 from ..config import Config
 from ..core.context import Outcome
-from ..core.embedding import Embedder, load_embedder
+from ..core.embedding import Embedder, embeds_after_commit, load_embedder
 from ..core.field import Field
 from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
 from ..core.ratelimit import Rate
@@ -272,6 +272,12 @@ class HTTPBinding:
             "running": service.running,
             "queued": service.queued,
             "admission": service.admission.status(),
+        }
+        embeddings = service.embeddings
+        body["embedding"] = {
+            "after_commit": embeddings is not None,
+            "queued": field.state.index.waiting if embeddings is not None else 0,
+            "held_entries": service.held,
         }
         body["sources"] = {} if self.sources is None else self.sources.status(field)
         body["uptime_seconds"] = round(time.monotonic() - self.started, 3)
@@ -630,6 +636,7 @@ def create_app(
             max_batch=config.max_batch,
             admission=config.admission_policy(),
             node_id=config.node_id or f"{socket.gethostname()}:{config.port}",
+            embed_after_commit=chosen if embeds_after_commit(chosen) else None,
         )
         await service.start()
         binding.service = service

@@ -461,6 +461,16 @@ def _service_metrics(binding: HTTPBinding) -> Iterator[Metric]:
     yield _gauge(
         "field_writer_queue_depth", "Operations waiting for the single writer.", service.queued
     )
+    yield _gauge(
+        "field_embedding_queue_units",
+        "Units committed but not embedded yet (a sentence model embeds after the commit).",
+        state.index.waiting if service.embeddings is not None else 0,
+    )
+    yield _gauge(
+        "field_publish_held_entries",
+        "Committed entries whose push waits for their units' embeddings.",
+        service.held,
+    )
     yield CounterMetricFamily(
         "field_writer_rebuilds",
         "Times the state was rebuilt from the log (a failed append or apply).",
