@@ -340,3 +340,31 @@ async def test_held_entries_are_published_once_after_a_rebuild_of_the_state() ->
     finally:
         embedder.gate.set()
         await service.stop()
+
+
+async def test_a_stream_that_replays_units_not_embedded_yet_waits_for_them(
+    server_factory: Callable[..., ThreadedServer], caplog: pytest.LogCaptureFixture
+) -> None:
+    embedder = GatedEmbedder()
+    server = server_factory(embedder=embedder)
+    async with FieldClient(server.url) as field:
+        writer, reader = await _agents(field)
+        news = await reader.subscribe(["memory.recorded"], min_relevance=0)
+        recorded = await _record(writer, "Market prices fell in March")
+        await asyncio.to_thread(embedder.waiting.wait, TIMEOUT)
+        # the stream connects now: its replay from the subscription's start reads the unit
+        # from the log before it is embedded, and waits for it (it failed with 1011 before)
+        async with reader.notifications(news) as stream:
+            pending = asyncio.ensure_future(anext(stream))
+            done, _ = await asyncio.wait([pending], timeout=0.2)
+            assert not done
+            embedder.gate.set()
+            pushed = await asyncio.wait_for(pending, TIMEOUT)
+            assert isinstance(pushed, Notification)
+            assert pushed.memory_unit_id == recorded["memory_unit_id"]
+            sentinel = await _record(writer, "Market prices rose in April")
+            after = await asyncio.wait_for(anext(stream), TIMEOUT)
+            assert isinstance(after, Notification)  # nothing twice
+            assert after.memory_unit_id == sentinel["memory_unit_id"]
+    # the replay did not fail (the SDK would have connected again, quietly)
+    assert not [r.getMessage() for r in caplog.records if r.name == "field.push"]

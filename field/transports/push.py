@@ -514,6 +514,9 @@ class PushHub:
                     ahead = asyncio.ensure_future(
                         asyncio.to_thread(self.service.log.read, position, page)
                     )
+                await self._embedded(entries)
+                if gone():
+                    break
                 replayed += self._offer_entries(binding, entries, row, names)
             # the last page may have filled the outbox: make room for "live" (and what
             # was held) before going live, as for any page
@@ -720,6 +723,15 @@ class PushHub:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    async def _embedded(self, entries: list[StoredEntry]) -> None:
+        """Wait until the units ``entries`` may name are embedded: with a sentence model
+        units are embedded after their commit (:mod:`field.embeddings`), and a replay
+        reads the log beyond what was published."""
+        embeddings = self.service.embeddings
+        if embeddings is not None:
+            needed = int(self.field.state.index.count_at(entries[-1].epoch))
+            await embeddings.caught_up(needed, None)
+
     async def _catch_up(self, binding: _Binding, after: int) -> int:
         """Offer a lagging stream every event after ``after`` from the log, as its agent's
         filter time allows, up to the log's end; then take it live again (or end it, if
@@ -754,6 +766,9 @@ class PushHub:
                 # the agent's time is looked at just before its filters run, with no
                 # wait between: the charge of one page is seen by the next
                 await self._filter_time(connection.agent_id)
+                if gone():
+                    break
+                await self._embedded(entries)
                 if gone():
                     break
                 position = entries[-1].position
