@@ -63,6 +63,7 @@ WRITES = frozenset(
         "COORDINATE",
         "HANDOFF",
         "SESSION",
+        "FEEDBACK",
     }
 )
 #: Seconds between two log lines about shedding.

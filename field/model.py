@@ -25,6 +25,7 @@ OPERATIONS: tuple[str, ...] = (
     "COORDINATE",
     "HANDOFF",
     "SESSION",
+    "FEEDBACK",  # extension: field.core.feedback
 )
 
 MEMORY_TYPES: frozenset[str] = frozenset(

@@ -156,6 +156,13 @@ TOOLS: dict[str, Tool] = {
         "Archive, summarize or purge units matching a filter (at least one criterion: "
         "max_age_epochs, session_id, types, status). Needs authority 6 (purge 8).",
     ),
+    "akashik_feedback": Tool(
+        "FEEDBACK",
+        "Tell the Field which units it pushed or returned to you were useful (useful: true) "
+        "and which were not (false), 1 to 64 at a time: your relevance learns from them, in "
+        "pushes and in akashik_attune alike.",
+        extension=True,
+    ),
     "akashik_deregister": Tool(
         "DEREGISTER",
         "Leave the Field: the agent's token is revoked; its units stay.",

@@ -49,7 +49,13 @@ SPEC_TOOLS = {
     "akashik_replay",
     "akashik_compact",
 }
-EXTENSION_TOOLS = {"akashik_deregister", "akashik_session", "akashik_coordinate", "akashik_handoff"}
+EXTENSION_TOOLS = {
+    "akashik_deregister",
+    "akashik_session",
+    "akashik_coordinate",
+    "akashik_handoff",
+    "akashik_feedback",
+}
 
 pytestmark = pytest.mark.asyncio(loop_scope="module")
 

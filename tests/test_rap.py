@@ -58,6 +58,7 @@ RAP_TOOLS = {
     "akashik_session",
     "akashik_coordinate",
     "akashik_handoff",
+    "akashik_feedback",
 }
 
 StartServer = Callable[..., ThreadedServer]

@@ -193,7 +193,15 @@ def test_the_weights_follow_the_embedder_and_the_capabilities_say_which() -> Non
     # one formula and one threshold for every embedder: the calibration's prior differs, and
     # hashing's keywords weigh more
     lexical = dataclasses.replace(
-        SENTENCE, name="lexical", interest=0.6, prior_mean=0.02, prior_sd=0.10
+        SENTENCE,
+        name="lexical",
+        interest=0.6,
+        prior_mean=0.02,
+        prior_sd=0.10,
+        # what feedback teaches weighs differently too (benchmarks/feedback.py chose it)
+        feedback_useful=4.0,
+        feedback_not_useful=1.0,
+        feedback_penalty=2.0,
     )
     assert lexical == LEXICAL
     for embedder, weights in ((HashingEmbedder(), LEXICAL), (Renamed(), SENTENCE)):

@@ -55,6 +55,7 @@ REQUESTS = [
     "subscribe.request",
     "replay.request",
     "compact.request",
+    "feedback.request",
     *coordination_cases.SCHEMAS["requests"],
     "merge.request",
     "source.request",
@@ -73,6 +74,7 @@ RESPONSES = [
     "conflicts.response",
     "replay.response",
     "compact.response",
+    "feedback.response",
     *coordination_cases.SCHEMAS["responses"],
     "merge.response",
     "source.response",
@@ -2119,6 +2121,19 @@ COMPACTED = {
     "units_skipped": {"in_conflict": 0, "authority": 0},
     "epoch": 12,
 }
+FEEDBACK = {
+    "items": [
+        {"memory_unit_id": "mem-1", "useful": True},
+        {"memory_unit_id": "mem-2", "useful": False},
+    ]
+}
+FEEDBACK_ANSWER = {
+    "status": "ok",
+    "judged": 2,
+    "useful_total": 5,
+    "not_useful_total": 3,
+    "epoch": 12,
+}
 VALID += [
     case("replay.request", REPLAY, "decision"),
     case("replay.request", {**REPLAY, "target_type": "session", "depth": "summary"}, "session"),
@@ -2132,6 +2147,9 @@ VALID += [
     case("compact.response", {**COMPACTED, "storage_reclaimed_bytes": None}, "null-bytes"),
     case("scope", {"role": "r", "max_units": 1, "include_archived": True}, "include-archived"),
     case("memory-unit", {**UNIT, "status": "archived"}, "archived"),
+    case("feedback.request", FEEDBACK, "basic"),
+    case("feedback.request", {"items": FEEDBACK["items"] * 32}, "64-items"),
+    case("feedback.response", FEEDBACK_ANSWER, "basic"),
 ]
 INVALID += [
     case("replay.request", drop(REPLAY, "depth"), "no-depth"),
@@ -2160,6 +2178,13 @@ INVALID += [
     case("compact.response", {**COMPACTED, "units_affected": -1}, "negative"),
     case("scope", {"role": "r", "max_units": 1, "include_archived": 1}, "include-archived"),
     case("memory-unit", {**UNIT, "status": "purged"}, "purged"),
+    case("feedback.request", {"items": []}, "no-items"),
+    case("feedback.request", {"items": FEEDBACK["items"] * 33}, "66-items"),
+    case("feedback.request", {"items": [{"memory_unit_id": "mem-1"}]}, "no-useful"),
+    case("feedback.request", {"items": [{"memory_unit_id": "m", "useful": 1}]}, "useful-int"),
+    case("feedback.request", {**FEEDBACK, "why": "x"}, "extra"),
+    case("feedback.response", {**FEEDBACK_ANSWER, "judged": 0}, "none-judged"),
+    case("feedback.response", drop(FEEDBACK_ANSWER, "useful_total"), "no-total"),
 ]
 VALID += [
     case("source", SOURCE, "basic"),

@@ -644,6 +644,16 @@ class AgentClient:
             payload["context"] = context
         return cast(HandoffResponse, await self.send("HANDOFF", payload))
 
+    async def feedback(
+        self, useful: Iterable[str] = (), not_useful: Iterable[str] = ()
+    ) -> dict[str, Any]:
+        """FEEDBACK (extension): the units (ids) that were ``useful`` to this agent and those
+        ``not_useful``, 1 to 64 in all; its relevance, pushed and attuned, learns from them.
+        Returns ``judged`` and the totals so far (``useful_total``, ``not_useful_total``)."""
+        items = [{"memory_unit_id": unit_id, "useful": True} for unit_id in useful]
+        items += [{"memory_unit_id": unit_id, "useful": False} for unit_id in not_useful]
+        return await self.send("FEEDBACK", {"items": items})
+
     async def deregister(self) -> dict[str, Any]:
         """DEREGISTER (spec 6.2): the token is revoked and the id retired (only this token,
         or the operator's, registers it again: :meth:`FieldClient.connect` does)."""

@@ -70,7 +70,7 @@ def attune(field: Field, ctx: Context) -> Outcome:
     scope = validation.attune_payload(ctx.envelope.payload, field.limits)
     assert ctx.agent is not None  # guaranteed by handle(): ATTUNE is authenticated
     state, agent = field.state, ctx.agent
-    query = _query(scope, agent)
+    query = _query(scope, agent, state)
     index = state.index
     rows = relevance.candidates(index, query, visibility.row_mask(state, agent))
     scores = relevance.score(index, query, rows)
@@ -127,7 +127,7 @@ def attune(field: Field, ctx: Context) -> Outcome:
     return Outcome(response)
 
 
-def _query(scope: dict[str, Any], agent: AgentRecord) -> relevance.Query:
+def _query(scope: dict[str, Any], agent: AgentRecord, state: FieldState) -> relevance.Query:
     return relevance.Query(
         agent_id=agent.id,
         role=scope["role"],
@@ -138,6 +138,7 @@ def _query(scope: dict[str, Any], agent: AgentRecord) -> relevance.Query:
         include_own=scope["include_own"],
         since_epoch=scope["since_epoch"],
         include_archived=scope["include_archived"],
+        judged=state.feedback.get(agent.id),
     )
 
 

@@ -206,7 +206,7 @@ def normal_cdf(z: Any) -> npt.NDArray[np.float64]:
 
 
 def percentile(
-    best: Any, joined: Any, compared: Any, power: float = 1.0
+    best: Any, joined: Any, compared: Any, power: float = 1.0, weight: Any = 0.5
 ) -> npt.NDArray[np.float64]:
     """The semantic factor of an agent of ``compared`` interests (and hint): ``best`` its
     best interest's standardized similarity, ``joined`` that of all of them as one text
@@ -216,10 +216,14 @@ def percentile(
     alone for one interest): the best interest finds a unit about one of them,
     the joined text a unit about the agent as a whole, and half the advantage
     of the best of ``compared`` draws is taken back by the power. ``power``
-    raises the result further (the weights' ``semantic_power``).
+    raises the result further (the weights' ``semantic_power``). ``weight`` is the best
+    interest's share of the mean (an agent's feedback makes it more: :mod:`field.core.learning`);
+    above one half ``joined`` is read whatever ``compared`` is.
     """
     count = np.maximum(np.asarray(compared, dtype=np.float64), 1.0)
-    z = np.where(count > 1, 0.5 * np.asarray(best) + 0.5 * np.asarray(joined), best)
+    weight = np.asarray(weight, dtype=np.float64)
+    mixed = weight * np.asarray(best) + (1.0 - weight) * np.asarray(joined)
+    z = np.where((count > 1) | (weight != 0.5), mixed, best)
     # the power as exp(log): np.power takes shortcuts for some scalar exponents, and a
     # score must have the same bits whether its exponent came as a scalar or an array
     with np.errstate(divide="ignore"):

@@ -44,6 +44,7 @@ from . import (
     authority,
     conflicts,
     coordination,
+    feedback,
     history,
     listing,
     registration,
@@ -162,6 +163,7 @@ class Field:
             "COORDINATE": functools.partial(coordination.coordinate, self),
             "HANDOFF": functools.partial(coordination.handoff, self),
             "SESSION": functools.partial(coordination.session, self),
+            "FEEDBACK": functools.partial(feedback.feedback, self),
         }
 
     # -- life cycle ------------------------------------------------------------

@@ -84,6 +84,7 @@ import numpy.typing as npt
 from ..model import MEMORY_TYPES, TYPE_IMPORTANCE, UNIT_STATUSES
 from .calibration import Calibration, percentile, standardized
 from .embedding import STOPWORDS, Embedder, Vectors, cosine, default_embedder, quantize
+from .learning import LEARNED, Judged
 
 RECENCY_HALF_LIFE = 256.0
 DIVERSITY_DECAY = 0.92
@@ -120,6 +121,14 @@ class Weights:
     #: are about something else, and their percentiles spread evenly over [0, 1]; a power
     #: keeps them low, so that role, task and keywords still order them
     semantic_power: float = 1.0
+    #: what an agent's feedback teaches (:mod:`field.core.learning`): how far the joined row
+    #: moves towards the units judged useful and away from the others; the share of a unit's
+    #: lead over its best match a closer unit judged not useful takes; the best match's
+    #: share of the mixed similarity once the agent gave feedback (0.5 before)
+    feedback_useful: float = 2.0
+    feedback_not_useful: float = 2.0
+    feedback_penalty: float = 0.5
+    feedback_weight: float = 0.65
 
     @property
     def semantic_note(self) -> float:
@@ -151,9 +160,21 @@ LEXICAL = Weights(
     prior_mean=0.02,
     prior_sd=0.10,
     semantic_power=4.0,
+    feedback_useful=4.0,
+    feedback_not_useful=1.0,
+    feedback_penalty=2.0,
 )
 #: every embedder of a model (wordllama, the default; minilm, sentence-transformers)
-SENTENCE = replace(LEXICAL, name="sentence", interest=0.20, prior_mean=0.07, prior_sd=0.09)
+SENTENCE = replace(
+    LEXICAL,
+    name="sentence",
+    interest=0.20,
+    prior_mean=0.07,
+    prior_sd=0.09,
+    feedback_useful=2.0,
+    feedback_not_useful=2.0,
+    feedback_penalty=0.5,
+)
 
 
 def weights_for(embedder: Embedder) -> Weights:
@@ -634,12 +655,9 @@ class UnitIndex:
         count's checkpoint and made a percentile (:mod:`field.core.calibration`).
         Exact, so the same for one row or many.
         """
-        vectors, squares, joined = interests.vectors, interests.squares, interests.joined
         if not len(rows):
             return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.intp)
-        if joined is not None:
-            vectors = np.concatenate([vectors, joined[0][None, :]])
-            squares = np.append(squares, joined[1])
+        vectors, squares = interests_rows(interests)
         # exact integer dot products; reading the rows embeds what is queued, so the
         # checkpoints are current
         dots = self.dots(vectors, rows).T.astype(np.float64)
@@ -648,7 +666,15 @@ class UnitIndex:
         count = len(interests.texts)
         best = standard[:count].argmax(axis=0)
         top = standard[best, np.arange(len(rows))]
-        return percentile(top, standard[-1], count, self.weights.semantic_power), best
+        against = 0 if interests.against is None else len(interests.against)
+        if against:
+            closest = standard[count : count + against].max(axis=0)
+            top = top - interests.penalty * np.maximum(0.0, closest - top)
+        mixed = standard[-1] if interests.joined is not None else standard[0]
+        factor = percentile(
+            top, mixed, interests.compared, self.weights.semantic_power, interests.weight
+        )
+        return factor, best
 
     def standardized(
         self,
@@ -749,6 +775,8 @@ class Query:
     since_epoch: int | None
     #: extension: archived units (COMPACT) are candidates only when asked for
     include_archived: bool = False
+    #: extension: what the agent's FEEDBACK taught (:mod:`field.core.learning`)
+    judged: Judged | None = None
     interest_words: frozenset[str] = field(init=False)
     #: the keywords of the interests and the hint, and the keywords per such phrase
     match_words: frozenset[str] = field(init=False)
@@ -778,7 +806,9 @@ class Query:
     def vectors(self, index: UnitIndex) -> Interests:
         """Each interest's embedding, and the hint's (those that embed to something)."""
         if self._vectors is None:
-            self._vectors = interest_vectors(index, self.interests, self.context_hint)
+            self._vectors = interest_vectors(
+                index, self.interests, self.context_hint, judged=self.judged
+            )
         return self._vectors
 
     def semantic(
@@ -838,14 +868,34 @@ class Query:
 @dataclass(frozen=True, slots=True)
 class Interests:
     """An agent's interests (and hint) as the semantic factor compares them: each text that
-    embeds to something, once, and all of them as one text."""
+    embeds to something, once, and all of them as one text; with what its feedback taught
+    (:mod:`field.core.learning`), the units it judged useful and not, and the joined row
+    moved towards the first and away from the others."""
 
-    #: quantized rows of the texts, and their squared norms (none zero)
+    #: quantized rows of the texts, then of the units judged useful, and their squared
+    #: norms (none zero): the best of them is a unit's best match
     vectors: Vectors
     squares: npt.NDArray[np.float64]
+    #: per row of ``vectors``, its text (:data:`~field.core.learning.LEARNED` for a unit)
     texts: tuple[str, ...]
-    #: the texts joined by newlines, embedded (None for fewer than two texts)
+    #: the texts joined by newlines, embedded (None for fewer than two texts and no
+    #: feedback), or that row as the feedback moved it
     joined: tuple[Vectors, float] | None
+    #: rows of the units judged not useful (none zero): a unit closer to one of them than
+    #: to its best match scores lower
+    against: Vectors | None = None
+    against_squares: npt.NDArray[np.float64] | None = None
+    #: the interests (and hint) among ``texts``: the percentile's power counts them
+    counted: int = -1
+    #: the best match's share of the mixed similarity (the joined row's: the rest)
+    weight: float = 0.5
+    #: how much of a unit's lead over its best match a closer unit judged not useful takes
+    penalty: float = 0.0
+
+    @property
+    def compared(self) -> int:
+        """The texts the percentile's power counts."""
+        return len(self.texts) if self.counted < 0 else self.counted
 
 
 def interest_vectors(
@@ -854,9 +904,11 @@ def interest_vectors(
     hint: str | None = None,
     *,
     embedder: Embedder | None = None,
+    judged: Judged | None = None,
 ) -> Interests:
     """:class:`Interests` of ``interests`` and ``hint``, embedded by ``index`` (which keeps
-    the query texts it embedded) or else by ``embedder``, each text alone.
+    the query texts it embedded) or else by ``embedder``, each text alone; with what
+    ``judged`` (an agent's feedback) taught, read from ``index``.
 
     The first :data:`COMPARED_INTERESTS` distinct interests are compared (an agent may
     register 64): what one query costs to embed is bounded, whatever an agent sends.
@@ -869,16 +921,46 @@ def interest_vectors(
     compared = list(dict.fromkeys(interests))[:COMPARED_INTERESTS]
     found = [(text, *embed(text)) for text in dict.fromkeys([*compared, *([hint] if hint else [])])]
     kept = [(text, vector, square) for text, vector, square in found if square > 0]
-    if not kept:
-        return Interests(np.zeros((0, dim), dtype=np.float32), np.zeros(0), (), None)
     texts = tuple(text for text, _, _ in kept)
+    vectors = np.stack([v for _, v, _ in kept]) if kept else np.zeros((0, dim), np.float32)
+    squares = np.array([square for _, _, square in kept], dtype=np.float64)
     joined = embed("\n".join(texts)) if len(texts) > 1 else None
+    if judged is None or not judged.count or index is None:
+        return Interests(vectors, squares, texts, joined)
+    weights = index.weights
+    anchor = joined if joined is not None else (vectors[0], squares[0]) if kept else None
+    moved = judged.moved(anchor, weights.feedback_useful, weights.feedback_not_useful)
+    liked, liked_squares = index.rows_vectors(np.array(judged.liked, dtype=np.intp))
+    disliked, disliked_squares = index.rows_vectors(np.array(judged.disliked, dtype=np.intp))
+    keep, drop = liked_squares > 0, disliked_squares > 0
     return Interests(
-        np.stack([vector for _, vector, _ in kept]),
-        np.array([square for _, _, square in kept], dtype=np.float64),
-        texts,
-        joined,
+        np.concatenate([vectors, liked[keep]]),
+        np.concatenate([squares, liked_squares[keep]]),
+        texts + (LEARNED,) * int(keep.sum()),
+        moved if moved[1] > 0 else joined,
+        disliked[drop],
+        disliked_squares[drop],
+        counted=max(2, len(texts)),  # the moved joined row is compared too
+        weight=weights.feedback_weight,
+        penalty=weights.feedback_penalty,
     )
+
+
+def interests_rows(interests: Interests) -> tuple[Vectors, npt.NDArray[np.float64]]:
+    """Every row of ``interests`` (and squared norm) in the order the registry holds them:
+    the compared rows, the rows judged not useful, the joined row."""
+    vectors, squares = interests.vectors, interests.squares
+    parts, norms = [vectors], [squares]
+    if interests.against is not None and len(interests.against):
+        assert interests.against_squares is not None
+        parts.append(interests.against)
+        norms.append(interests.against_squares)
+    if interests.joined is not None:
+        parts.append(interests.joined[0][None, :])
+        norms.append(np.array([interests.joined[1]]))
+    if len(parts) == 1:
+        return vectors, squares
+    return np.concatenate(parts), np.concatenate(norms)
 
 
 def embed_one(embedder: Embedder, text: str) -> tuple[Vectors, float]:
@@ -1151,9 +1233,12 @@ def explain(
     closeness = query.closeness(index, row)
     if closeness is not None and closeness[0] >= index.weights.semantic_note:
         factor, text = closeness
-        about = "context hint" if text == query.context_hint else f'interest "{text}"'
-        share = math.floor(index.weights.calibrated(factor) * 100)  # never "100%"
-        parts.append(f"close in meaning to your {about} (closer than {share}% of units)")
+        share = min(99, math.floor(index.weights.calibrated(factor) * 100))  # never "100%"
+        if text == LEARNED:
+            about = "the units you found useful"
+        else:
+            about = "your context hint" if text == query.context_hint else f'your interest "{text}"'
+        parts.append(f"close in meaning to {about} (closer than {share}% of units)")
     if query.task_id is not None and unit["intent"].get("task_id") == query.task_id:
         parts.append(f"serves your task {query.task_id}")
     score_value = (unit.get("confidence") or {}).get("score")

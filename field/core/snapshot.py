@@ -427,6 +427,7 @@ ALLOWED: dict[str, frozenset[str]] = {
     "field.core.clock": frozenset({"LamportClock"}),
     "field.core.relevance": frozenset({"Interner", "KeywordRows"}),
     "field.core.calibration": frozenset({"Calibration"}),
+    "field.core.learning": frozenset({"Judged"}),
     "field.core.units": frozenset({"Units"}),
     "field.core.pages": frozenset({"Order"}),
     "field.core.visibility": frozenset({"Membership"}),

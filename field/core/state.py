@@ -38,6 +38,7 @@ Entry kinds and their ``data``:
 ``source.defined``    ``{source}``: an inbound event source (its secret sealed)
 ``source.removed``    ``{name}``
 ``registration_token.*``   see :mod:`field.core.registration`
+``agent.feedback``    ``{agent_id, items: [[memory_unit_id, useful], ...]}`` (FEEDBACK)
 ===================== ===============================================
 
 A ``memory.recorded`` entry of an inbound event also has ``delivery``:
@@ -77,8 +78,9 @@ from .authority import OPERATOR, OPERATOR_ID, STANDARD
 from .clock import LamportClock
 from .embedding import Embedder
 from .entities import EntityIndex
+from .learning import Judged
 from .pages import Order
-from .relevance import Column, UnitIndex
+from .relevance import Column, Interests, UnitIndex, interest_vectors
 from .units import Units
 from .visibility import Membership
 
@@ -132,6 +134,8 @@ class FieldState:
     #: memory units by id, each held encoded (:mod:`field.core.units`)
     units: Units = field(default_factory=Units)
     units_by_agent: Counter[str] = field(default_factory=Counter)
+    #: per agent, what its FEEDBACK said of units (:mod:`field.core.feedback`)
+    feedback: dict[str, Judged] = field(default_factory=dict)
     #: per unit, by its row in ``index``, its author's authority level when it recorded
     #: it: superseding another agent's unit needs as much (see :meth:`authority_of`)
     unit_authority: Column = field(default_factory=lambda: Column(np.int8))
@@ -253,6 +257,7 @@ class FieldState:
         del self.tokens[record.token_hash]
         self.revoked_tokens[record.token_hash] = record.id
         self.retired[record.id] = record.token_hash
+        self.feedback.pop(record.id, None)  # what it taught leaves with it
         for subscription_id in sorted(self.active_subscriptions.pop(record.id, ())):
             self._cancel(subscription_id, "agent deregistered")
 
@@ -391,7 +396,7 @@ class FieldState:
         self.subscriptions[subscription["id"]] = subscription
         owner = subscription["agent_id"]
         self.active_subscriptions.setdefault(owner, set()).add(subscription["id"])
-        self.registry.add(subscription, self.principal(owner).to_wire())
+        self.registry.add(subscription, self.principal(owner).to_wire(), self.learned(owner))
         record = data.get("delivery")
         if record is not None:
             # a RAP delivery owes its tool result first: the entry before its subscription
@@ -417,6 +422,32 @@ class FieldState:
         # where its stream ends: a durable delivery still owes what came before
         subscription["ended_position"] = self.applied_position
         self.registry.cancel(subscription_id)
+
+    def _agent_feedback(self, data: dict[str, Any]) -> None:
+        """FEEDBACK (:mod:`field.core.feedback`): the agent's :class:`Judged` takes the
+        judgements, and its subscriptions a profile that learned them."""
+        agent = self.agents[data["agent_id"]]
+        judged = self.feedback.get(agent.id)
+        if judged is None:
+            judged = self.feedback[agent.id] = Judged.empty(self.index.embedder.dim)
+        index = self.index
+        rows = np.array([index.rows[unit_id] for unit_id, _ in data["items"]], dtype=np.intp)
+        vectors, squares = index.rows_vectors(rows)
+        for (_, useful), row, vector, square in zip(
+            data["items"], rows.tolist(), vectors, squares.tolist(), strict=True
+        ):
+            judged.add(row, vector, square, useful)
+        judged.generation += 1
+        self.registry.relearn(agent.to_wire(), self.learned(agent.id))
+
+    def learned(self, agent_id: str) -> tuple[Judged, Interests] | None:
+        """What ``agent_id``'s feedback taught, with its interests as its subscriptions
+        compare them (:mod:`field.core.learning`); None when it gave none."""
+        judged = self.feedback.get(agent_id)
+        agent = self.agents.get(agent_id)
+        if judged is None or agent is None:
+            return None
+        return judged, interest_vectors(self.index, agent.interests, judged=judged)
 
     def _source_defined(self, data: dict[str, Any]) -> None:
         definition = data["source"]
@@ -470,6 +501,7 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "source.removed": FieldState._source_removed,
     "registration_token.issued": registration.apply_issued,
     "registration_token.revoked": registration.apply_revoked,
+    "agent.feedback": FieldState._agent_feedback,
 }
 
 

@@ -282,6 +282,37 @@ _COMPACT_KEYS = frozenset({"strategy", "filter"})
 _COMPACT_FILTER_KEYS = frozenset({"max_age_epochs", "session_id", "types", "status"})
 
 
+# -- FEEDBACK (extension) -------------------------------------------------------
+
+#: Units one FEEDBACK judges at most.
+MAX_FEEDBACK_ITEMS = 64
+_FEEDBACK_KEYS = frozenset({"items"})
+_FEEDBACK_ITEM_KEYS = frozenset({"memory_unit_id", "useful"})
+
+
+def feedback_payload(payload: dict[str, Any], limits: Limits) -> list[tuple[str, bool]]:
+    """Validate a FEEDBACK payload: 1 to :data:`MAX_FEEDBACK_ITEMS` items, each a unit id and
+    whether it was useful (a unit given twice counts once: its last judgement)."""
+    _closed(payload, _FEEDBACK_KEYS, "FEEDBACK payload")
+    items = payload.get("items")
+    if not isinstance(items, list) or not 1 <= len(items) <= MAX_FEEDBACK_ITEMS:
+        raise _fail(f"items must be a list of 1 to {MAX_FEEDBACK_ITEMS} judgements")
+    judged: dict[str, bool] = {}
+    for n, item in enumerate(items):
+        where = f"items[{n}]"
+        _closed(_object(item, where), _FEEDBACK_ITEM_KEYS, where)
+        if "memory_unit_id" not in item or "useful" not in item:
+            raise _fail(f"{where} needs memory_unit_id and useful")
+        unit_id = _string(
+            item["memory_unit_id"], f"{where}.memory_unit_id", max_chars=limits.max_id_chars
+        )
+        if not isinstance(item["useful"], bool):
+            raise _fail(f"{where}.useful must be true or false")
+        judged.pop(unit_id, None)
+        judged[unit_id] = item["useful"]
+    return list(judged.items())
+
+
 def replay_payload(payload: dict[str, Any], limits: Limits) -> dict[str, Any]:
     """Validate a REPLAY payload (spec 6.8); every field is required."""
     _closed(payload, _REPLAY_KEYS, "REPLAY payload")

@@ -62,7 +62,7 @@ from ..core.relevance import (
     recency,
 )
 from .events import EVENT_BIT, FieldEvent
-from .registry import FEW_ROWS, SubscriptionRegistry, interest_rows
+from .registry import FEW_ROWS, SubscriptionRegistry
 
 #: Largest (events x agent profiles) matrix built at once; bigger batches are chunked.
 MATRIX_CELLS = 1 << 18
@@ -156,7 +156,34 @@ class _Candidates:
     min_relevance: npt.NDArray[np.float64]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
+class _InterestRows:
+    """The interest rows of a scope's profiles (:meth:`Scope.interest_rows`): gathered
+    once, then read by every batch the scope matches."""
+
+    #: their rows in the registry (None: every row, in order: nothing was gathered)
+    chosen: npt.NDArray[np.intp] | None
+    vectors: npt.NDArray[np.float32]
+    squares: npt.NDArray[np.float64]
+    #: per profile: its rows compared for the best match, its rows of units judged not
+    #: useful, its first row here and its joined row's (its first without one)
+    counts: npt.NDArray[np.int64]
+    against: npt.NDArray[np.int64]
+    firsts: npt.NDArray[np.int64]
+    joined: npt.NDArray[np.int64]
+    #: per profile, what the percentile counts, the best match's share, the penalty
+    compared: npt.NDArray[np.int64]
+    weight: npt.NDArray[np.float64]
+    penalty: npt.NDArray[np.float64]
+    #: the rows' (scale, shift) by checkpoint position (the last :data:`KEPT_POSITIONS`)
+    scales: dict[int, tuple[Any, Any]]
+
+
+#: Checkpoint positions whose scales a scope keeps (the units' and a replay's few).
+KEPT_POSITIONS = 4
+
+
+@dataclass(slots=True)
 class Scope:
     """The registry rows a match covers, their agent profiles and, filled in as
     events need them, the rows among them that list each event name.
@@ -175,10 +202,42 @@ class Scope:
     version: int
     #: whether cancelled rows are matched too (replaying a stream up to its end)
     inactive: bool = False
+    _interests: _InterestRows | None = None
 
     def fits(self, registry: SubscriptionRegistry) -> bool:
         """Whether this scope still describes ``registry``'s rows."""
         return registry is self.registry and registry.version == self.version
+
+    def interest_rows(self) -> _InterestRows:
+        """The interest rows of :attr:`profiles`, gathered the first time they are asked
+        for (every profile of the registry: its rows as they are)."""
+        if self._interests is None:
+            reg, profiles = self.registry, self.profiles
+            counts = reg.interest_count.view[profiles]
+            against = reg.against_count.view[profiles]
+            spans = reg.interest_span.view[profiles]
+            if len(profiles) == reg.profile_count:  # profiles is arange: no gather
+                chosen = None
+                vectors, squares = reg.vectors.view, reg.squares.view
+            else:
+                chosen = ranges(reg.interest_start.view[profiles], spans)
+                vectors, squares = reg.vectors.view[chosen], reg.squares.view[chosen]
+            firsts = np.cumsum(spans) - spans
+            joined = np.where(spans > counts + against, firsts + spans - 1, firsts)
+            self._interests = _InterestRows(
+                chosen,
+                vectors,
+                squares,
+                counts,
+                against,
+                firsts,
+                joined,
+                reg.compared.view[profiles],
+                reg.weight.view[profiles],
+                reg.penalty.view[profiles],
+                {},
+            )
+        return self._interests
 
 
 class Matcher:
@@ -293,7 +352,7 @@ class Matcher:
         if len(profiles) <= FEW_PROFILES:  # e.g. replaying one stream: score across events
             scored = self._units_for_few_profiles(pairs, profiles)
         else:
-            scored = self._units_for_many_profiles(pairs, profiles)
+            scored = self._units_for_many_profiles(pairs, profiles, scope.interest_rows())
         at = {pair: k for k, pair in enumerate(pairs)}
         matches: list[tuple[int, Match]] = []
         # events about one unit, by a few rows, for everyone: matched as one matrix per name
@@ -420,34 +479,27 @@ class Matcher:
         return matches
 
     def _semantic(
-        self, profiles: npt.NDArray[np.intp], pairs: list[tuple[str, int]]
+        self, interests: _InterestRows, pairs: list[tuple[str, int]]
     ) -> npt.NDArray[np.float64]:
         """The semantic factor of each (profile, pair of a unit and an epoch): one matrix
         product.
 
-        Every interest row of every profile against every unit, each cosine
-        standardized at the checkpoint of the pair's epoch, and made a
-        percentile of the profile's best interest and joined interests, as
-        ATTUNE does (:meth:`~field.core.relevance.UnitIndex.calibrated`). NaN
-        where a profile has no interest that embeds (the factor does not
-        apply, as in an ATTUNE without interests or hint).
+        Every interest row of every profile (``interests``, a scope's) against
+        every unit, each cosine standardized at the checkpoint of the pair's
+        epoch, and made a percentile of the profile's best interest and joined
+        interests, as ATTUNE does
+        (:meth:`~field.core.relevance.UnitIndex.calibrated`). NaN where a
+        profile has no interest that embeds (the factor does not apply, as in
+        an ATTUNE without interests or hint).
         """
         reg, index = self.registry, self.index
+        counts = interests.counts
         if not pairs:
-            return np.empty((len(profiles), 0), dtype=np.float64)
+            return np.empty((len(counts), 0), dtype=np.float64)
         unit_ids = list(dict.fromkeys(unit_id for unit_id, _ in pairs))
         column = {unit_id: k for k, unit_id in enumerate(unit_ids)}
         rows = np.array([index.rows[unit_id] for unit_id in unit_ids], dtype=np.intp)
-        counts = reg.interest_count.view[profiles]
-        spans = interest_rows(counts)
-        whole = len(profiles) == reg.profile_count  # then profiles is arange: skip the gather
-        if whole:
-            chosen = None
-            vectors, squares = reg.vectors.view, reg.squares.view
-        else:
-            starts = reg.interest_start.view[profiles]
-            chosen = ranges(starts, spans)
-            vectors, squares = reg.vectors.view[chosen], reg.squares.view[chosen]
+        vectors, squares, chosen = interests.vectors, interests.squares, interests.chosen
         # exact: integer-valued rows; one unit as a matrix-vector product (a one-column
         # matrix product costs far more in a threaded BLAS)
         units = index.vectors[rows]
@@ -460,28 +512,33 @@ class Matcher:
         at = index.calibration.at(index.count_at(epochs))
 
         def scales(position: int) -> tuple[Any, Any]:
-            scale, shift = reg.scales(index.calibration, position)
-            return (scale, shift) if chosen is None else (scale[chosen], shift[chosen])
+            found = interests.scales.pop(position, None)
+            if found is None:
+                scale, shift = reg.scales(index.calibration, position)
+                found = (scale, shift) if chosen is None else (scale[chosen], shift[chosen])
+            if len(interests.scales) >= KEPT_POSITIONS:
+                del interests.scales[next(iter(interests.scales))]  # the least recently used
+            interests.scales[position] = found
+            return found
 
         standard = index.standardized(dots, vectors, squares, rows, at, scales)
-        firsts = np.cumsum(spans) - spans
         every = bool(counts.all())  # most often: every profile has an interest
-        semantic = np.full((len(profiles), len(pairs)), np.nan)
+        semantic = np.full((len(counts), len(pairs)), np.nan)
         some = slice(None) if every else np.flatnonzero(counts > 0)
-        firsts, counts = firsts[some], counts[some]
+        firsts, counts = interests.firsts[some], counts[some]
         if len(counts):
             # each profile's best interest: its first, then the k-th of those with more
-            best = standard[firsts]
-            for k in range(1, int(counts.max())):  # interests per profile: a few
-                more = counts > k
-                if more.all():
-                    np.maximum(best, standard[firsts + k], out=best)
-                else:
-                    has = np.flatnonzero(more)
-                    best[has] = np.maximum(best[has], standard[firsts[has] + k])
-            joined = standard[np.where(counts > 1, firsts + counts, firsts)]
+            best = _most(standard, firsts, counts)
+            against = interests.against[some]
+            if against.any():  # units judged not useful pull a closer unit down
+                has = np.flatnonzero(against)
+                closest = _most(standard, firsts[has] + counts[has], against[has])
+                lead = np.maximum(0.0, closest - best[has])
+                best[has] -= interests.penalty[some][has][:, None] * lead
+            joined = standard[interests.joined[some]]
             power = index.weights.semantic_power
-            found = percentile(best, joined, counts[:, None], power)
+            compared = interests.compared[some][:, None]
+            found = percentile(best, joined, compared, power, interests.weight[some][:, None])
             if every:
                 return found
             semantic[some] = found
@@ -570,7 +627,10 @@ class Matcher:
         return scores, flags
 
     def _units_for_many_profiles(
-        self, pairs: list[tuple[str, int]], profiles: npt.NDArray[np.intp]
+        self,
+        pairs: list[tuple[str, int]],
+        profiles: npt.NDArray[np.intp],
+        interests: _InterestRows,
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
         """ATTUNE's score of each (unit, epoch) pair for each agent profile.
 
@@ -584,7 +644,7 @@ class Matcher:
         if not pairs:
             return np.empty((0, len(profiles))), np.empty((0, len(profiles)), dtype=np.int64)
         reg, index = self.registry, self.index
-        semantic = self._semantic(profiles, pairs).T
+        semantic = self._semantic(interests, pairs).T
         unit_rows = np.array([index.rows[unit_id] for unit_id, _ in pairs], dtype=np.intp)
         epochs = np.array([epoch for _, epoch in pairs], dtype=np.int64)
         row_list = unit_rows.tolist()
@@ -732,3 +792,19 @@ def _share(hits: npt.NDArray[np.float64], totals: npt.NDArray[np.float64]) -> An
     """hits / totals, NaN where a subscriber has no such words."""
     with np.errstate(invalid="ignore", divide="ignore"):
         return np.where(totals > 0, hits / np.where(totals > 0, totals, 1.0), np.nan)
+
+
+def _most(
+    standard: npt.NDArray[np.float64], firsts: npt.NDArray[np.int64], counts: npt.NDArray[np.int64]
+) -> npt.NDArray[np.float64]:
+    """Per profile (a run of ``counts`` rows of ``standard`` from ``firsts``, each at least
+    one), the largest of its rows: a loop over the rows per profile, a few."""
+    most = standard[firsts]
+    for k in range(1, int(counts.max())):
+        more = counts > k
+        if more.all():
+            np.maximum(most, standard[firsts + k], out=most)
+        else:
+            has = np.flatnonzero(more)
+            most[has] = np.maximum(most[has], standard[firsts[has] + k])
+    return most

@@ -22,12 +22,14 @@ import numpy.typing as npt
 
 from ..core.calibration import Calibration
 from ..core.embedding import Embedder, default_embedder
+from ..core.learning import Judged
 from ..core.relevance import (
     Column,
     Interests,
     Interner,
     Matrix,
     interest_vectors,
+    interests_rows,
     keyword_unit,
     keywords,
     ranges,
@@ -63,7 +65,8 @@ class SubscriptionRegistry:
         self.filters = Interner()
         self.filter_texts: list[str] = []
         # per profile
-        self.profiles: dict[tuple[str, int], int] = {}
+        #: (agent id, registered epoch), and the generation of its feedback once it gave some
+        self.profiles: dict[tuple[str, int] | tuple[str, int, int], int] = {}
         self.role = Column(np.int32)
         self.task = Column(np.int32)
         self.role_word_count = Column(np.float64)
@@ -80,11 +83,21 @@ class SubscriptionRegistry:
         self.profile_task: list[str | None] = []
         #: per profile, the agent as a filter reads it (``subscriber``)
         self.profile_agent: list[dict[str, Any]] = []
-        #: per profile, where its interests' rows start below and how many interests it has
-        #: (those that embed to something, each text once: as ATTUNE compares them); when
-        #: it has more than one, a row of them all joined follows them
+        #: per profile, where its interests' rows start below, how many rows it has in all
+        #: and how many are compared for the best match: its interests (those that embed to
+        #: something, each text once: as ATTUNE compares them), then the units its feedback
+        #: judged useful; then ``against_count`` rows of units judged not useful; then, for
+        #: more than one interest or any feedback, a row of them all joined
+        #: (:func:`~field.core.relevance.interests_rows`)
         self.interest_start = Column(np.int64)
+        self.interest_span = Column(np.int64)
         self.interest_count = Column(np.int64)
+        self.against_count = Column(np.int64)
+        #: per profile, what its percentile counts, its best match's share of the mix and
+        #: the penalty of units judged not useful (:class:`~field.core.relevance.Interests`)
+        self.compared = Column(np.int64)
+        self.weight = Column(np.float64)
+        self.penalty = Column(np.float64)
         #: per interest row (profiles' rows end to end), its quantized embedding and its
         #: squared norm
         self.vectors = Matrix(self.embedder.dim)
@@ -102,8 +115,14 @@ class SubscriptionRegistry:
     def profile_count(self) -> int:
         return len(self.profile_words)
 
-    def add(self, subscription: dict[str, Any], agent: dict[str, Any]) -> None:
-        """Add a row for ``subscription``, made by ``agent`` (its wire form)."""
+    def add(
+        self,
+        subscription: dict[str, Any],
+        agent: dict[str, Any],
+        learned: tuple[Judged, Interests] | None = None,
+    ) -> None:
+        """Add a row for ``subscription``, made by ``agent`` (its wire form), whose feedback
+        taught ``learned`` (:func:`field.core.feedback.learned`)."""
         row = len(self.ids)
         self.version += 1
         self.ids.append(subscription["id"])
@@ -117,7 +136,7 @@ class SubscriptionRegistry:
         self.include_own.append(subscription["include_own"])
         self.created_epoch.append(subscription["created_epoch"])
         self.agent.append(self.agents.code(agent["id"]))
-        self.profile.append(self._profile(agent))
+        self.profile.append(self._profile(agent, learned))
         text = subscription.get("filter")
         if text is None:
             self.filter.append(-1)
@@ -127,8 +146,22 @@ class SubscriptionRegistry:
                 self.filter_texts.append(text)
             self.filter.append(code)
 
-    def _profile(self, agent: dict[str, Any]) -> int:
-        key = (agent["id"], agent["registered_epoch"])
+    def relearn(self, agent: dict[str, Any], learned: tuple[Judged, Interests] | None) -> None:
+        """Give ``agent``'s active rows the profile of what its feedback taught."""
+        code = self.agents.find(agent["id"])
+        if code < 0 or learned is None:
+            return
+        rows = np.flatnonzero((self.agent.view == code) & self.active.view)
+        if len(rows):
+            self.profile.view[rows] = self._profile(agent, learned)
+            self.version += 1
+
+    def _profile(
+        self, agent: dict[str, Any], learned: tuple[Judged, Interests] | None = None
+    ) -> int:
+        key: tuple[str, int] | tuple[str, int, int] = (agent["id"], agent["registered_epoch"])
+        if learned is not None:
+            key = (*key, learned[0].generation)
         profile = self.profiles.get(key)
         if profile is not None:
             return profile
@@ -154,13 +187,21 @@ class SubscriptionRegistry:
         self.role_word_count.append(len(role_words))
         self.interest_unit.append(keyword_unit(phrases))
         self.interest_start.append(self.squares.size)
-        interests = interest_vectors(None, agent["interests"], embedder=self.embedder)
-        self.interest_count.append(len(interests.texts))
-        self.vectors.extend(interests.vectors)
-        self.squares.extend(interests.squares)
-        if interests.joined is not None:
-            self.vectors.extend(interests.joined[0][None, :])
-            self.squares.append(interests.joined[1])
+        interests = (
+            interest_vectors(None, agent["interests"], embedder=self.embedder)
+            if learned is None
+            else learned[1]
+        )
+        vectors, squares = interests_rows(interests)
+        self.interest_span.append(len(vectors))
+        self.interest_count.append(len(interests.vectors))
+        against = 0 if interests.against is None else len(interests.against)
+        self.against_count.append(against)
+        self.compared.append(interests.compared)
+        self.weight.append(interests.weight)
+        self.penalty.append(interests.penalty)
+        self.vectors.extend(vectors)
+        self.squares.extend(squares)
         indexes = ((role_words, self.role_words), (interest_words, self.interest_words))
         for words, postings in indexes:
             for word in words:
@@ -233,22 +274,23 @@ class SubscriptionRegistry:
         self.profile.view[:] = renumber[self.profile.view]
 
     def _keep_profiles(
-        self, kept: npt.NDArray[np.intp], key_of: dict[int, tuple[str, int]]
+        self,
+        kept: npt.NDArray[np.intp],
+        key_of: dict[int, tuple[str, int] | tuple[str, int, int]],
     ) -> None:
         order = kept.tolist()
         self.profiles = {key_of[old]: new for new, old in enumerate(order)}
+        spans = self.interest_span.view[kept]
+        rows = ranges(self.interest_start.view[kept], spans)
         for name in _PROFILE_COLUMNS:
             setattr(self, name, _taken(getattr(self, name), kept))
         for name in _PROFILE_LISTS:
             values = getattr(self, name)
             setattr(self, name, [values[old] for old in order])
-        spans = interest_rows(self.interest_count.view[kept])
-        rows = ranges(self.interest_start.view[kept], spans)
         vectors = Matrix(self.embedder.dim)
         vectors.extend(self.vectors.view[rows])
         self.vectors = vectors
         self.squares = _taken(self.squares, rows)
-        self.interest_count = _taken(self.interest_count, kept)
         self.interest_start = Column(np.int64)
         self.interest_start.extend(np.cumsum(spans) - spans)
         self._scales = {}
@@ -264,18 +306,26 @@ class SubscriptionRegistry:
     def interests(self, profile: int) -> Interests:
         """A profile's interests as ATTUNE compares them (its texts are not kept: the
         number of them is what the factor reads)."""
-        start, count = (
+        start, span, count, against = (
             int(self.interest_start.view[profile]),
+            int(self.interest_span.view[profile]),
             int(self.interest_count.view[profile]),
+            int(self.against_count.view[profile]),
         )
         joined = None
-        if count > 1:
-            joined = self.vectors.view[start + count], float(self.squares.view[start + count])
+        if span > count + against:
+            joined = self.vectors.view[start + span - 1], float(self.squares.view[start + span - 1])
+        rows = slice(start + count, start + count + against)
         return Interests(
             self.vectors.view[start : start + count],
             self.squares.view[start : start + count],
             ("",) * count,
             joined,
+            self.vectors.view[rows],
+            self.squares.view[rows],
+            counted=int(self.compared.view[profile]),
+            weight=float(self.weight.view[profile]),
+            penalty=float(self.penalty.view[profile]),
         )
 
     def scales(self, calibration: Calibration, position: int) -> tuple[Any, Any]:
@@ -337,15 +387,19 @@ _ROW_COLUMNS = (
     "agent",
     "filter",
 )
-_PROFILE_COLUMNS = ("role", "task", "role_word_count", "interest_unit")
+_PROFILE_COLUMNS = (
+    "role",
+    "task",
+    "role_word_count",
+    "interest_unit",
+    "interest_span",
+    "interest_count",
+    "against_count",
+    "compared",
+    "weight",
+    "penalty",
+)
 _PROFILE_LISTS = ("profile_words", "profile_role", "profile_task", "profile_agent")
-
-
-def interest_rows(counts: npt.NDArray[np.int64]) -> npt.NDArray[np.int64]:
-    """How many rows profiles of ``counts`` interests hold: theirs, and one joined row for
-    two or more."""
-    rows: npt.NDArray[np.int64] = counts + (counts > 1)
-    return rows
 
 
 def _taken(column: Column, rows: npt.NDArray[np.intp]) -> Column:

@@ -273,6 +273,10 @@ OPERATION_ERRORS: dict[str, tuple[str, ...]] = {
         Code.SESSION_NOT_FOUND,
         Code.INVALID_TRANSITION,
     ),
+    "FEEDBACK": (
+        *AUTHENTICATED,
+        Code.UNIT_NOT_FOUND,
+    ),
     "SESSION": (
         *AUTHENTICATED,
         Code.SESSION_NOT_FOUND,
