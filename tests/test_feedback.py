@@ -206,3 +206,14 @@ async def test_an_agent_gives_feedback_over_http_and_its_pushes_learn(
         page = await reader.attune(max_units=5, since_epoch=0)
         item = next(i for i in page["record"] if i["memory_unit"]["id"] == leave["memory_unit_id"])
         assert item["relevance_score"] == pytest.approx(pushed.relevance_score, abs=1e-6)
+
+
+def test_the_operator_may_judge_too_and_its_subscriptions_learn() -> None:
+    h = Harness(embedder=WORDLLAMA, operator_token="operator-secret")
+    h.register("w", "analyst")
+    churn = h.record("w", CONTENTS["churn"])["memory_unit_id"]
+    items = [{"memory_unit_id": churn, "useful": True}]
+    answer = h.send("FEEDBACK", "operator", {"items": items}, token="operator-secret")
+    assert answer["useful_total"] == 1
+    assert h.field.state.feedback["operator"].liked == [h.field.state.index.rows[churn]]
+    assert not h.field.broken

@@ -426,7 +426,7 @@ class FieldState:
     def _agent_feedback(self, data: dict[str, Any]) -> None:
         """FEEDBACK (:mod:`field.core.feedback`): the agent's :class:`Judged` takes the
         judgements, and its subscriptions a profile that learned them."""
-        agent = self.agents[data["agent_id"]]
+        agent = self.principal(data["agent_id"])  # the operator's subscriptions learn too
         judged = self.feedback.get(agent.id)
         if judged is None:
             judged = self.feedback[agent.id] = Judged.empty(self.index.embedder.dim)
@@ -444,9 +444,9 @@ class FieldState:
         """What ``agent_id``'s feedback taught, with its interests as its subscriptions
         compare them (:mod:`field.core.learning`); None when it gave none."""
         judged = self.feedback.get(agent_id)
-        agent = self.agents.get(agent_id)
-        if judged is None or agent is None:
+        if judged is None:
             return None
+        agent = self.principal(agent_id)
         return judged, interest_vectors(self.index, agent.interests, judged=judged)
 
     def _source_defined(self, data: dict[str, Any]) -> None:
