@@ -16,7 +16,7 @@ from field.errors import Code, FieldError
 
 from .conftest import ThreadedServer
 from .core_util import Harness
-from .test_matcher import check_splits, notified, subscribe
+from .test_matcher import check_splits, events_of, matcher_of, notified, subscribe
 
 WORDLLAMA = load_embedder("wordllama")
 CONTENTS = {
@@ -217,3 +217,30 @@ def test_the_operator_may_judge_too_and_its_subscriptions_learn() -> None:
     assert answer["useful_total"] == 1
     assert h.field.state.feedback["operator"].liked == [h.field.state.index.rows[churn]]
     assert not h.field.broken
+
+
+def test_what_feedback_adds_to_the_registry_is_bounded_and_written_over_exactly() -> None:
+    h = Harness(embedder=WORDLLAMA)
+    h.register("w", "analyst")
+    readers = [f"r{n}" for n in range(6)]  # more profiles than the matcher's few
+    for reader in readers:
+        h.register(reader, "researcher", interests=["market prices", f"topic {reader}"])
+        subscribe(h, reader, ["memory.recorded"], min_relevance=0)
+    units = [
+        h.record("w", f"Finding {n} about prices and churn")["memory_unit_id"] for n in range(80)
+    ]
+    registry = h.field.state.registry
+    sizes = []
+    for start in range(0, 80, 8):  # 8 judgements a time, both kinds, past the lists' bound
+        batch = units[start : start + 8]
+        _judge(h, "r0", **{unit: n % 2 == 0 for n, unit in enumerate(batch)})
+        matcher_of(h).match(events_of(h))  # the registry keeps scales between judgements
+        sizes.append(registry.squares.size)
+    assert len(set(sizes[-3:])) == 1  # once the lists are full, every FEEDBACK writes over
+    check_splits(h)  # the rows written over, and their kept scales, score as computed afresh
+    newest = h.field.state.index.ids[-1]
+    sub = next(s for s in h.field.state.subscriptions.values() if s["agent_id"] == "r0")
+    pushed = notified(h, sub["id"])
+    page = h.attune("r0", max_units=100, since_epoch=0)["record"]
+    attuned = {r["memory_unit"]["id"]: r["relevance_score"] for r in page}
+    assert pushed[max(pushed)][1] == pytest.approx(attuned[newest], abs=1e-6)

@@ -438,7 +438,7 @@ class FieldState:
         ):
             judged.add(row, vector, square, useful)
         judged.generation += 1
-        self.registry.relearn(agent.to_wire(), self.learned(agent.id))
+        self.registry.relearn(agent.to_wire(), self.learned(agent.id), index.calibration)
 
     def learned(self, agent_id: str) -> tuple[Judged, Interests] | None:
         """What ``agent_id``'s feedback taught, with its interests as its subscriptions

@@ -81,8 +81,10 @@ class SubscriptionRegistry:
         #: per profile, its role and task as strings
         self.profile_role: list[str] = []
         self.profile_task: list[str | None] = []
-        #: per profile, the agent as a filter reads it (``subscriber``)
+        #: per profile, the agent as a filter reads it (``subscriber``), and its key in
+        #: ``profiles``
         self.profile_agent: list[dict[str, Any]] = []
+        self.profile_keys: list[tuple[str, int] | tuple[str, int, int]] = []
         #: per profile, where its interests' rows start below, how many rows it has in all
         #: and how many are compared for the best match: its interests (those that embed to
         #: something, each text once: as ATTUNE compares them), then the units its feedback
@@ -146,15 +148,64 @@ class SubscriptionRegistry:
                 self.filter_texts.append(text)
             self.filter.append(code)
 
-    def relearn(self, agent: dict[str, Any], learned: tuple[Judged, Interests] | None) -> None:
-        """Give ``agent``'s active rows the profile of what its feedback taught."""
+    def relearn(
+        self,
+        agent: dict[str, Any],
+        learned: tuple[Judged, Interests] | None,
+        calibration: Calibration,
+    ) -> None:
+        """Give ``agent``'s active rows the profile of what its feedback taught.
+
+        A profile learned before, with as many rows, is written over in place (its
+        rows, their kept scales, its key): once an agent's lists of judged units are
+        full every FEEDBACK has as many rows, so what an agent's feedback adds to the
+        registry is bounded, however often it judges.
+        """
         code = self.agents.find(agent["id"])
         if code < 0 or learned is None:
             return
         rows = np.flatnonzero((self.agent.view == code) & self.active.view)
-        if len(rows):
-            self.profile.view[rows] = self._profile(agent, learned)
-            self.version += 1
+        if not len(rows):
+            return
+        self.version += 1
+        judged, interests = learned
+        key = (agent["id"], agent["registered_epoch"], judged.generation)
+        current = np.unique(self.profile.view[rows])
+        vectors, squares = interests_rows(interests)
+        if len(current) == 1:
+            profile = int(current[0])
+            old = self.profile_keys[profile]
+            span = int(self.interest_span.view[profile])
+            if len(old) == 3 and old[:2] == key[:2] and span == len(vectors):
+                self._write_over(profile, key, interests, calibration)
+                return
+        self.profile.view[rows] = self._profile(agent, learned)
+
+    def _write_over(
+        self,
+        profile: int,
+        key: tuple[str, int, int],
+        interests: Interests,
+        calibration: Calibration,
+    ) -> None:
+        vectors, squares = interests_rows(interests)
+        start, span = int(self.interest_start.view[profile]), len(vectors)
+        self.vectors.view[start : start + span] = vectors
+        self.squares.view[start : start + span] = squares
+        against = 0 if interests.against is None else len(interests.against)
+        self.interest_count.view[profile] = len(interests.vectors)
+        self.against_count.view[profile] = against
+        self.compared.view[profile] = interests.compared
+        self.weight.view[profile] = interests.weight
+        self.penalty.view[profile] = interests.penalty
+        del self.profiles[self.profile_keys[profile]]
+        self.profiles[key] = profile
+        self.profile_keys[profile] = key
+        for position, (scale, shift) in self._scales.items():
+            end = min(scale.size, start + span)
+            if end > start:
+                found = calibration.scales(vectors[: end - start], squares[: end - start], position)
+                scale.view[start:end], shift.view[start:end] = found
 
     def _profile(
         self, agent: dict[str, Any], learned: tuple[Judged, Interests] | None = None
@@ -166,6 +217,7 @@ class SubscriptionRegistry:
         if profile is not None:
             return profile
         profile = self.profiles[key] = self.profile_count
+        self.profile_keys.append(key)
         self.role.append(self.roles.code(agent["role"]))
         task = agent.get("current_task_id")
         self.task.append(-1 if task is None else self.tasks.code(task))
@@ -399,7 +451,7 @@ _PROFILE_COLUMNS = (
     "weight",
     "penalty",
 )
-_PROFILE_LISTS = ("profile_words", "profile_role", "profile_task", "profile_agent")
+_PROFILE_LISTS = ("profile_words", "profile_role", "profile_task", "profile_agent", "profile_keys")
 
 
 def _taken(column: Column, rows: npt.NDArray[np.intp]) -> Column:
