@@ -181,16 +181,7 @@ def build(data: dict[str, Any], spec: str) -> Setup:
     at = int(index.calibration.at(len(index)))
     agents = []
     for agent in data["agents"]:
-        query = relevance.Query(
-            agent_id=agent["id"],
-            role=agent["role"],
-            interests=agent["interests"],
-            context_hint=None,
-            task_id=None,
-            recency_weight=0.0,
-            include_own=False,
-            since_epoch=None,
-        )
+        query = ev.agent_query(agent)
         rows = relevance.candidates(index, query)
         f = relevance.factors(index, query, rows)
         assert f.semantic is not None and f.task is None

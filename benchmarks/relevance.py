@@ -97,16 +97,7 @@ def factor_table(data: dict[str, Any], units: list[dict[str, Any]], spec: str) -
         k: [] for k in ("role", "interest", "semantic", "type", "confidence", "label")
     }
     for agent in data["agents"]:
-        query = relevance.Query(
-            agent_id=agent["id"],
-            role=agent["role"],
-            interests=agent["interests"],
-            context_hint=None,
-            task_id=None,
-            recency_weight=0.0,
-            include_own=False,
-            since_epoch=None,
-        )
+        query = ev.agent_query(agent)
         rows = relevance.candidates(index, query)
         hits = index.hits(query.match_words, rows)
         columns["role"].extend(index.role_factor(agent["role"]).take(index.role.view[rows]))

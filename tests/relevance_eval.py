@@ -30,6 +30,7 @@ import numpy as np
 import orjson
 
 from field.core.embedding import Embedder
+from field.core.relevance import Query
 from field.subscriptions.events import event_of
 from field.subscriptions.matcher import Matcher
 
@@ -87,6 +88,21 @@ class Scored:
     attune_ms: float
     #: the (agent, unit id) of each pair, aligned with ``scores``
     pairs: list[tuple[str, str]] = field(default_factory=list)
+
+
+def agent_query(agent: dict[str, Any]) -> Query:
+    """ATTUNE's query for a labelled agent: its role and interests, no hint, task or
+    recency."""
+    return Query(
+        agent_id=agent["id"],
+        role=agent["role"],
+        interests=agent["interests"],
+        context_hint=None,
+        task_id=None,
+        recency_weight=0.0,
+        include_own=False,
+        since_epoch=None,
+    )
 
 
 def record_units(h: Harness, units: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:

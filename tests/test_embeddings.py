@@ -27,6 +27,8 @@ from field.store import MemoryEventLog
 
 from .conftest import ThreadedServer
 from .core_util import Harness
+from .test_service import ControlledLog, envelope
+from .test_snapshot import FINGERPRINT, snapshot_of
 
 #: Failure guard for one awaited event (never a pacing delay).
 TIMEOUT = 10.0
@@ -146,21 +148,9 @@ def test_detect_checks_a_unit_not_embedded_yet_and_a_scan_covers_the_embedded() 
 
 def test_a_snapshot_of_a_deferred_index_holds_every_vector_and_embeds_when_read() -> None:
     eager, deferred = _two_fields()
-    state = deferred.field.state
-    snapshot.compact(state)
-    header = snapshot.Header(
-        format=snapshot.FORMAT,
-        field_id=state.field_id or "",
-        position=state.last_position,
-        written_at=1_780_000_000.0,
-        fingerprint="test",
-        anchor={},
-        units=len(state.units),
-    )
-    data = snapshot.encoded(state, header)
-    _, restored = snapshot.decode(
-        data, "test", limits=deferred.field.limits, embedder=deferred.field.embedder
-    )
+    field = deferred.field
+    data = snapshot_of(field)
+    _, restored = snapshot.decode(data, FINGERPRINT, limits=field.limits, embedder=field.embedder)
     index = restored.index
     assert not index.deferred and index.waiting == 0
     np.testing.assert_array_equal(index.vectors, eager.field.state.index.vectors)
@@ -169,19 +159,19 @@ def test_a_snapshot_of_a_deferred_index_holds_every_vector_and_embeds_when_read(
 # -- the service ---------------------------------------------------------------------------
 
 
+#: A RECORD payload (its content given at each use).
+UNIT = {
+    "type": "finding",
+    "content": "c",
+    "intent": {"purpose": "p"},
+    "confidence": {"score": 0.5, "reasoning": "r"},
+}
+
+
 def _job(h: Harness, operation: str, agent_id: str, payload: dict[str, Any]) -> Any:
-    envelope = {
-        "protocol": "akashik",
-        "version": "0.1.0",
-        "id": "m",
-        "operation": operation,
-        "agent_id": agent_id,
-        "session_id": None,
-        "epoch": 0,
-        "payload": payload,
-    }
+    body = envelope(operation, agent_id, payload)
     token = h.tokens.get(agent_id)
-    return lambda field: field.handle(envelope, token=token, operation=operation)
+    return lambda field: field.handle(body, token=token, operation=operation)
 
 
 async def test_writes_wait_while_the_queue_is_full_and_go_on_as_it_drains() -> None:
@@ -195,20 +185,14 @@ async def test_writes_wait_while_the_queue_is_full_and_go_on_as_it_drains() -> N
     try:
         registered = await service.execute(_job(h, "REGISTER", "a", {"id": "a", "role": "r"}))
         h.tokens["a"] = registered.response["token"]
-        unit = {
-            "type": "finding",
-            "content": "c",
-            "intent": {"purpose": "p"},
-            "confidence": {"score": 0.5, "reasoning": "r"},
-        }
         for n in range(2):  # acknowledged while none is embedded
-            unit["content"] = f"finding {n}"
-            done = await service.execute(_job(h, "RECORD", "a", dict(unit)), operation="RECORD")
+            unit = {**UNIT, "content": f"finding {n}"}
+            done = await service.execute(_job(h, "RECORD", "a", unit), operation="RECORD")
             assert done.response["status"] == "accepted"
         assert worker.queued == 2 and worker.full and service.held > 0
-        unit["content"] = "the third"
+        unit = {**UNIT, "content": "the third"}
         third = asyncio.ensure_future(
-            service.execute(_job(h, "RECORD", "a", dict(unit)), operation="RECORD")
+            service.execute(_job(h, "RECORD", "a", unit), operation="RECORD")
         )
         done_in_time, _ = await asyncio.wait([third], timeout=0.2)
         assert not done_in_time  # the writer takes no writes while the queue is full
@@ -298,8 +282,6 @@ async def test_attune_waits_a_while_for_the_units_before_it_then_leaves_them_for
 
 
 async def test_held_entries_are_published_once_after_a_rebuild_of_the_state() -> None:
-    from .test_service import ControlledLog  # a memory log whose appends can fail
-
     embedder = GatedEmbedder(loop_thread=threading.current_thread().name)
     h = Harness(embedder=embedder)
     log = ControlledLog()
@@ -315,12 +297,7 @@ async def test_held_entries_are_published_once_after_a_rebuild_of_the_state() ->
     try:
         registered = await service.execute(_job(h, "REGISTER", "a", {"id": "a", "role": "r"}))
         h.tokens["a"] = registered.response["token"]
-        unit = {
-            "type": "finding",
-            "content": "kept",
-            "intent": {"purpose": "p"},
-            "confidence": {"score": 0.5, "reasoning": "r"},
-        }
+        unit = {**UNIT, "content": "kept"}
         kept = await service.execute(_job(h, "RECORD", "a", dict(unit)), operation="RECORD")
         await asyncio.to_thread(embedder.waiting.wait, TIMEOUT)  # a step waits at the gate
         assert service.held == 1

@@ -17,6 +17,7 @@ from field.errors import Code, FieldError
 from .conftest import ThreadedServer
 from .core_util import Harness
 from .test_matcher import check_splits, events_of, matcher_of, notified, subscribe
+from .test_snapshot import FINGERPRINT, snapshot_of
 
 WORDLLAMA = load_embedder("wordllama")
 CONTENTS = {
@@ -105,19 +106,8 @@ def test_what_an_agent_taught_is_kept_in_a_snapshot_and_forgotten_when_it_leaves
     h, ids, _ = _field()
     _judge(h, "r", **{ids["churn"]: True})
     state = h.field.state
-    snapshot.compact(state)
-    header = snapshot.Header(
-        format=snapshot.FORMAT,
-        field_id=state.field_id or "",
-        position=state.last_position,
-        written_at=1_780_000_000.0,
-        fingerprint="test",
-        anchor={},
-        units=len(state.units),
-    )
-    _, restored = snapshot.decode(
-        snapshot.encoded(state, header), "test", limits=h.field.limits, embedder=WORDLLAMA
-    )
+    data = snapshot_of(h.field)
+    _, restored = snapshot.decode(data, FINGERPRINT, limits=h.field.limits, embedder=WORDLLAMA)
     _same(restored.feedback["r"], state.feedback["r"])
     h.send("DEREGISTER", "r", {"agent_id": "r"})
     assert "r" not in h.field.state.feedback
