@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import resource
 import shutil
@@ -318,22 +319,27 @@ def small_filesystem(path: Path, size: str) -> Any:
             subprocess.run(["umount", "-l", str(path)], capture_output=True, check=False)
 
 
-def grow(path: Path, size: str) -> None:
-    subprocess.run(["mount", "-o", f"remount,size={size}", str(path)], check=True)
+def fill(path: Path) -> Path:
+    """Take every byte left on ``path``'s filesystem with one file (another process
+    filling the disk); return the file."""
+    ballast = path / "ballast"
+    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
+    try:
+        chunk = 1 << 20
+        while chunk:
+            try:
+                os.write(fd, b"\0" * chunk)
+            except OSError as error:
+                if error.errno != errno.ENOSPC:
+                    raise
+                chunk //= 2
+    finally:
+        os.close(fd)
+    return ballast
 
 
 async def note(agent: AgentClient, content: str) -> dict[str, Any]:
     return await agent.record("finding", content, purpose="p", confidence=0.5, reasoning="r")
-
-
-async def fill_until_refused(agent: AgentClient) -> FieldClientError:
-    content = "x" * 8000
-    for i in range(10_000):
-        try:
-            await note(agent, f"{i} {content}")
-        except FieldClientError as error:
-            return error
-    raise AssertionError("the log never filled up")
 
 
 async def reads_go_on(field: FieldClient, reader: AgentClient, units: set[str]) -> None:
@@ -350,33 +356,32 @@ async def reads_go_on(field: FieldClient, reader: AgentClient, units: set[str]) 
 async def test_a_full_disk_refuses_writes_keeps_reads_and_recovers(
     server_process: Callable[..., ServerProcess], tmp_path: Path
 ) -> None:
-    with small_filesystem(tmp_path / "small", "1m") as small:
-        if small is not None:
-            data, limit = small / "data", None
-        else:  # no mounting here: a file-size limit fails the writes as a full disk would
-            data, limit = tmp_path / "data", 600_000
-        server = server_process(
-            data,
-            preexec_fn=(
-                (lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, resource.RLIM_INFINITY)))
-                if limit
-                else None
-            ),
-        )
+    with small_filesystem(tmp_path / "small", "4m") as small:
+        data = (small or tmp_path) / "data"
+        server = server_process(data)
         async with FieldClient(server.url, timeout=30) as field:
             writer = await field.register("writer", "analyst")
             reader = await field.register("reader", "analyst")
             subscription = await reader.subscribe(["memory.recorded"])
+            units = {(await note(writer, f"kept {i}"))["memory_unit_id"] for i in range(5)}
+            # The disk fills from outside, between two commits: what the log holds
+            # beyond its last commit is less than one page, so no write fits, however
+            # small (a write that failed half-way would leave room for a smaller one).
+            if small is not None:
+                ballast, expected = fill(small), "STORAGE_FULL"
+            else:  # no mounting here: a file-size limit at the WAL's end fails the writes
+                ballast, expected = None, "LOG_UNAVAILABLE"
+                size = (data / "field.db-wal").stat().st_size
+                resource.prlimit(
+                    server.process.pid, resource.RLIMIT_FSIZE, (size, resource.RLIM_INFINITY)
+                )
             async with Watchdog(server.url):
-                error = await fill_until_refused(writer)
-                expected = "STORAGE_FULL" if small is not None else "LOG_UNAVAILABLE"
+                with pytest.raises(FieldClientError) as refused:
+                    await note(writer, "x" * 8000)
+                error = refused.value
                 assert error.code == expected and error.body["recoverable"] is True
                 assert "COMPACT" not in (error.body["suggested_action"] or "")
                 before = await snapshot(server.url)
-                units = {
-                    r["memory_unit"]["id"]
-                    for r in (await reader.attune(max_units=1000, since_epoch=0))["record"]
-                }
                 for _ in range(50):
                     await reads_go_on(field, reader, units)
                     with pytest.raises(FieldClientError) as info:
@@ -401,8 +406,8 @@ async def test_a_full_disk_refuses_writes_keeps_reads_and_recovers(
                 after = await snapshot(server.url)
                 assert after[1:] == before[1:], "nothing was written"
                 # space returns: writes resume by themselves
-                if small is not None:
-                    grow(small, "16m")
+                if ballast is not None:
+                    ballast.unlink()
                 else:
                     resource.prlimit(
                         server.process.pid,
