@@ -23,8 +23,8 @@ from typing import Any
 
 from _common import VOCABULARY, bracketed, envelope, pct, progress
 
-from field.core import relevance
 from field.core.field import Field, Ids
+from field.ranking import relevance
 from tests.reference_relevance import reference_scores
 
 TYPES = ["finding", "decision", "observation", "question", "assumption", "constraint"]

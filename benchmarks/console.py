@@ -33,15 +33,15 @@ from typing import Any
 
 from _common import VOCABULARY, bracketed, envelope, pct, progress
 
-from field.cli import _tune_gc
-from field.config import Config
+from field.cli.main import _tune_gc
+from field.contract.model import Limits
 from field.core.field import Field
-from field.model import Limits
-from field.service import FieldService
+from field.engine.push import PushHub
+from field.engine.service import FieldService
+from field.server.config import Config
 from field.store.memory import MemoryEventLog
 from field.transports.console import ConsoleFeed, viewer_of
 from field.transports.http import HTTPBinding
-from field.transports.push import PushHub
 
 OPERATOR_TOKEN = "console-benchmark-operator-token"
 CONFLICTS = 100

@@ -7,7 +7,7 @@ An experiment for a future feedback operation (an agent tells the Field that a u
 or not): no server code changes, the candidate updates of the agent's profile are computed here
 over the Field's own factors. Every unit of the labelled set (``benchmarks/data/relevance.json``,
 both splits) is recorded into one Field by its recorder, as a server would hold them, and every
-agent is scored as ATTUNE scores (:func:`field.core.relevance.factors`, calibrated against the
+agent is scored as ATTUNE scores (:func:`field.ranking.relevance.factors`, calibrated against the
 Field's units, no recency). Then, per agent:
 
 * **feedback** comes from the **train** split only, labelled by the set (useful: the agent is in
@@ -20,7 +20,7 @@ Field's units, no recency). Then, per agent:
   least), and nDCG@10 of each agent's page of test units (diversified as ATTUNE does, no
   recency), at N = 0, 10, 20, 50 and with every train unit's label (``all``).
 
-``field`` is what the Field does (``FEEDBACK``, ``field/core/learning.py``: ``exemplars``
+``field`` is what the Field does (``FEEDBACK``, ``field/ranking/learning.py``: ``exemplars``
 below, with the embedder's weights): its own code, fed the same feedback, nothing to choose;
 ``--designs field`` runs it alone, in seconds. The other designs, which chose it, each
 computable from a few vectors per agent (the sums of the useful and of the
@@ -68,10 +68,10 @@ import numpy as np
 import numpy.typing as npt
 from _common import machine_line
 
-from field.core import relevance
-from field.core.calibration import percentile, standardized
-from field.core.embedding import load_embedder, quantize
-from field.core.learning import Judged
+from field.ranking import relevance
+from field.ranking.calibration import percentile, standardized
+from field.ranking.embedding import load_embedder, quantize
+from field.ranking.learning import Judged
 from tests import relevance_eval as ev
 from tests.core_util import Harness
 
@@ -400,9 +400,9 @@ class Exemplars(Design):
 
 
 class FieldDesign(Design):
-    """What the Field does (``FEEDBACK``, :mod:`field.core.learning`): the feedback folded
-    into a :class:`~field.core.learning.Judged` in order, the agent's interests made with it
-    (:func:`~field.core.relevance.interest_vectors`) and scored by the unit index, with the
+    """What the Field does (``FEEDBACK``, :mod:`field.ranking.learning`): the feedback folded
+    into a :class:`~field.ranking.learning.Judged` in order, the agent's interests made with it
+    (:func:`~field.ranking.relevance.interest_vectors`) and scored by the unit index, with the
     embedder's weights; nothing to choose."""
 
     name = "field"

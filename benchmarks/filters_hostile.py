@@ -74,9 +74,8 @@ import orjson
 from _common import bracketed, envelope, machine_line, pct
 from fanout import HOST, cpu_seconds, start_field
 
-from field.config import Config
-from field.core.allow_lists import MAX_ALLOW_LIST
-from field.core.filters import (
+from field.contract.model import Limits
+from field.expressions.filters import (
     MAX_COST,
     MAX_DOCUMENT_CHARS,
     MAX_DOCUMENT_ITEMS,
@@ -84,7 +83,8 @@ from field.core.filters import (
     InvalidFilter,
     TooLarge,
 )
-from field.model import Limits
+from field.server.config import Config
+from field.subscriptions.allow_lists import MAX_ALLOW_LIST
 from field.subscriptions.filtering import compile_filter
 
 LIMITS = Limits()

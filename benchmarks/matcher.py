@@ -46,10 +46,10 @@ from typing import Any
 import numpy as np
 from _common import ROLES, VOCABULARY, bracketed, envelope, progress
 
-from field.core.embedding import load_embedder
+from field.contract.model import TYPE_IMPORTANCE, Limits, StoredEntry
 from field.core.field import Field, Ids
-from field.core.relevance import RECENCY_HALF_LIFE, keywords, unit_keywords
-from field.model import TYPE_IMPORTANCE, Limits, StoredEntry
+from field.ranking.embedding import load_embedder
+from field.ranking.relevance import RECENCY_HALF_LIFE, keywords, unit_keywords
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, event_of
 from field.subscriptions.matcher import Matcher
 from tests.reference_matcher import RECENCY_WEIGHT, alignment, combine, eligible

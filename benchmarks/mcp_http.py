@@ -214,7 +214,8 @@ def imports() -> None:
         "import resource, time\n"
         "t = time.perf_counter(); import field.transports.http; a = time.perf_counter() - t\n"
         "r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
-        "t = time.perf_counter(); import field.transports.mcp_http; b = time.perf_counter() - t\n"
+        "t = time.perf_counter(); import field.transports.mcp.streamable_http\n"
+        "b = time.perf_counter() - t\n"
         "print(a, b, r, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)\n"
     )
     root = Path(__file__).resolve().parent.parent

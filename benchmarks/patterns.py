@@ -18,8 +18,8 @@ from typing import Any
 import cel
 from _common import bracketed
 
-from field.core.filters import MAX_PATTERN_WIDTH, Context, compile_expression
-from field.model import Limits
+from field.contract.model import Limits
+from field.expressions.filters import MAX_PATTERN_WIDTH, Context, compile_expression
 from field.subscriptions.filtering import filter_shapes
 
 REALISTIC = {

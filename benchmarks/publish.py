@@ -30,11 +30,11 @@ from typing import Any
 
 from _common import VOCABULARY, bracketed, envelope, pct, progress
 
+from field.contract.model import Limits
 from field.core.field import Field
-from field.model import Limits
-from field.service import FieldService
+from field.engine.push import PushHub
+from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
-from field.transports.push import PushHub
 
 KINDS = {
     "other events": {"events": ["agent.failed"]},

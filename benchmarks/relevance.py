@@ -16,7 +16,7 @@ reports (``tests/relevance_eval.py`` computes them):
   each agent's own (their mean and the least);
 * precision and recall of notifications at ``min_relevance`` 0.3, 0.5 and
   the threshold recommended for the embedder (``threshold`` of its
-  :class:`field.core.relevance.Weights`),
+  :class:`field.ranking.relevance.Weights`),
   with the share of irrelevant pairs below it and of relevant pairs at or above it, pooled
   and per agent (the range over agents: a threshold that means the same for every agent
   keeps about the same share of each one's irrelevant units out);
@@ -46,8 +46,8 @@ from typing import Any
 import numpy as np
 from _common import machine_line
 
-from field.core import relevance
-from field.core.embedding import load_embedder
+from field.ranking import relevance
+from field.ranking.embedding import load_embedder
 from tests import relevance_eval as ev
 from tests.core_util import Harness
 

@@ -244,7 +244,7 @@ class Profiler:
 
 
 #: Frames every sample of the server passes through (process start, event loop, threads).
-_WRAPPERS = ("runpy", "field/__main__.py", "field/cli.py", "uvicorn/server.py", "_compat.py",
+_WRAPPERS = ("runpy", "field/__main__.py", "field/cli/main.py", "uvicorn/server.py", "_compat.py",
              "asyncio/runners.py", "asyncio/base_events.py", "asyncio/events.py",
              "threading.py", "concurrent/futures/thread.py")  # fmt: skip
 

@@ -46,12 +46,12 @@ from _common import LOAD_RATES, ROLES, ROOT, VOCABULARY, bracketed, envelope, pc
 from _refusals import Refusals
 from _refusals import post as post_retried
 
-from field.model import LogEntry
+from field.contract.model import LogEntry
 from field.store import EventLog, SQLiteEventLog
 
 AGENTS = 100
 BATCH = 10_000
-#: Epochs a clock reservation covers (field.core.clock.RESERVATION_BLOCK).
+#: Epochs a clock reservation covers (field.contract.clock.RESERVATION_BLOCK).
 BLOCK = 1024
 
 

@@ -652,7 +652,7 @@ async def _bare(spec: dict[str, Any]) -> Any:
 
 
 def _bare_main(pipe: Any, spec: dict[str, Any]) -> None:
-    from field.cli import _tune_gc
+    from field.cli.main import _tune_gc
 
     try:
         _tune_gc()  # the collector's settings of ``field serve``

@@ -25,10 +25,10 @@ import hypothesis
 import pytest
 import uvicorn
 
-from field.cli import uvicorn_config
+from field.cli.main import uvicorn_config
 from field.client import FieldClient
-from field.config import Config
-from field.core.embedding import Embedder
+from field.ranking.embedding import Embedder
+from field.server.config import Config
 from field.transports.http import create_app
 
 _LISTENING = re.compile(r"listening on (http://\S+?):? ")

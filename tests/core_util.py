@@ -6,9 +6,9 @@ import itertools
 from collections.abc import Sequence
 from typing import Any
 
+from field.contract.model import LogEntry, StoredEntry
 from field.core.context import Outcome
 from field.core.field import Field, Ids
-from field.model import LogEntry, StoredEntry
 from field.store import MemoryEventLog
 
 

@@ -37,9 +37,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from field.core.embedding import HashingEmbedder
-from field.core.relevance import RECENCY_HALF_LIFE, keywords, weights_for
-from field.model import TYPE_IMPORTANCE
+from field.contract.model import TYPE_IMPORTANCE
+from field.ranking.embedding import HashingEmbedder
+from field.ranking.relevance import RECENCY_HALF_LIFE, keywords, weights_for
 from field.subscriptions.events import FieldEvent
 
 from .reference_relevance import calibrated, compared, interest_value, quantized, words_of

@@ -1,6 +1,6 @@
 """A plain, obviously-correct relevance scorer: one Python loop over units.
 
-It restates the formula of ``field.core.relevance`` from the unit dicts
+It restates the formula of ``field.ranking.relevance`` from the unit dicts
 alone, with no columns and no matrices, so the vectorized scorer can be
 checked against it (``tests/test_relevance.py``) and timed against it
 (``benchmarks/attune.py``). Embeddings come from the embedder and its
@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from field.core.embedding import Embedder, HashingEmbedder, quantize
-from field.core.relevance import (
+from field.contract.model import HIDDEN_UNIT_STATUSES, TYPE_IMPORTANCE
+from field.ranking.embedding import Embedder, HashingEmbedder, quantize
+from field.ranking.relevance import (
     DIVERSITY_DECAY,
     RECENCY_HALF_LIFE,
     Query,
@@ -23,7 +24,6 @@ from field.core.relevance import (
     unit_keywords,
     weights_for,
 )
-from field.model import HIDDEN_UNIT_STATUSES, TYPE_IMPORTANCE
 
 
 def words_of(unit: dict[str, Any]) -> frozenset[str]:

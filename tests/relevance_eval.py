@@ -29,8 +29,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from field.core.embedding import Embedder
-from field.core.relevance import Query
+from field.ranking.embedding import Embedder
+from field.ranking.relevance import Query
 from field.subscriptions.events import event_of
 from field.subscriptions.matcher import Matcher
 

@@ -25,16 +25,16 @@ from typing import Any
 import numpy as np
 from hypothesis import strategies as st
 
+from field.contract.clock import iso_timestamp
+from field.contract.errors import FieldError
+from field.contract.model import CONFLICT_STRATEGIES, StoredEntry
 from field.core import snapshot
-from field.core.clock import iso_timestamp
 from field.core.field import Field
 from field.core.registration import SECRET_PREFIX
-from field.core.relevance import Column, Interner, Matrix
 from field.core.snapshot import Header
 from field.core.sources import Event, body_digest
 from field.core.state import OPERATOR_RECORD, FieldState
-from field.errors import FieldError
-from field.model import CONFLICT_STRATEGIES, StoredEntry
+from field.ranking.relevance import Column, Interner, Matrix
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, event_of
 from field.subscriptions.matcher import Matcher
 from field.subscriptions.registry import SubscriptionRegistry

@@ -23,8 +23,8 @@ import orjson
 import pytest
 from websockets.asyncio.client import connect
 
+from field.cli.logs import JsonFormatter
 from field.client import FieldClient
-from field.logs import JsonFormatter
 from field.transports.access import MAX_REQUEST_ID, request_id_of
 
 from .conftest import ServerProcess, ThreadedServer

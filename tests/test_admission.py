@@ -11,7 +11,12 @@ from typing import Any
 import aiohttp
 import pytest
 
-from field.admission import (
+from field.cli.main import _config, _parser
+from field.client import FieldClient, FieldClientError
+from field.contract.errors import Code, FieldError, Overloaded
+from field.core.context import Outcome
+from field.core.field import Field
+from field.engine.admission import (
     Admission,
     AdmissionPolicy,
     Controller,
@@ -20,13 +25,8 @@ from field.admission import (
     WriteBudget,
     work_of,
 )
-from field.cli import _config, _parser
-from field.client import FieldClient, FieldClientError
-from field.config import Config
-from field.core.context import Outcome
-from field.core.field import Field
-from field.errors import Code, FieldError, Overloaded
-from field.service import FieldService
+from field.engine.service import FieldService
+from field.server.config import Config
 
 from .conftest import ThreadedServer
 from .test_service import Client, ControlledLog

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from field.contract.errors import Code, FieldError
 from field.core import authority
-from field.core.embedding import HashingEmbedder
-from field.errors import Code, FieldError
+from field.ranking.embedding import HashingEmbedder
 
 from .core_util import Harness
 
@@ -155,6 +155,6 @@ def test_an_audit_agent_cannot_attune_or_subscribe(h: Harness) -> None:
 
 
 def test_every_operation_has_a_minimum_authority() -> None:
-    from field.model import OPERATIONS
+    from field.contract.model import OPERATIONS
 
     assert set(authority.MIN_AUTHORITY) == set(OPERATIONS) - {"REGISTER"}

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
+from field.contract.errors import Code, FieldError
 from field.core import authority
 from field.core.field import Field
-from field.errors import Code, FieldError
 from field.subscriptions.events import event_of
 
 from .core_util import Harness

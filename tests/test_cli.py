@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from field.cli import _parser, ready_lines
-from field.config import Config
+from field.cli.main import _parser, ready_lines
+from field.server.config import Config
 
 #: Longest a process may take to print what a test waits for.
 WATCHDOG_SECONDS = 60.0
@@ -333,7 +333,7 @@ def _python(code: str, cwd: Path) -> subprocess.CompletedProcess[str]:
 def test_without_the_driver_the_error_names_the_database_and_the_install(tmp_path: Path) -> None:
     done = _python(
         "import sys; sys.modules['psycopg'] = None\n"
-        "from field.cli import main\n"
+        "from field.cli.main import main\n"
         f"sys.exit(main(['serve', '--port', '0', '--log', {SECRET_URL!r}]))",
         tmp_path,
     )
@@ -376,7 +376,7 @@ def _blocked(*names: str) -> str:
 
 def _run_field(code_before: str, argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
     return _python(
-        f"{code_before}from field.cli import main\nsys.exit(main({argv!r}))",
+        f"{code_before}from field.cli.main import main\nsys.exit(main({argv!r}))",
         cwd,
     )
 
@@ -404,7 +404,8 @@ def test_the_client_side_commands_need_none_of_the_server(tmp_path: Path, argv: 
     check = (
         "import atexit\n"
         "atexit.register(lambda: print(sorted(m for m in sys.modules if m.startswith("
-        "('field.transports', 'field.core', 'field.config', 'field.store'))), file=sys.stderr))\n"
+        "('field.transports', 'field.engine', 'field.core', 'field.server', 'field.store'))),"
+        " file=sys.stderr))\n"
     )
     done = _run_field(_blocked(*SERVER_PACKAGES) + check, argv, tmp_path)
     assert done.returncode == 0, done.stderr
@@ -417,8 +418,8 @@ def test_field_mcp_and_its_bridge_load_without_the_server(tmp_path: Path) -> Non
     """``field mcp`` gets as far as checking its arguments, and its bridge module imports."""
     done = _python(
         _blocked(*SERVER_PACKAGES)
-        + "import field.mcp, field.redaction, field.logs\n"
-        + "from field.cli import main\n"
+        + "import field.cli.mcp_bridge, field.cli.redaction, field.cli.logs\n"
+        + "from field.cli.main import main\n"
         + "sys.exit(main(['mcp', '--agent-id', 'a']))",
         tmp_path,
     )

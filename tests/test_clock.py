@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from field.core.clock import RESERVATION_BLOCK, LamportClock
-from field.errors import Code, FieldError, LogUnavailable
-from field.model import MAX_EPOCH, Limits
+from field.contract.clock import RESERVATION_BLOCK, LamportClock
+from field.contract.errors import Code, FieldError, LogUnavailable
+from field.contract.model import MAX_EPOCH, Limits
 
 from .core_util import Harness
 

@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
+from field.contract.errors import FieldError
+from field.contract.model import StoredEntry
 from field.core.field import Field
-from field.errors import FieldError
-from field.model import StoredEntry
-from field.service import FieldService
+from field.engine.service import FieldService
 
 from .postgres_util import fresh_database
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from field.cli import _config, _parser
-from field.config import (
+from field.cli.main import _config, _parser
+from field.server.config import (
     OTHER_VARIABLES,
     Config,
     known_variables,

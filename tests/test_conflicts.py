@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from field.contract.errors import Code, FieldError
+from field.contract.model import CONFLICT_STATUSES, CONFLICT_STRATEGIES
 from field.core import authority, conflicts
-from field.errors import Code, FieldError
-from field.model import CONFLICT_STATUSES, CONFLICT_STRATEGIES
 
 from . import test_matcher
 from .core_util import Harness

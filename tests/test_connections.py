@@ -21,9 +21,9 @@ import aiohttp
 import orjson
 import pytest
 
-from field.cli import _config, _parser, connection_cap
+from field.cli.main import _config, _parser, connection_cap
 from field.client import FieldClient
-from field.config import Config
+from field.server.config import Config
 
 from .conftest import ServerProcess, ThreadedServer
 from .schema_util import assert_valid

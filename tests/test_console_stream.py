@@ -21,15 +21,15 @@ import pytest
 
 from field.client import AgentClient, FieldClient, Relation
 from field.client.sse import SSEParser
-from field.config import Config
 from field.core.field import Field
-from field.service import FieldService
+from field.engine.outbox import Frame, Outbox
+from field.engine.push import PushHub
+from field.engine.service import FieldService
+from field.server.config import Config
 from field.store.memory import MemoryEventLog
-from field.subscriptions.outbox import Frame, Outbox
 from field.transports import console
 from field.transports.console import ConsoleFeed, viewer_of
 from field.transports.http import HTTPBinding
-from field.transports.push import PushHub
 
 from .conftest import ServerProcess, ThreadedServer
 from .schema_util import assert_valid

@@ -23,13 +23,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from field.client import FieldClient
+from field.contract.clock import epoch_ms, iso_timestamp
+from field.contract.errors import FieldError
+from field.contract.model import Limits
 from field.core import visibility
-from field.core.clock import epoch_ms, iso_timestamp
 from field.core.field import Field
-from field.errors import FieldError
-from field.liveness import Liveness
-from field.model import Limits
-from field.service import FieldService
+from field.engine.liveness import Liveness
+from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, event_of
 from field.subscriptions.matcher import Matcher

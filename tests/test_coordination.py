@@ -17,10 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from field.contract.errors import FieldError, ValidationError
+from field.contract.model import Limits
 from field.core import sessions, tasks, validation
 from field.core.authority import effective_authority
-from field.errors import FieldError, ValidationError
-from field.model import Limits
 from field.subscriptions.events import FieldEvent, event_of
 from field.subscriptions.matcher import Matcher
 from field.subscriptions.stream import Notification, encode_event, encode_notification

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from field.core.clock import RESERVATION_BLOCK
+from field.contract.clock import RESERVATION_BLOCK
+from field.contract.errors import Code, FieldError
+from field.contract.model import MAX_EPOCH, OPERATIONS
 from field.core.field import SUPPORTED_OPERATIONS, Field
-from field.errors import Code, FieldError
-from field.model import MAX_EPOCH, OPERATIONS
 
 from .core_util import Harness
 

@@ -16,9 +16,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from field.cli import _config, _parser
+from field.cli.main import _config, _parser
 from field.client import AgentClient, FieldClient
-from field.config import Config
+from field.server.config import Config
 from field.transports.cors import parse_origin
 
 from .browser import PageServer, chromium_page, needs_chromium

@@ -14,8 +14,8 @@ from standardwebhooks.webhooks import Webhook
 
 from field.client import FieldClient
 from field.core.egress import EgressPolicy, parse_networks
+from field.engine.delivery import Answer, DeliverySettings, Poster
 from field.subscriptions.delivery import RetryPolicy
-from field.transports.delivery import Answer, DeliverySettings, Poster
 
 #: Failure guard for what is awaited (a lost slot would hang the test), never a pacing delay.
 GUARD = 5.0

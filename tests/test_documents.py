@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from field.errors import Code, FieldError
-from field.model import Limits
+from field.contract.errors import Code, FieldError
+from field.contract.model import Limits
 from field.transports.documents import check_bounds, decode_document
 
 LIMITS = Limits()

@@ -24,8 +24,8 @@ from websockets.http11 import Response
 from websockets.uri import parse_uri
 
 from field.client import AgentClient, FieldClient
-from field.model import Limits
-from field.subscriptions.outbox import PushLimits
+from field.contract.model import Limits
+from field.engine.outbox import PushLimits
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid

@@ -5,7 +5,7 @@ over every refused address class, IPv4 and IPv6 (literals, mapped,
 compatible, NAT64, 6to4), odd literal forms and URLs, and against the
 standard library's own idea of a non-global address on random inputs.
 
-The transport (:mod:`field.transports.egress`) is tested with injected
+The transport (:mod:`field.engine.egress`) is tested with injected
 resolvers (no lookup leaves the machine) and a real aiohttp client against a
 witness server on 127.0.0.1 that counts the connections it accepts: a refused
 request must fail before the witness sees a connection.
@@ -32,8 +32,8 @@ from field.core.egress import (
     embedded_ipv4,
     parse_networks,
 )
-from field.transports import egress as egress_transport
-from field.transports.egress import (
+from field.engine import egress as egress_transport
+from field.engine.egress import (
     EgressRefused,
     PolicyConnector,
     PolicyResolver,

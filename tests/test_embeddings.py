@@ -1,4 +1,4 @@
-"""Embedding after the commit (a sentence model off the writer's path, ``field.embeddings``).
+"""Embedding after the commit (a sentence model off the writer's path, ``field.engine.embedder``).
 
 The end-to-end tests run a real server whose embedder is hashing made
 *heavy* and held at a gate the test opens: embedding is then as slow as
@@ -17,12 +17,13 @@ import aiohttp
 import numpy as np
 import pytest
 
-from field import service as service_module
 from field.client import AgentClient, FieldClient, Notification
-from field.core import relevance, snapshot
-from field.core.embedding import HashingEmbedder, Vectors, embeds_after_commit, load_embedder
-from field.embeddings import EmbeddingWorker
-from field.service import FieldService
+from field.core import snapshot
+from field.engine import service as service_module
+from field.engine.embedder import EmbeddingWorker
+from field.engine.service import FieldService
+from field.ranking import relevance
+from field.ranking.embedding import HashingEmbedder, Vectors, embeds_after_commit, load_embedder
 from field.store import MemoryEventLog
 
 from .conftest import ThreadedServer

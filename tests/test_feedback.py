@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from field.client import FieldClient
+from field.contract.errors import Code, FieldError
 from field.core import snapshot
-from field.core.embedding import load_embedder
 from field.core.field import Field
-from field.core.learning import EXEMPLARS, Judged
-from field.errors import Code, FieldError
+from field.ranking.embedding import load_embedder
+from field.ranking.learning import EXEMPLARS, Judged
 
 from .conftest import ThreadedServer
 from .core_util import Harness

@@ -18,15 +18,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from field.core import costs
-from field.core.filters import (
+from field.contract.model import Limits
+from field.expressions import costs
+from field.expressions.filters import (
     MAX_COST,
     MAX_DOCUMENT_ITEMS,
     Context,
     InvalidFilter,
     compile_expression,
 )
-from field.model import Limits
 from field.subscriptions.filtering import FILTER_VARIABLES, compile_filter, filter_shapes
 
 #: the issue's own: comprehensions five deep, hidden from a text scan by comments

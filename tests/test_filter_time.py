@@ -18,11 +18,11 @@ import orjson
 import pytest
 
 from field.core.field import Field
-from field.service import FieldService
+from field.engine.push import Connection, PushHub
+from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.subscriptions.filtering import FilterTime
 from field.subscriptions.stream import format_cursor
-from field.transports.push import Connection, PushHub
 
 from .conftest import ThreadedServer
 from .test_push_hub import Hub, units

@@ -16,11 +16,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from field.core.allow_lists import ALLOW_LIST_NAMES
-from field.core.expressions import parse
-from field.errors import FieldError
-from field.model import StoredEntry
+from field.contract.errors import FieldError
+from field.contract.model import StoredEntry
+from field.expressions.tree import parse
 from field.subscriptions import filtering
+from field.subscriptions.allow_lists import ALLOW_LIST_NAMES
 from field.subscriptions.events import event_of
 from field.subscriptions.filtering import FilterStage, event_context
 from field.subscriptions.matcher import Matcher

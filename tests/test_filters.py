@@ -9,8 +9,10 @@ import re2
 from hypothesis import given
 from hypothesis import strategies as st
 
-from field.core import filters
-from field.core.filters import (
+from field.contract.errors import HTTP_STATUS
+from field.contract.model import Limits
+from field.expressions import filters
+from field.expressions.filters import (
     MAX_FILTER_CHARS,
     MAX_PATTERN_CHARS,
     MAX_PATTERN_WIDTH,
@@ -19,8 +21,6 @@ from field.core.filters import (
     InvalidFilter,
     check_types,
 )
-from field.errors import HTTP_STATUS
-from field.model import Limits
 from field.subscriptions.filtering import filter_shapes
 
 ALLOWED = ("event", "subscriber", "parameters")

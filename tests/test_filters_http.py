@@ -136,7 +136,7 @@ async def test_a_matches_filter_delivers_the_units_its_pattern_finds(
     field_server: ThreadedServer, http: aiohttp.ClientSession, agents: Agents
 ) -> None:
     # a unit's content is up to 65536 characters: its worst search with a pattern this wide
-    # costs more than a filter may (field.core.costs); a summary's 4096 do not
+    # costs more than a filter may (field.expressions.costs); a summary's 4096 do not
     text = r'event.summary.matches(r"(?i)\bsev[12]\b|\boutage\b")'
     response = await subscribe(agents.b, ["memory.recorded"], filter=text)
     async with sse_stream(http, response["sse_url"], agents.b.token) as sse:

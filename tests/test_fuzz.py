@@ -21,9 +21,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import ClientConnection, connect
 
-from field.config import Config
-from field.errors import HTTP_STATUS
-from field.model import MEMORY_TYPES, OPERATIONS
+from field.contract.errors import HTTP_STATUS
+from field.contract.model import MEMORY_TYPES, OPERATIONS
+from field.server.config import Config
 
 from .conftest import ThreadedServer
 

@@ -20,7 +20,7 @@ import aiohttp
 import pytest
 
 from field.client import FieldClient, FieldClientError
-from field.config import Config
+from field.server.config import Config
 from field.transports.health import CHECKS, readiness
 from field.transports.http import HTTPBinding
 

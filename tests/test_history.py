@@ -9,13 +9,13 @@ from typing import Any
 import orjson
 import pytest
 
+from field.contract.errors import FieldError
+from field.contract.model import UNIT_STATUSES, Limits
 from field.core.context import Outcome
 from field.core.entities import entities_of
 from field.core.field import Field
 from field.core.history import COMPACT_AUTHORITY, COMPACT_TRANSITIONS, SUMMARY_KEY_EVENTS
-from field.errors import FieldError
-from field.model import UNIT_STATUSES, Limits
-from field.service import FieldService
+from field.engine.service import FieldService
 from field.store import EventLog, LogEntry, MemoryEventLog, SQLiteEventLog, StoredEntry
 from field.subscriptions.events import event_of
 from field.subscriptions.matcher import Matcher

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from field.client import AgentClient, FieldClient
-from field.model import Limits
+from field.contract.model import Limits
 
 from .conftest import ServerProcess, ThreadedServer
 from .schema_util import assert_valid

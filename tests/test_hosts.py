@@ -17,9 +17,9 @@ from typing import Any
 import aiohttp
 import pytest
 
-from field.cli import _config, _parser, main
+from field.cli.main import _config, _parser, main
 from field.client import FieldClient
-from field.config import Config
+from field.server.config import Config
 from field.transports.cors import mcp_refusal, websocket_refusal
 from field.transports.hosts import AllowedHosts, parse_allowed_hosts, parse_host_pattern
 

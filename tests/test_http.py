@@ -5,7 +5,7 @@ Every test talks to a real uvicorn server (``field_server`` / ``sqlite_server`` 
 :func:`exchange`, which checks that it is JSON (never a 500, never an HTML or
 plain-text page) and validates it against its schema in ``protocol/schemas``:
 a success body against the endpoint's ``*.response`` schema, an error body
-against ``error`` (with the HTTP status :data:`field.errors.HTTP_STATUS` gives
+against ``error`` (with the HTTP status :data:`field.contract.errors.HTTP_STATUS` gives
 its code). :class:`CheckedClient` is the SDK with that check on every call.
 """
 
@@ -23,8 +23,8 @@ import orjson
 import pytest
 
 from field.client import AgentClient, FieldClient, FieldClientError
-from field.errors import HTTP_STATUS
-from field.model import MAX_EPOCH, Limits
+from field.contract.errors import HTTP_STATUS
+from field.contract.model import MAX_EPOCH, Limits
 
 from .schema_util import errors as schema_errors
 
@@ -1614,7 +1614,7 @@ async def test_accepted_connections_get_tcp_nodelay() -> None:
     Without it every response on a kept-alive connection waits ~40 ms for a
     delayed ACK (uvicorn writes headers and body separately).
     """
-    from field.cli import _bind
+    from field.cli.main import _bind
 
     sock = _bind("127.0.0.1", 0)
     accepted: asyncio.Future[int] = asyncio.get_running_loop().create_future()

@@ -25,11 +25,11 @@ import pytest
 from field.core.egress import EgressPolicy, parse_networks
 from field.core.field import Field
 from field.core.secrets import SecretBox
-from field.service import FieldService
+from field.engine.delivery import DeliveryEngine, DeliverySettings
+from field.engine.push import PushHub
+from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.subscriptions.stream import parse_cursor
-from field.transports.delivery import DeliveryEngine, DeliverySettings
-from field.transports.push import PushHub
 
 from .postgres_util import fresh_database
 from .test_webhooks import Receiver, in_order_without_loss
@@ -258,7 +258,7 @@ class Shared:
 async def shared() -> AsyncIterator[Shared]:
     field = Shared()
     yield field
-    await field.service.stop()
+    await field.engine.service.stop()
 
 
 @pytest.fixture

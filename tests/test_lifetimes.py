@@ -16,14 +16,14 @@ import orjson
 import pytest
 
 from field.client import FieldClient
-from field.config import Config
+from field.contract.errors import InvalidPayload
+from field.contract.model import Limits
 from field.core.field import Field
 from field.core.subscribe import effective_timeout
 from field.core.validation import duration_seconds
-from field.errors import InvalidPayload
-from field.liveness import Liveness
-from field.model import Limits
-from field.service import FieldService
+from field.engine.liveness import Liveness
+from field.engine.service import FieldService
+from field.server.config import Config
 from field.store.memory import MemoryEventLog
 
 from .conftest import ThreadedServer

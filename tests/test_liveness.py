@@ -15,11 +15,11 @@ import aiohttp
 import pytest
 
 from field.client import FieldClient
+from field.contract.errors import FieldError
 from field.core.context import Outcome
 from field.core.field import Field
-from field.errors import FieldError
-from field.liveness import Liveness
-from field.service import FieldService
+from field.engine.liveness import Liveness
+from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.subscriptions.events import event_of
 

@@ -21,8 +21,8 @@ import aiohttp
 import orjson
 from yarl import URL
 
+from field.cli.redaction import redact
 from field.client import FieldClient
-from field.redaction import redact
 
 from .conftest import ServerProcess
 from .test_push import open_ws, record, sse_stream, subscribe

@@ -30,10 +30,10 @@ from mcp import ClientSession, StdioServerParameters, types
 from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
-from field.cli import main
+from field.cli.main import main
+from field.cli.mcp_bridge import TOOLS, Bridge, tool_definitions
 from field.client import FieldClient
-from field.config import Config
-from field.mcp import TOOLS, Bridge, tool_definitions
+from field.server.config import Config
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid

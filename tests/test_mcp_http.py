@@ -32,9 +32,9 @@ from mcp import Client, ClientSession, types
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPDeprecationWarning, MCPError
 
-from field.cli import main
+from field.cli.main import main
 from field.client import AgentClient, FieldClient
-from field.config import Config
+from field.server.config import Config
 
 from .conftest import ServerProcess, spawn_server
 from .schema_util import assert_valid

@@ -20,10 +20,10 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from field.admission import Mode, Work
 from field.client import AgentClient, FieldClient, FieldClientError
-from field.config import Config
-from field.subscriptions.outbox import PushLimits
+from field.engine.admission import Mode, Work
+from field.engine.outbox import PushLimits
+from field.server.config import Config
 from field.transports.access import AccessLog
 from field.transports.http import HTTPBinding
 from field.transports.metrics import OTHER, Metrics

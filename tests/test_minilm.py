@@ -26,9 +26,9 @@ import numpy as np
 import pytest
 
 from field.client import FieldClient
-from field.core import minilm
-from field.core.embedding import EmbedderError, HashingEmbedder, load_embedder, quantize
-from field.core.minilm import MiniLMEmbedder, erf, gelu, layer_norm
+from field.ranking import minilm
+from field.ranking.embedding import EmbedderError, HashingEmbedder, load_embedder, quantize
+from field.ranking.minilm import MiniLMEmbedder, erf, gelu, layer_norm
 
 from .conftest import ServerProcess
 from .core_util import Harness

@@ -17,9 +17,9 @@ import pytest
 from openapi_spec_validator import validate
 from starlette.routing import Mount, Route, WebSocketRoute
 
-from field.config import Config
-from field.errors import HTTP_STATUS, Code
-from field.model import OPERATIONS
+from field.contract.errors import HTTP_STATUS, Code
+from field.contract.model import OPERATIONS
+from field.server.config import Config
 from field.transports.http import create_app
 from field.transports.openapi import (
     COMPONENTS,

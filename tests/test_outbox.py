@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from field.subscriptions.outbox import Frame, Outbox, Waker
+from field.engine.outbox import Frame, Outbox, Waker
 
 
 def frame(n: int, size: int = 10) -> Frame:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from field.core.filters import DFA_STATES, InvalidFilter
-from field.core.patterns import dfa_states
+from field.expressions.filters import DFA_STATES, InvalidFilter
+from field.expressions.patterns import dfa_states
 from field.subscriptions.filtering import compile_filter
 
 

@@ -22,8 +22,8 @@ import pytest
 
 from field.client import FieldClient
 from field.core.field import Field
-from field.liveness import Liveness, PresenceReport
-from field.service import FieldService
+from field.engine.liveness import Liveness, PresenceReport
+from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 
 from .conftest import ThreadedServer

@@ -24,7 +24,7 @@ import pytest
 
 from field import __version__
 from field.client import AgentClient, FieldClient, FieldClientError
-from field.config import Config
+from field.server.config import Config
 
 from .conftest import ServerProcess
 

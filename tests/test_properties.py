@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from field.core.clock import iso_timestamp
-from field.errors import FieldError
+from field.contract.clock import iso_timestamp
+from field.contract.errors import FieldError
 
 from .core_util import Harness
 

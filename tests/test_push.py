@@ -35,8 +35,8 @@ import websockets
 from websockets.asyncio.client import ClientConnection, connect
 
 from field.client import AgentClient, FieldClient, FieldClientError
-from field.model import Limits
-from field.subscriptions.outbox import PushLimits
+from field.contract.model import Limits
+from field.engine.outbox import PushLimits
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid

@@ -19,19 +19,19 @@ from hypothesis import given
 from hypothesis import strategies as st
 from sse_starlette import ServerSentEvent
 
+from field.contract.model import StoredEntry
 from field.core.field import Field
-from field.model import StoredEntry
-from field.service import FieldService
+from field.engine.outbox import Frame
+from field.engine.push import PushHub
+from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, FieldEvent, event_of
-from field.subscriptions.outbox import Frame
 from field.subscriptions.stream import (
     Notification,
     encode_event,
     encode_notification,
     format_cursor,
 )
-from field.transports.push import PushHub
 from field.transports.sse import _sse_event
 from field.transports.wsprotocol import FieldWebSocketProtocol
 

@@ -20,10 +20,10 @@ import orjson
 import pytest
 
 from field.core.field import Field
-from field.service import FieldService
+from field.engine.push import Connection, PushHub
+from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.transports import sse
-from field.transports.push import Connection, PushHub
 
 from .test_service import envelope
 

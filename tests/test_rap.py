@@ -35,9 +35,9 @@ import pytest
 from aiohttp import web
 
 from field.client import AgentClient, FieldClient
-from field.errors import Code, FieldError, InvalidEnvelope
-from field.model import Limits
-from field.tools import definitions
+from field.contract.errors import Code, FieldError, InvalidEnvelope
+from field.contract.model import Limits
+from field.contract.tools import definitions
 from field.transports.rap import parse_invocation
 
 from . import rap_cases

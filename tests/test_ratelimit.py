@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from field.core.ratelimit import KeyedLimiter, Rate
+from field.contract.ratelimit import KeyedLimiter, Rate
 
 
 class Clock:

@@ -22,12 +22,12 @@ import orjson
 import pytest
 
 from field.client import AgentClient, FieldClient, FieldClientError
+from field.contract.errors import HTTP_STATUS, Code
+from field.contract.ratelimit import Rate
 from field.core.field import Field
-from field.core.ratelimit import Rate
-from field.errors import HTTP_STATUS, Code
-from field.service import FieldService
+from field.engine.push import PushHub
+from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
-from field.transports.push import PushHub
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid

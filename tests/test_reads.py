@@ -17,12 +17,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from field.contract.errors import FieldError
+from field.contract.model import Limits
 from field.core import visibility
 from field.core.context import Outcome
 from field.core.field import Field
-from field.errors import FieldError
-from field.model import Limits
-from field.service import FieldService
+from field.engine.service import FieldService
 from field.store import MemoryEventLog
 
 from .core_util import Harness

@@ -23,12 +23,12 @@ import aiohttp
 import orjson
 import pytest
 
-from field.cli import main
-from field.config import Config
-from field.core.clock import iso_timestamp
+from field.cli.main import main
+from field.contract.clock import iso_timestamp
+from field.contract.errors import Code, FieldError
 from field.core.field import Field, Ids
-from field.errors import Code, FieldError
-from field.liveness import Liveness
+from field.engine.liveness import Liveness
+from field.server.config import Config
 
 from .conftest import ThreadedServer
 from .core_util import Harness

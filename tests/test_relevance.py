@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from field.core import relevance
-from field.model import MEMORY_TYPES
+from field.contract.model import MEMORY_TYPES
+from field.ranking import relevance
 
 from .reference_relevance import reference_diversify, reference_scores
 

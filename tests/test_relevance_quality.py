@@ -14,10 +14,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from field.core import relevance
-from field.core.embedding import HashingEmbedder, Vectors, load_embedder
 from field.core.field import Field
-from field.core.relevance import LEXICAL, SENTENCE, weights_for
+from field.ranking import relevance
+from field.ranking.embedding import HashingEmbedder, Vectors, load_embedder
+from field.ranking.relevance import LEXICAL, SENTENCE, weights_for
 
 from . import relevance_eval as ev
 from .core_util import Harness

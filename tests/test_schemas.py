@@ -2417,11 +2417,11 @@ def test_readme_error_table_matches_the_contract() -> None:
 
 def server_errors_module() -> Any:
     try:
-        return importlib.import_module("field.errors")
+        return importlib.import_module("field.contract.errors")
     except ImportError:
         path = SCHEMA_DIR.parent.parent / "field" / "errors.py"
         if not path.exists():
-            pytest.skip("field/errors.py not present")
+            pytest.skip("field/contract/errors.py not present")
         spec = importlib.util.spec_from_file_location("_field_errors_for_readme_check", path)
         assert spec and spec.loader
         module = importlib.util.module_from_spec(spec)
@@ -2483,7 +2483,7 @@ def test_subscription_events_match_the_server() -> None:
 
 
 def test_subscribe_limits_match_the_server() -> None:
-    model = pytest.importorskip("field.model")
+    model = pytest.importorskip("field.contract.model")
     limits = model.Limits()
     schemas = load_schemas()
     assert schemas["subscription"]["$defs"]["debounce_ms"]["maximum"] == limits.max_debounce_ms
@@ -2498,7 +2498,7 @@ SUBSCRIBE_CASES = [p for p in VALID + INVALID if p.values[0] == "subscribe.reque
 def test_server_accepts_exactly_the_valid_subscribe_payloads(name: str, instance: Any) -> None:
     validation = pytest.importorskip("field.core.validation")
     events = pytest.importorskip("field.subscriptions.events")
-    model = pytest.importorskip("field.model")
+    model = pytest.importorskip("field.contract.model")
     errors_module = server_errors_module()
     try:
         validation.subscribe_payload(
@@ -2562,7 +2562,7 @@ def test_core_subscribe_responses_match_the_schema() -> None:
 
 
 def test_core_subscribe_refusals_match_the_readme() -> None:
-    model = pytest.importorskip("field.model")
+    model = pytest.importorskip("field.contract.model")
     errors_module = server_errors_module()
     h = _core_harness(limits=model.Limits(max_subscriptions_per_agent=1))
     h.register("analyst-1")
@@ -2601,7 +2601,7 @@ def test_core_notifications_match_the_schema() -> None:
     matcher_module = pytest.importorskip("field.subscriptions.matcher")
     stream_module = pytest.importorskip("field.subscriptions.stream")
     streaming = pytest.importorskip("field.transports.streaming")
-    outbox = pytest.importorskip("field.subscriptions.outbox")
+    outbox = pytest.importorskip("field.engine.outbox")
     h = _core_harness()
     h.register("analyst-1", role="analyst", interests=["churn"])
     h.register("analyst-2", role="analyst")

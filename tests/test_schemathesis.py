@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from schemathesis import Case, CheckContext, GenerationMode, Response
 from schemathesis.checks import negative_data_rejection, positive_data_acceptance
 
-from field.config import Config
+from field.server.config import Config
 from field.transports.openapi import ENDPOINTS, Endpoint
 
 from .conftest import ThreadedServer

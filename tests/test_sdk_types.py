@@ -12,8 +12,8 @@ from typing import Any, Literal, Union, get_args, get_origin, get_type_hints, is
 import mypy.api
 import pytest
 
-from field import model
 from field.client import responses, types
+from field.contract import model
 from field.core import validation
 from field.core.tasks import TASK_STATUSES
 from field.subscriptions.events import SUBSCRIPTION_EVENTS

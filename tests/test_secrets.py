@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
+from field.contract.errors import OperationalError
 from field.core.secrets import SecretBox, new_secret, secret_key, signature_headers
-from field.errors import OperationalError
 from field.store.keys import KEY_BYTES, load_or_create_key
 
 BODY = b'{"type":"subscription_event","text":"a unit changed","final":false}'

@@ -16,19 +16,19 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from field.client import FieldClient
-from field.config import Config
-from field.core import embedding, relevance
 from field.core.attune import tokens
-from field.core.calibration import Calibration
-from field.core.embedding import (
+from field.core.field import Field
+from field.ranking import embedding, relevance
+from field.ranking.calibration import Calibration
+from field.ranking.embedding import (
     EmbedderError,
     HashingEmbedder,
     Vectors,
     load_embedder,
     quantize,
 )
-from field.core.field import Field
-from field.core.relevance import LEXICAL
+from field.ranking.relevance import LEXICAL
+from field.server.config import Config
 from field.subscriptions.registry import KEPT_SCALES
 
 from .conftest import ThreadedServer
@@ -257,7 +257,7 @@ def test_embeddings_are_the_same_in_another_process() -> None:
     here = HashingEmbedder().embed(texts)
     script = (
         "import sys, numpy as np\n"
-        "from field.core.embedding import HashingEmbedder\n"
+        "from field.ranking.embedding import HashingEmbedder\n"
         f"sys.stdout.write(HashingEmbedder().embed({texts!r}).tobytes().hex())\n"
     )
     for seed in ("0", "12345"):

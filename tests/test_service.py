@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from field import service as service_module
-from field.core import relevance
+from field.contract.errors import Code, FieldError, LogUnavailable, LogWriteError, StorageFull
+from field.contract.model import LogEntry
 from field.core.context import Outcome
 from field.core.field import Field
 from field.core.state import _APPLY
-from field.errors import Code, FieldError, LogUnavailable, LogWriteError, StorageFull
-from field.model import LogEntry
-from field.service import PUBLISH_SLICE, FieldService
+from field.engine import service as service_module
+from field.engine.service import PUBLISH_SLICE, FieldService
+from field.ranking import relevance
 from field.store import MemoryEventLog
 
 

@@ -27,11 +27,11 @@ import aiohttp
 import pytest
 import uvicorn
 
-from field.cli import _Server, uvicorn_config
+from field.cli.main import _Server, uvicorn_config
 from field.client import AgentClient, FieldClient
-from field.config import Config
+from field.engine.push import SHUTDOWN
+from field.server.config import Config
 from field.transports import wsprotocol
-from field.transports.push import SHUTDOWN
 from field.transports.wsprotocol import SHUTDOWN_CLOSE, SHUTDOWN_EXTENSION
 
 from .conftest import ServerProcess, ThreadedServer

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import random
 
-from field.transports.slots import FairSlots, Slots
+from field.engine.slots import FairSlots, Slots
 
 #: Failure guard for what is awaited (a lost slot would hang the test), never a pacing delay.
 GUARD = 5.0

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from field.contract.model import Limits, StoredEntry
 from field.core import snapshot
-from field.core.embedding import HashingEmbedder
 from field.core.field import Field
 from field.core.snapshot import FORMAT, Header, UnusableSnapshot
-from field.model import Limits, StoredEntry
+from field.ranking.embedding import HashingEmbedder
 
 from . import snapshot_cases as cases
 from .core_util import Harness

@@ -24,17 +24,17 @@ from typing import Any
 import orjson
 import pytest
 
-from field import snapshots as snapshots_module
-from field.config import Config
+from field.contract.errors import LogWriteError, OperationalError
+from field.contract.model import LogEntry
 from field.core import snapshot
-from field.core.embedding import HashingEmbedder
 from field.core.field import Field
 from field.core.snapshot import FORMAT
-from field.errors import LogWriteError, OperationalError
-from field.model import LogEntry
-from field.snapshots import SnapshotPolicy, Snapshotter, Written, load, write_snapshot
+from field.engine import snapshotter as snapshots_module
+from field.engine.snapshotter import SnapshotPolicy, Snapshotter, Written, load, write_snapshot
+from field.ranking.embedding import HashingEmbedder
+from field.server.config import Config
 from field.store import EventLog, SQLiteEventLog
-from field.store.snapshots import KEEP, FileSnapshots, SnapshotStore, StoredSnapshot
+from field.store.snapshot_store import KEEP, FileSnapshots, SnapshotStore, StoredSnapshot
 
 from . import snapshot_cases as cases
 from .core_util import Harness

@@ -30,8 +30,8 @@ import pytest
 from hypothesis import given, settings
 
 from field.client import AgentClient, FieldClient, FieldClientError
-from field.config import Config
-from field.errors import HTTP_STATUS
+from field.contract.errors import HTTP_STATUS
+from field.server.config import Config
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from field.contract.errors import HTTP_STATUS, FieldError, InvalidPayload
+from field.contract.model import MEMORY_TYPES
 from field.core import sources
 from field.core.field import Field
-from field.errors import HTTP_STATUS, FieldError, InvalidPayload
-from field.model import MEMORY_TYPES
 
 from .core_util import Harness
 

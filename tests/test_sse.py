@@ -16,8 +16,8 @@ from typing import Any
 import orjson
 import pytest
 
+from field.engine.push import Connection
 from field.transports import sse
-from field.transports.push import Connection
 
 from .schema_util import assert_valid
 from .test_push_hub import Hub, hub  # noqa: F401  (the fixture)

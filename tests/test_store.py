@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 import field
-from field.errors import LogWriteError, OperationalError, StorageFull
+from field.contract.errors import LogWriteError, OperationalError, StorageFull
 from field.store import (
     EventLog,
     LogEntry,

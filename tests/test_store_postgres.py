@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from field.errors import Code, LogUnavailable, OperationalError
+from field.contract.errors import Code, LogUnavailable, OperationalError
 from field.store import EventLog, open_log, redact_log_url
 from field.store import postgres as pg_module
 
@@ -369,7 +369,7 @@ class TestOpenLogPostgres:
 
 
 def test_the_log_url_comes_from_the_environment_and_is_checked() -> None:
-    from field.config import Config
+    from field.server.config import Config
 
     config = Config.from_env({"FIELD_LOG": "postgresql://u:pw@db/field"})
     assert config.log == "postgresql://u:pw@db/field"

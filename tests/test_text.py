@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from field.core.text import first_sentence, shorten
+from field.contract.text import first_sentence, shorten
 
 #: Every character ``str.split`` treats as whitespace, and a few that it does not.
 WHITESPACE = "".join(chr(c) for c in range(0x3001) if chr(c).isspace())

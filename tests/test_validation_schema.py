@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from field.contract.errors import ValidationError
+from field.contract.model import Limits
 from field.core import validation
-from field.errors import ValidationError
-from field.model import Limits
 
 from .schema_util import validator
 

@@ -17,8 +17,8 @@ import aiohttp
 import pytest
 
 from field.client import FieldClient
+from field.contract.errors import Code, FieldError
 from field.core import visibility
-from field.errors import Code, FieldError
 from field.subscriptions.events import event_of
 
 from .conftest import ThreadedServer

@@ -423,7 +423,7 @@ async def test_a_name_that_resolves_elsewhere_at_connect_time_is_not_reached(
 ) -> None:
     """DNS rebinding: accepted while its name resolved to a public address, the URL is
     refused at connect time once the name points at loopback; the receiver sees nothing."""
-    from field.transports import egress
+    from field.engine import egress
 
     receiver = await receivers()
     port = int(receiver.url.split(":")[2].split("/")[0])
@@ -541,7 +541,7 @@ async def test_after_a_sigkill_every_owed_notification_arrives_in_order(
 def test_delivery_settings_come_from_flags_and_the_environment(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from field.cli import _config, _parser
+    from field.cli.main import _config, _parser
 
     monkeypatch.setenv("FIELD_WEBHOOK_ALLOW_NET", "10.0.0.0/8, fd00::/8")
     monkeypatch.setenv("FIELD_WEBHOOK_TIMEOUT", "9")

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 
 from field.client import FieldClient
-from field.core import embedding, relevance
-from field.core.embedding import (
+from field.ranking import embedding, relevance
+from field.ranking.embedding import (
     WORDLLAMA_DIMS,
     EmbedderError,
     HashingEmbedder,

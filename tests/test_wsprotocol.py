@@ -19,9 +19,9 @@ from websockets.protocol import State
 from websockets.server import ServerProtocol
 from websockets.uri import parse_uri
 
-from field.cli import _config, _parser, uvicorn_config
+from field.cli.main import _config, _parser, uvicorn_config
 from field.client import FieldClient
-from field.config import Config
+from field.server.config import Config
 from field.transports.wsprotocol import Flag, Inbox, restart_frame_parser, text_frames
 
 from .conftest import ThreadedServer

@@ -1,7 +1,7 @@
 """ATTUNE (spec 6.4): the units that matter to an agent, ranked, in a page of bounded size.
 
 Every candidate is scored at once over the index's columns
-(:mod:`field.core.relevance`); this module chooses the page and builds
+(:mod:`field.ranking.relevance`); this module chooses the page and builds
 it. The page is walked in order, best first for a ranking and oldest
 first for a poll (``since_epoch``), and each unit is taken while three
 bounds allow it:
@@ -25,7 +25,7 @@ page is a prefix of the oldest new units, its ``epoch`` (that of the
 newest unit taken, when some were left out) lets the next poll continue
 with nothing lost or repeated, whichever bound cut the page. Units not
 embedded yet (a sentence model embeds after the commit:
-:attr:`~field.core.relevance.UnitIndex.scorable`) are no candidates, and a
+:attr:`~field.ranking.relevance.UnitIndex.scorable`) are no candidates, and a
 poll's ``epoch`` stays below the first of them.
 
 Sizes are measured, not guessed: each item is encoded once as it is
@@ -43,11 +43,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..model import Limits
-from . import pages, relevance, validation, visibility
+from ..contract.model import Limits
+from ..contract.text import first_sentence
+from ..ranking import relevance
+from . import pages, validation, visibility
 from .context import Context, Outcome
 from .state import AgentRecord, FieldState
-from .text import first_sentence
 
 if TYPE_CHECKING:
     from .field import Field

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AuthError, Code
+from ..contract.errors import AuthError, Code
 
 if TYPE_CHECKING:
     from collections.abc import Mapping

@@ -36,14 +36,14 @@ import numpy as np
 import numpy.typing as npt
 import orjson
 
-from ..errors import Code, InvalidPayload, NotFound, StateError
-from ..model import UNRESOLVED_CONFLICT_STATUSES, LogEntry
+from ..contract.clock import iso_timestamp
+from ..contract.errors import Code, InvalidPayload, NotFound, StateError
+from ..contract.model import UNRESOLVED_CONFLICT_STATUSES, LogEntry
+from ..contract.text import shorten
+from ..ranking.embedding import Vectors
+from ..ranking.relevance import STATUS_CODE, TYPE_CODE
 from . import authority, listing, sessions, validation, visibility
-from .clock import iso_timestamp
 from .context import Context, Outcome
-from .embedding import Vectors
-from .relevance import STATUS_CODE, TYPE_CODE
-from .text import shorten
 
 if TYPE_CHECKING:
     from .field import Field
@@ -507,7 +507,7 @@ def vectors_for(state: FieldState, unit_ids: list[str]) -> Vectors:
     """Unit-length content vectors of ``unit_ids`` (one row each, in order).
 
     Read from the unit index's stored embeddings (a unit not embedded yet
-    is embedded for the check: :meth:`~field.core.relevance.UnitIndex.rows_vectors`);
+    is embedded for the check: :meth:`~field.ranking.relevance.UnitIndex.rows_vectors`);
     rows with no features stay zero (they are similar to nothing).
     """
     index = state.index

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..model import LogEntry
+from ..contract.model import LogEntry
 from ..subscriptions.delivery import RapCall
 from . import validation
 from .state import AgentRecord

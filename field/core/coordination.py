@@ -16,9 +16,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import AuthError, Code, InvalidPayload, NotFound, StateError
-from ..model import UNRESOLVED_CONFLICT_STATUSES, LogEntry
-from . import listing, relevance, sessions, tasks, validation, visibility
+from ..contract.errors import AuthError, Code, InvalidPayload, NotFound, StateError
+from ..contract.model import UNRESOLVED_CONFLICT_STATUSES, LogEntry
+from ..ranking import relevance
+from . import listing, sessions, tasks, validation, visibility
 from .authority import (
     SENIOR,
     SESSION_CREATOR,

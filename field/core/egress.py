@@ -8,7 +8,7 @@ routable unless the operator allows its network (``--webhook-allow-net``).
 
 This module is pure: it judges addresses and URLs, it never resolves a name.
 A hostname is judged where it is resolved, by
-:mod:`field.transports.egress`, once when a URL is accepted and again at
+:mod:`field.engine.egress`, once when a URL is accepted and again at
 every connection (a name may resolve elsewhere by then).
 
 What is refused (the tables below, most specific entry first):

@@ -3,10 +3,10 @@
 An agent judges units it was pushed or attuned to: ``{"items": [{"memory_unit_id",
 "useful"}]}``, 1 to 64 per call (a unit given twice counts once, as last judged). The
 Field logs the judgements (``agent.feedback``) and keeps, per agent, what the learning
-needs (:class:`~field.core.learning.Judged`, bounded whatever the agent judges): the
+needs (:class:`~field.ranking.learning.Judged`, bounded whatever the agent judges): the
 latest units of each kind and the sums of all their embeddings.
 
-What it learns (:mod:`field.core.learning`) joins the agent's interests: the units judged
+What it learns (:mod:`field.ranking.learning`) joins the agent's interests: the units judged
 useful are compared with each unit as interests are, those judged not useful pull closer
 units down, and the joined interests move towards the first. Pushes and ATTUNE score with
 the same rows (at each FEEDBACK the subscription registry gives the agent's subscriptions
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ..errors import Code, NotFound
-from ..model import LogEntry
+from ..contract.errors import Code, NotFound
+from ..contract.model import LogEntry
 from . import validation, visibility
 from .context import Context, Outcome
 

@@ -9,7 +9,7 @@ the entries durable before it releases the response.
 Every operation is all-or-nothing. Handlers only read the state and build
 entries; :meth:`Field._commit` then advances the Lamport clock and applies
 the entries through the same projection that replays the log. A request
-that fails raises a :class:`~field.errors.FieldError` before anything is
+that fails raises a :class:`~field.contract.errors.FieldError` before anything is
 committed, so it changes nothing and consumes no epoch.
 """
 
@@ -25,8 +25,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import PROTOCOL_VERSION
-from ..errors import AuthError, Code, FieldError, NotFound, StateError
-from ..model import (
+from ..contract.clock import iso_timestamp
+from ..contract.errors import AuthError, Code, FieldError, NotFound, StateError
+from ..contract.model import (
     CONFLICT_STRATEGIES,
     DETECT_MODES,
     MAX_EPOCH,
@@ -36,6 +37,8 @@ from ..model import (
     LogEntry,
     StoredEntry,
 )
+from ..contract.text import shorten
+from ..ranking.embedding import Embedder, default_embedder
 from ..subscriptions.delivery import RapCall
 from ..subscriptions.filtering import FilterStage, FilterTime
 from ..subscriptions.stream import format_cursor
@@ -56,14 +59,11 @@ from . import (
     visibility,
 )
 from .authority import OPERATOR_ID
-from .clock import iso_timestamp
 from .context import Context, Outcome
 from .egress import EgressPolicy
-from .embedding import Embedder, default_embedder
 from .pages import PageRequest
 from .secrets import SecretBox, new_secret
 from .state import OPERATOR_RECORD, AgentRecord, FieldState
-from .text import shorten
 
 #: Operations implemented by this Field, in spec order: all of them.
 SUPPORTED_OPERATIONS: tuple[str, ...] = OPERATIONS

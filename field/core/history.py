@@ -28,16 +28,22 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import orjson
 
-from ..errors import Code, NotFound, OperationalError, StateError
-from ..model import UNIT_STATUSES, UNRESOLVED_CONFLICT_STATUSES, Limits, LogEntry, StoredEntry
+from ..contract.clock import iso_timestamp
+from ..contract.errors import Code, NotFound, OperationalError, StateError
+from ..contract.model import (
+    UNIT_STATUSES,
+    UNRESOLVED_CONFLICT_STATUSES,
+    Limits,
+    LogEntry,
+    StoredEntry,
+)
+from ..contract.text import shorten
+from ..ranking.relevance import STATUS_CODE, TYPE_CODE
 from . import sessions, validation, visibility
 from .authority import AUDIT, SENIOR, SESSION_CREATOR, may_supersede, require
-from .clock import iso_timestamp
 from .context import Context, Outcome
 from .entities import Entity, entities_of
-from .relevance import STATUS_CODE, TYPE_CODE
 from .state import FieldState, tombstone
-from .text import shorten
 
 if TYPE_CHECKING:
     from .field import Field

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..errors import Code, StateError
+from ..contract.errors import Code, StateError
 
 
 def step(

@@ -30,8 +30,8 @@ from typing import Any
 
 import orjson
 
-from ..errors import InvalidPayload
-from ..model import Limits
+from ..contract.errors import InvalidPayload
+from ..contract.model import Limits
 
 #: A page looks at up to this many times ``max_page_items`` candidates.
 SCAN_PAGES = 10

@@ -46,10 +46,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AuthError, Code, FieldError, InvalidPayload, NotFound, StateError
-from ..model import LogEntry
+from ..contract.clock import iso_timestamp
+from ..contract.errors import AuthError, Code, FieldError, InvalidPayload, NotFound, StateError
+from ..contract.model import LogEntry
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
-from .clock import iso_timestamp
 
 if TYPE_CHECKING:
     from .context import Context, Outcome

@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AuthError, Code, NotFound, StateError
-from ..model import LogEntry
+from ..contract.errors import AuthError, Code, NotFound, StateError
+from ..contract.model import LogEntry
 from .authority import SESSION_CREATOR
 from .machines import step
 

@@ -4,8 +4,8 @@ Start-up folds the whole log into a :class:`~field.core.state.FieldState`.
 A snapshot holds that state as of one log position, so that start-up can
 read it and fold only the entries after it. This module turns a state into
 the bytes of a snapshot and back, and checks them; it does no I/O (where
-snapshots are kept: :mod:`field.store.snapshots`; how one is written
-beside a running server: :mod:`field.snapshots`).
+snapshots are kept: :mod:`field.store.snapshot_store`; how one is written
+beside a running server: :mod:`field.engine.snapshotter`).
 
 Layout of a snapshot::
 
@@ -15,7 +15,7 @@ integers big-endian; the sha256 covers every byte before it. The header
 says what the snapshot is (:class:`Header`): its format, the Field and the
 log position it is of, when it was written, the *fingerprint* of what
 determines the projection besides the log (the code that folds entries,
-the embedder and its width: see :func:`field.snapshots.fingerprint`), and
+the embedder and its width: see :func:`field.engine.snapshotter.fingerprint`), and
 the *anchor*, the entry at its position, by which a log that was replaced
 or rewound under the snapshot is recognized. The body is the state in
 pickle's protocol 5, as :class:`_Pickler` writes it: without the reader's
@@ -51,10 +51,10 @@ from typing import Any
 import numpy as np
 import orjson
 
-from ..errors import OperationalError
-from ..model import Limits, StoredEntry
-from .embedding import Embedder
-from .relevance import Column, Matrix, UnitIndex, weights_for
+from ..contract.errors import OperationalError
+from ..contract.model import Limits, StoredEntry
+from ..ranking.embedding import Embedder
+from ..ranking.relevance import Column, Matrix, UnitIndex, weights_for
 from .sources import Source, compiled
 from .state import FieldState
 
@@ -363,7 +363,7 @@ def decode(
 ) -> tuple[Header, FieldState]:
     """The header and state of the snapshot ``data``, checked as :func:`verify` does and
     then by ``expect`` (which raises :class:`UnusableSnapshot` for a header that does not
-    fit the log: see :func:`field.snapshots.restore`) before the body is read; the state
+    fit the log: see :func:`field.engine.snapshotter.restore`) before the body is read; the state
     gets ``limits`` and ``embedder``, the reader's configuration."""
     header = verify(data, fingerprint)
     if expect is not None:
@@ -424,15 +424,15 @@ ALLOWED: dict[str, frozenset[str]] = {
         {"_column", "_matrix", "_small_matrix", "_source", "_unit_index"}
     ),
     "field.core.state": frozenset({"FieldState", "AgentRecord"}),
-    "field.core.clock": frozenset({"LamportClock"}),
-    "field.core.relevance": frozenset({"Interner", "KeywordRows"}),
-    "field.core.calibration": frozenset({"Calibration"}),
-    "field.core.learning": frozenset({"Judged"}),
+    "field.contract.clock": frozenset({"LamportClock"}),
+    "field.ranking.relevance": frozenset({"Interner", "KeywordRows"}),
+    "field.ranking.calibration": frozenset({"Calibration"}),
+    "field.ranking.learning": frozenset({"Judged"}),
     "field.core.units": frozenset({"Units"}),
     "field.core.pages": frozenset({"Order"}),
     "field.core.visibility": frozenset({"Membership"}),
     "field.core.entities": frozenset({"EntityIndex"}),
-    "field.core.allow_lists": frozenset({"AllowLists", "_List"}),
+    "field.subscriptions.allow_lists": frozenset({"AllowLists", "_List"}),
     "field.core.registration": frozenset({"Tokens", "RegistrationToken"}),
     "field.core.sources": frozenset({"Deliveries"}),
     "field.subscriptions.registry": frozenset({"SubscriptionRegistry"}),

@@ -40,12 +40,12 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from ..errors import AuthError, Code, FieldError, InvalidPayload, NotFound, StateError
-from ..model import MEMORY_TYPES, Limits, LogEntry
-from . import costs
+from ..contract.clock import iso_timestamp
+from ..contract.errors import AuthError, Code, FieldError, InvalidPayload, NotFound, StateError
+from ..contract.model import MEMORY_TYPES, Limits, LogEntry
+from ..expressions import costs
+from ..expressions.filters import Expression, check_types, compile_expression
 from .authority import OPERATOR_ID
-from .clock import iso_timestamp
-from .filters import Expression, check_types, compile_expression
 from .secrets import hub_signature, new_secret, secret_key, standard_signature
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ MAX_HEADER_CHARS = 65536
 
 
 def filter_shapes(max_payload_bytes: int, limits: Limits) -> dict[str, costs.Shape]:
-    """The largest values a source's filter can be given (:mod:`field.core.costs`): the
+    """The largest values a source's filter can be given (:mod:`field.expressions.costs`): the
     event as any JSON document of the source's ``max_payload_bytes``, and its headers."""
     header = costs.string(MAX_HEADER_CHARS)
     headers = replace(costs.map_of(costs.string(256), header, MAX_HEADERS), total=MAX_HEADER_CHARS)

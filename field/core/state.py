@@ -69,18 +69,18 @@ from typing import Any
 
 import numpy as np
 
-from ..model import UNRESOLVED_CONFLICT_STATUSES, Limits, LogEntry, StoredEntry
+from ..contract.clock import LamportClock
+from ..contract.model import UNRESOLVED_CONFLICT_STATUSES, Limits, LogEntry, StoredEntry
+from ..ranking.embedding import Embedder
+from ..ranking.learning import Judged
+from ..ranking.relevance import Column, Interests, UnitIndex, interest_vectors
 from ..subscriptions import delivery
+from ..subscriptions.allow_lists import AllowLists
 from ..subscriptions.registry import SubscriptionRegistry
 from . import registration, sessions, sources, tasks
-from .allow_lists import AllowLists
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
-from .clock import LamportClock
-from .embedding import Embedder
 from .entities import EntityIndex
-from .learning import Judged
 from .pages import Order
-from .relevance import Column, Interests, UnitIndex, interest_vectors
 from .units import Units
 from .visibility import Membership
 
@@ -442,7 +442,7 @@ class FieldState:
 
     def learned(self, agent_id: str) -> tuple[Judged, Interests] | None:
         """What ``agent_id``'s feedback taught, with its interests as its subscriptions
-        compare them (:mod:`field.core.learning`); None when it gave none."""
+        compare them (:mod:`field.ranking.learning`); None when it gave none."""
         judged = self.feedback.get(agent_id)
         if judged is None:
             return None

@@ -10,7 +10,7 @@ RAP call it answers. The delivery's progress is in the log too:
 ``delivery.acked`` entries (the cursor each delivery has been acknowledged
 up to, many per entry) and ``delivery.changed`` entries (its state).
 
-The delivery engine (``field/transports/delivery.py``) reports progress
+The delivery engine (``field/engine/delivery.py``) reports progress
 through :func:`ack_deliveries` and :func:`change_delivery`, which write
 those entries like any operation: durable before they count.
 """
@@ -19,8 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from ..errors import AuthError, Code, InvalidPayload, NotFound, StateError
-from ..model import Limits, LogEntry
+from ..contract.errors import AuthError, Code, InvalidPayload, NotFound, StateError
+from ..contract.model import Limits, LogEntry
 from ..subscriptions import delivery as deliveries
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.filtering import compile_filter

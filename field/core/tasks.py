@@ -34,8 +34,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ..errors import Code, NotFound
-from ..model import LogEntry
+from ..contract.errors import Code, NotFound
+from ..contract.model import LogEntry
 from .machines import step
 
 if TYPE_CHECKING:

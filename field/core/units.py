@@ -12,7 +12,7 @@ difference: every read decodes a **new** dict. Changing it changes nothing held;
 the projection changes a unit through :meth:`Units.set_status` (a unit's status
 is the only field that changes once it is recorded). What is scored and matched
 in bulk (epochs, statuses, keywords, embeddings) lives in the unit index
-(:class:`~field.core.relevance.UnitIndex`), not here.
+(:class:`~field.ranking.relevance.UnitIndex`), not here.
 
 :meth:`Units.encoded` gives a unit's bytes without decoding them: for a scan that
 can pass most units over by a byte search (see ``conflicts._supporters``), and for

@@ -8,7 +8,7 @@ interpreter, and each failure raises the most specific code the spec
 names (``MISSING_INTENT`` rather than a generic "required property").
 
 Each ``*_payload`` function returns a normalized copy of its payload
-(defaults filled in) or raises a :class:`~field.errors.ValidationError`.
+(defaults filled in) or raises a :class:`~field.contract.errors.ValidationError`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, TypeGuard
 
-from ..errors import Code, InvalidEnvelope, InvalidPayload, ValidationError
-from ..model import (
+from ..contract.errors import Code, InvalidEnvelope, InvalidPayload, ValidationError
+from ..contract.model import (
     ATTUNE_FORMATS,
     CONFLICT_STATUSES,
     CONFLICT_STRATEGIES,
@@ -31,9 +31,9 @@ from ..model import (
     UNIT_STATUSES,
     Limits,
 )
+from ..expressions.filters import MAX_FILTER_CHARS, InvalidFilter
+from ..subscriptions.allow_lists import ALLOW_LIST_NAMES
 from . import pages
-from .allow_lists import ALLOW_LIST_NAMES
-from .filters import MAX_FILTER_CHARS, InvalidFilter
 
 #: Authority of an agent that does not ask for another (spec 11.2, standard agent).
 STANDARD_AUTHORITY = 4

@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from ..ranking.relevance import TYPE_CODE
 from .authority import OPERATOR, OPERATOR_ID, SESSION_CREATOR
 from .entities import entities_of
-from .relevance import TYPE_CODE
 
 if TYPE_CHECKING:
     from ..subscriptions.events import FieldEvent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from field.errors import OperationalError
+from field.contract.errors import OperationalError
 from field.store.base import EventLog, LogEntry, StoredEntry
 from field.store.memory import MemoryEventLog
 from field.store.sqlite import SQLiteEventLog

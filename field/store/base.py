@@ -39,10 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from field.model import LogEntry, StoredEntry
+from field.contract.model import LogEntry, StoredEntry
 
 if TYPE_CHECKING:
-    from field.store.snapshots import SnapshotStore
+    from field.store.snapshot_store import SnapshotStore
 
 __all__ = ["EventLog", "LogEntry", "StoredEntry"]
 
@@ -100,7 +100,7 @@ class EventLog(abc.ABC):
         return self.last_position()
 
     def check_readable(self, after: int) -> None:
-        """Raise :class:`~field.errors.LogUnavailable` unless the head and the entry after
+        """Raise :class:`~field.contract.errors.LogUnavailable` unless the head and the entry after
         ``after`` can be read now (a shared log: without holding up the other reads)."""
         self.head()
         self.read(after, 1)

@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from field.errors import OperationalError
+from field.contract.errors import OperationalError
 
 #: Bytes of the key.
 KEY_BYTES = 32
@@ -31,7 +31,7 @@ _MAX_FILE_BYTES = 1024
 def load_or_create_key(path: Path) -> bytes:
     """The 32-byte key kept base64 in ``path``, created (0600, parent directory too) if missing.
 
-    Raises :class:`~field.errors.OperationalError` naming the file if it cannot be
+    Raises :class:`~field.contract.errors.OperationalError` naming the file if it cannot be
     read or created, or does not hold exactly one valid key.
     """
     try:

@@ -20,7 +20,7 @@ from typing import Any
 
 import orjson
 
-from field.errors import LogWriteError
+from field.contract.errors import LogWriteError
 from field.store.base import EventLog, LogEntry, StoredEntry
 
 _INT64_MIN = -(2**63)
@@ -50,7 +50,7 @@ def _check_fields(entry: Any) -> None:
 def encode_entry(entry: LogEntry, index: int = 0) -> bytes:
     """Validate ``entry`` and return its ``data`` as orjson bytes.
 
-    Raises :class:`~field.errors.LogWriteError` (chaining the cause) when
+    Raises :class:`~field.contract.errors.LogWriteError` (chaining the cause) when
     the entry has a wrong field type or data that is not JSON-serializable.
     ``index`` is the entry's place in its batch, for the error message.
     """

@@ -55,12 +55,12 @@ lock held elsewhere on any table (``LOCK TABLE``, ``VACUUM FULL``,
 2 s, never later: :meth:`PostgresEventLog.lock` meets a lock on
 ``field_log_head`` or ``field_log`` before the node ran its batch (its
 writes are refused, nothing to undo), a read raises
-:class:`~field.errors.LogUnavailable` and the follower connects again.
+:class:`~field.contract.errors.LogUnavailable` and the follower connects again.
 
 **Failures.** A database that cannot be reached, a lost connection or a
 lock wait that times out make ``append`` raise
-:class:`~field.errors.LogUnavailable`; a full disk (SQLSTATE 53100),
-:class:`~field.errors.StorageFull`. The connection is opened again on the
+:class:`~field.contract.errors.LogUnavailable`; a full disk (SQLSTATE 53100),
+:class:`~field.contract.errors.StorageFull`. The connection is opened again on the
 next call, so the Field's probe resumes writes by itself once the database
 is back. When the connection is lost during ``COMMIT`` the outcome is
 unknown: the append reports ``LOG_UNAVAILABLE`` (nothing was acknowledged)
@@ -85,13 +85,13 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from field.errors import LogUnavailable, LogWriteError, OperationalError, StorageFull
+from field.contract.errors import LogUnavailable, LogWriteError, OperationalError, StorageFull
 from field.store import is_log_url
 from field.store.base import EventLog, LogEntry, StoredEntry
 from field.store.memory import encode_batch, within
 
 if TYPE_CHECKING:
-    from field.store.snapshots import PostgresSnapshots
+    from field.store.snapshot_store import PostgresSnapshots
 
 logger = logging.getLogger("field.store")
 
@@ -609,11 +609,11 @@ class PostgresEventLog(EventLog):
     def __repr__(self) -> str:
         return f"PostgresEventLog({self.where!r})"
 
-    # -- snapshots (field.store.snapshots) -----------------------------------------------
+    # -- snapshots (field.store.snapshot_store) -----------------------------------------------
 
     def snapshots(self) -> PostgresSnapshots:
         """Snapshots of the state, kept in this database (any node finds them)."""
-        from field.store.snapshots import PostgresSnapshots
+        from field.store.snapshot_store import PostgresSnapshots
 
         return PostgresSnapshots(self)
 

@@ -2,7 +2,7 @@
 
 Several ``field serve`` processes on one PostgreSQL log are one Field. An
 agent may hold its push connections on one node and send its requests to
-another, so :class:`~field.liveness.Liveness` must judge it by what every
+another, so :class:`~field.engine.liveness.Liveness` must judge it by what every
 node knows of it. Each node shares what it knows here, and reads what the
 others know.
 
@@ -67,7 +67,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from field.errors import OperationalError
+from field.contract.errors import OperationalError
 from field.store.link import Link
 from field.store.postgres import reason
 
@@ -85,7 +85,7 @@ Row = tuple[int, float | None, float | None]
 #: its last connection closed), or None for an agent no longer registered.
 Report = tuple[int, float | None, float | None] | None
 #: Where a node's reports come from: the changes since the previous call, by agent
-#: (:meth:`field.liveness.Liveness.drain_changes`).
+#: (:meth:`field.engine.liveness.Liveness.drain_changes`).
 Source = Callable[[], dict[str, Report]]
 
 #: Seconds a tombstone stays before it is swept.
@@ -166,7 +166,7 @@ WHERE node_id = %(me)s AND connections < 0 AND dropped_at < %(old)s
 class Presence:
     """This node's share of the Field's presence, and its view of the others'.
 
-    The remote presence source of :class:`~field.liveness.Liveness`
+    The remote presence source of :class:`~field.engine.liveness.Liveness`
     (:meth:`presence`, :meth:`decides`); :meth:`start` takes where this
     node's own changes come from.
     """
@@ -255,7 +255,7 @@ class Presence:
     async def start(self, source: Source | None = None) -> None:
         """Create the tables if absent, close what a former life of this node id left
         open, flush once, then every ``interval``. Raises
-        :class:`~field.errors.OperationalError` when the database refuses."""
+        :class:`~field.contract.errors.OperationalError` when the database refuses."""
         self._source = source
         try:
             self._version = await self._link.run(functools.partial(self._setup, self._clock()))

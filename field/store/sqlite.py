@@ -13,7 +13,7 @@ progress without ever seeing part of a batch. A log opened ``readonly``
 (``field snapshot`` beside a running server) takes no lock and only reads.
 
 Snapshots of the state are files in ``snapshots`` beside the log's file
-(:class:`~field.store.snapshots.FileSnapshots`): never in the log's file,
+(:class:`~field.store.snapshot_store.FileSnapshots`): never in the log's file,
 whose write lock a large snapshot would hold for seconds.
 """
 
@@ -28,10 +28,10 @@ from typing import IO
 
 import orjson
 
-from field.errors import LogUnavailable, LogWriteError, OperationalError, StorageFull
+from field.contract.errors import LogUnavailable, LogWriteError, OperationalError, StorageFull
 from field.store.base import EventLog, LogEntry, StoredEntry
 from field.store.memory import encode_batch, within
-from field.store.snapshots import DIRECTORY, FileSnapshots
+from field.store.snapshot_store import DIRECTORY, FileSnapshots
 
 #: The schema version stored in ``PRAGMA user_version``.
 SCHEMA_VERSION = 1

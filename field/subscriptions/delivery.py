@@ -42,7 +42,7 @@ While it is not closed, the agent's deliveries to the endpoint are deferred
 for the one probe, so an endpoint that keeps timing out holds one request of the
 agent's at a time, where it held one per delivery.
 
-This module is pure: it decides, the transport acts (``field/transports/delivery.py``).
+This module is pure: it decides, the transport acts (``field/engine/delivery.py``).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import Code, StateError
+from ..contract.errors import Code, StateError
 
 DELIVERY_TYPES: tuple[str, ...] = ("stream", "webhook", "rap")
 #: The types the Field delivers itself (with state in the log).

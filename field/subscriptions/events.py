@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract.model import StoredEntry
+from ..contract.text import shorten
 from ..core.tasks import handoff_wire
-from ..core.text import shorten
-from ..model import StoredEntry
 
 #: The 13 SubscriptionEvent names of spec 6.7, in a fixed order (bit i = name i).
 SUBSCRIPTION_EVENTS: tuple[str, ...] = (

@@ -1,7 +1,7 @@
 """Subscription filters: the CEL stage after the vectorized matcher.
 
 A subscription may carry ``filter``, a CEL expression (compiled and checked
-by :mod:`field.core.filters`). The :class:`~field.subscriptions.matcher.Matcher`
+by :mod:`field.expressions.filters`). The :class:`~field.subscriptions.matcher.Matcher`
 first decides, for all subscriptions at once, which ones an event notifies
 (events, thresholds, visibility); :meth:`FilterStage.screen` then drops the
 rows whose filter is not true. The matcher calls it on every match it
@@ -19,7 +19,7 @@ What an expression reads (documented in ``protocol/README.md``, "Filters"):
   within one registration of its agent (REGISTER of a registered id is
   refused; DEREGISTER ends its subscriptions), so this is the agent as of
   every event the subscription can be told of;
-* ``parameters``: the agent's allow lists (:mod:`field.core.allow_lists`)
+* ``parameters``: the agent's allow lists (:mod:`field.subscriptions.allow_lists`)
   as of the event's position, each as a map ``{value: true}``, or the
   values the subscription's ``bindings`` seal it to. Only the lists the
   expression names are built. An unsealed list the expression names that
@@ -28,7 +28,7 @@ What an expression reads (documented in ``protocol/README.md``, "Filters"):
 
 Cost: what a filter may cost is estimated before it is accepted (with the
 largest values of :func:`filter_shapes`) and bounded as it runs
-(:mod:`field.core.filters`). An expression that reads only ``event`` runs
+(:mod:`field.expressions.filters`). An expression that reads only ``event`` runs
 once per event whatever the number of subscriptions holding it (texts are
 compiled once and shared); one that reads ``subscriber`` or ``parameters``
 runs once per event and distinct input: the ``subscriber`` fields it reads
@@ -55,10 +55,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
-from ..core import costs
-from ..core.allow_lists import ALLOW_LIST_NAMES
-from ..core.expressions import Has, Ident, Node, Operator, Select
-from ..core.filters import (
+from ..contract.model import Limits
+from ..contract.ratelimit import KeyedLimiter, Rate
+from ..expressions import costs
+from ..expressions.filters import (
     Context,
     Expression,
     InvalidFilter,
@@ -68,8 +68,8 @@ from ..core.filters import (
     compile_expression,
     path_of,
 )
-from ..core.ratelimit import KeyedLimiter, Rate
-from ..model import Limits
+from ..expressions.tree import Has, Ident, Node, Operator, Select
+from .allow_lists import ALLOW_LIST_NAMES
 from .events import FieldEvent
 from .matcher import Match
 
@@ -103,7 +103,7 @@ def event_context(event: FieldEvent, cursor: str) -> dict[str, Any]:
 
 
 def filter_shapes(limits: Limits) -> dict[str, costs.Shape]:
-    """The largest values a filter can be given (:mod:`field.core.costs`): a unit by the
+    """The largest values a filter can be given (:mod:`field.expressions.costs`): a unit by the
     RECORD limits, every other entity (and a unit's payload) as any JSON document of a
     request's size, the subscriber as registered, allow lists by their cap."""
     string, record = costs.string, costs.record
@@ -216,7 +216,7 @@ def filter_shapes(limits: Limits) -> dict[str, costs.Shape]:
     return {"event": event, "subscriber": subscriber, "parameters": parameters}
 
 
-#: An allow list's cap and the longest value a binding seals (field.core.allow_lists and
+#: An allow list's cap and the longest value a binding seals (field.subscriptions.allow_lists and
 #: SUBSCRIBE's validation hold them to these).
 MAX_LIST_VALUES = 1000
 MAX_BINDING_CHARS = 256
@@ -254,7 +254,7 @@ def compile_filter(
     text: Any, field: str = "subscription.filter", *, stored: bool = False
 ) -> _Program:
     """Compile a subscription filter, refusing what the Field will not run
-    (``INVALID_FILTER``): see :func:`~field.core.filters.compile_expression` (and its
+    (``INVALID_FILTER``): see :func:`~field.expressions.filters.compile_expression` (and its
     ``stored``); also an allow list that does not exist, and a type error no event can
     avoid."""
     expression = compile_expression(

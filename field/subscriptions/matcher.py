@@ -20,9 +20,9 @@ A subscription is notified of an event when all of these hold:
 Relevance (documented in ``protocol/README.md``, "Relevance of events"):
 
 * memory events: the ATTUNE score of the unit for the subscriber, as of
-  the event (:func:`field.core.relevance.combine`), its semantic factor
+  the event (:func:`field.ranking.relevance.combine`), its semantic factor
   the calibrated similarity of the subscriber's best interest with the
-  unit's content (:mod:`field.core.calibration`; one (interests x units)
+  unit's content (:mod:`field.ranking.calibration`; one (interests x units)
   matrix product per batch);
   1.0 for ``memory.contested`` when the subscriber wrote the unit;
 * ``conflict.detected`` and ``conflict.resolved``: 1.0 when the
@@ -51,8 +51,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..core.calibration import percentile
-from ..core.relevance import (
+from ..ranking.calibration import percentile
+from ..ranking.relevance import (
     Column,
     UnitIndex,
     combine,
@@ -488,7 +488,7 @@ class Matcher:
         every unit, each cosine standardized at the checkpoint of the pair's
         epoch, and made a percentile of the profile's best interest and joined
         interests, as ATTUNE does
-        (:meth:`~field.core.relevance.UnitIndex.calibrated`). NaN where a
+        (:meth:`~field.ranking.relevance.UnitIndex.calibrated`). NaN where a
         profile has no interest that embeds (the factor does not apply, as in
         an ATTUNE without interests or hint).
         """
@@ -636,7 +636,7 @@ class Matcher:
 
         One (pairs x profiles) matrix per factor, the units' keywords counted
         into it from the inverted profile indexes in one call. The formula is
-        :func:`~field.core.relevance.combine` fused: which factors apply
+        :func:`~field.ranking.relevance.combine` fused: which factors apply
         depends on the profile only, so the weights' sum is one row, and a
         factor that does not apply adds 0.0, as in ``combine`` (the same
         operations in the same order, so the same bits).

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..core.calibration import Calibration
-from ..core.embedding import Embedder, default_embedder
-from ..core.learning import Judged
-from ..core.relevance import (
+from ..ranking.calibration import Calibration
+from ..ranking.embedding import Embedder, default_embedder
+from ..ranking.learning import Judged
+from ..ranking.relevance import (
     Column,
     Interests,
     Interner,
@@ -70,7 +70,7 @@ class SubscriptionRegistry:
         self.role = Column(np.int32)
         self.task = Column(np.int32)
         self.role_word_count = Column(np.float64)
-        #: keywords per interest (:func:`~field.core.relevance.keyword_unit`; 0: none)
+        #: keywords per interest (:func:`~field.ranking.relevance.keyword_unit`; 0: none)
         self.interest_unit = Column(np.float64)
         self.roles = Interner()
         self.tasks = Interner()
@@ -90,13 +90,13 @@ class SubscriptionRegistry:
         #: something, each text once: as ATTUNE compares them), then the units its feedback
         #: judged useful; then ``against_count`` rows of units judged not useful; then, for
         #: more than one interest or any feedback, a row of them all joined
-        #: (:func:`~field.core.relevance.interests_rows`)
+        #: (:func:`~field.ranking.relevance.interests_rows`)
         self.interest_start = Column(np.int64)
         self.interest_span = Column(np.int64)
         self.interest_count = Column(np.int64)
         self.against_count = Column(np.int64)
         #: per profile, what its percentile counts, its best match's share of the mix and
-        #: the penalty of units judged not useful (:class:`~field.core.relevance.Interests`)
+        #: the penalty of units judged not useful (:class:`~field.ranking.relevance.Interests`)
         self.compared = Column(np.int64)
         self.weight = Column(np.float64)
         self.penalty = Column(np.float64)
@@ -382,7 +382,7 @@ class SubscriptionRegistry:
 
     def scales(self, calibration: Calibration, position: int) -> tuple[Any, Any]:
         """Every interest row's (scale, shift) at checkpoint ``position`` of ``calibration``
-        (:meth:`~field.core.calibration.Calibration.scales`).
+        (:meth:`~field.ranking.calibration.Calibration.scales`).
 
         Kept for the last :data:`KEPT_SCALES` checkpoints asked for, and
         extended for the interests added since: a checkpoint comes at most

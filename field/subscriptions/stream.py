@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import orjson
 
-from ..core.clock import epoch_ms
+from ..contract.clock import epoch_ms
 from .events import FieldEvent
 
 
@@ -70,7 +70,7 @@ class Stream:
 
     def window_of(self, ts: float) -> int:
         """The window holding log time ``ts``: its whole milliseconds (those its
-        RFC 3339 form shows, :func:`~field.core.clock.epoch_ms`), divided by W."""
+        RFC 3339 form shows, :func:`~field.contract.clock.epoch_ms`), divided by W."""
         if not self.window_ms:
             return 0
         if not math.isfinite(ts):  # "the end of time" flushes everything

@@ -1,7 +1,7 @@
 """Request ids and the access log of ``field serve``.
 
 :class:`AccessLog` is the ASGI layer ``field serve`` puts around the whole
-application (:func:`field.cli.uvicorn_config`), so that the paths
+application (:func:`field.cli.main.uvicorn_config`), so that the paths
 ``_FieldApp`` serves itself (the operations, SSE streams, ``/mcp``,
 ``/v1/ws``) pass through it too. It makes an :class:`Access` record for each
 HTTP request and WebSocket handshake whose lines it logs and puts it in the
@@ -22,7 +22,7 @@ carry a new one, which no log line names.
 
 * one per HTTP request, once it is answered (a stream: once it ends): the
   client's address, method, path with its query string (secrets redacted,
-  :mod:`field.redaction`), status, duration in milliseconds, the agent it was
+  :mod:`field.cli.redaction`), status, duration in milliseconds, the agent it was
   authenticated as, the operation it ran and its outcome (``ok`` or the error
   code), the envelope's ``id`` (``message_id``) and the ``request_id``;
 * a push connection has a line when it opens (``stream=open``): an SSE stream

@@ -55,7 +55,7 @@ from uvicorn.protocols.http.httptools_impl import (
     RequestResponseCycle,
 )
 
-from ..errors import Code, FieldError, Overloaded
+from ..contract.errors import Code, FieldError, Overloaded
 from .access import count_response, id_header, new_request_id
 
 logger = logging.getLogger("field.connections")

@@ -55,17 +55,17 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from ..admission import Work
+from ..contract.errors import Code, FieldError, Overloaded
+from ..contract.model import StoredEntry
 from ..core import authority, subscribe, visibility
 from ..core.context import Outcome
 from ..core.field import Field
 from ..core.state import AgentRecord, FieldState
-from ..errors import Code, FieldError, Overloaded
-from ..model import StoredEntry
-from ..subscriptions.outbox import Frame, Outbox
+from ..engine.admission import Work
+from ..engine.outbox import Frame, Outbox
+from ..engine.push import SHUTDOWN, SINK_KINDS, Connection, PushHub
 from .http import error_response
 from .index import CONSOLE_PATH
-from .push import SHUTDOWN, SINK_KINDS, Connection, PushHub
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
 if TYPE_CHECKING:

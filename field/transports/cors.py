@@ -43,7 +43,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Scope, Send
 
-from ..errors import Code, FieldError
+from ..contract.errors import Code, FieldError
 from .hosts import AllowedHosts
 
 #: Methods a page may use (a preflight for another is refused).

@@ -28,8 +28,8 @@ from typing import Any
 
 import orjson
 
-from ..errors import InvalidJSON, PayloadTooLarge
-from ..model import Limits
+from ..contract.errors import InvalidJSON, PayloadTooLarge
+from ..contract.model import Limits
 
 #: Integers a float holds exactly: a larger "integral" float is left as it is (a number
 #: that far out is out of every integer field's range anyway).

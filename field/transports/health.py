@@ -31,8 +31,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..admission import Mode, Work
-from ..errors import Code, FieldError
+from ..contract.errors import Code, FieldError
+from ..engine.admission import Mode, Work
 
 if TYPE_CHECKING:
     from .http import HTTPBinding

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 
 from starlette.types import Scope
 
-from ..errors import Code, FieldError
+from ..contract.errors import Code, FieldError
 
 #: A port of a pattern that stands for any port, or none.
 ANY_PORT = "*"

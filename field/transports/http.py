@@ -3,7 +3,7 @@
 Each ``POST /v1/<operation>`` reads a bounded body, decodes one JSON
 envelope, hands it to the single writer and encodes what comes back:
 the response payload with 200, or the error response of spec 8.1 with
-the status :data:`field.errors.HTTP_STATUS` gives its code. No request
+the status :data:`field.contract.errors.HTTP_STATUS` gives its code. No request
 ever gets a stack trace: unexpected failures become ``INTERNAL_ERROR``.
 """
 
@@ -31,17 +31,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
-from ..admission import Work, work_of
-from ..config import Config
-from ..core.context import Outcome
-from ..core.embedding import Embedder, embeds_after_commit, load_embedder
-from ..core.field import Field
-from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
-from ..core.ratelimit import Rate
-from ..core.secrets import SecretBox
-from ..core.state import AgentRecord
-from ..core.validation import AGENT_ID
-from ..errors import (
+from ..contract.errors import (
     Code,
     FieldError,
     InvalidPayload,
@@ -50,34 +40,44 @@ from ..errors import (
     ValidationError,
     internal_error,
 )
-from ..liveness import Liveness
-from ..model import (
+from ..contract.model import (
     CONFLICT_STATUSES,
     CONFLICT_TYPES,
     OPERATIONS,
     UNRESOLVED_CONFLICT_STATUSES,
     Limits,
 )
-from ..service import FieldService
-from ..snapshots import Snapshotter, snapshot_command
+from ..contract.ratelimit import Rate
+from ..core.context import Outcome
+from ..core.field import Field
+from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
+from ..core.secrets import SecretBox
+from ..core.state import AgentRecord
+from ..core.validation import AGENT_ID
+from ..engine.admission import Work, work_of
+from ..engine.delivery import DeliveryEngine, check_webhook
+from ..engine.liveness import Liveness
+from ..engine.push import PushHub
+from ..engine.ratelimits import AgentRateLimits, agent_of
+from ..engine.service import FieldService
+from ..engine.snapshotter import Snapshotter, snapshot_command
+from ..ranking.embedding import Embedder, embeds_after_commit, load_embedder
+from ..server.config import Config
 from ..store import WEBHOOK_KEY_FILENAME, EventLog, open_log
 from ..store.keys import load_or_create_key
 from .access import access_of
 from .cors import cors_middleware, mcp_refusal, websocket_refusal
-from .delivery import DeliveryEngine, check_webhook
 from .documents import decode_document
 from .health import health_routes
 from .index import MCP_PATH, OPENAPI_PATH, index_routes
 from .metrics import Metrics, Observer
-from .push import PushHub
-from .ratelimits import AgentRateLimits, agent_of
 from .sse import sse_endpoint, subscription_of
 from .streaming import absolute_urls, deny_websocket, ws_endpoint
 
 if TYPE_CHECKING:
     from ..store.lease import Lease
     from ..store.presence import Presence
-    from .mcp_http import McpHttpBinding
+    from .mcp.streamable_http import McpHttpBinding
     from .registration import RegisterLimit
     from .sources import SourcesBinding
 
@@ -607,7 +607,7 @@ def create_app(
     if config.metrics or config.access_log:
         binding.observer = Observer(binding.metrics, access_log=config.access_log)
     if importlib.util.find_spec("mcp") is not None:  # the mcp extra
-        from .mcp_http import McpHttpBinding
+        from .mcp.streamable_http import McpHttpBinding
 
         binding.mcp = McpHttpBinding(binding)
 

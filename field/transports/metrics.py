@@ -13,7 +13,7 @@ deliveries. The few counted as they happen are kept cheap:
 * the writer's group commits and the push hub's routing of each committed batch
   (a histogram observation per batch, not per operation or notification);
 * notifications written and streams resumed: plain integers the push hub and
-  the senders keep (:class:`~field.transports.push.PushCounts`), turned into
+  the senders keep (:class:`~field.engine.push.PushCounts`), turned into
   counters at scrape time.
 
 Measured: 1.2 us per operation, 24 ns per notification, 0.6 us per committed
@@ -69,14 +69,14 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..admission import Mode
+from ..contract.errors import HTTP_STATUS, Code, FieldError
+from ..contract.model import AGENT_STATUSES, OPERATIONS, StoredEntry
 from ..core.context import Outcome
-from ..errors import HTTP_STATUS, Code, FieldError
-from ..model import AGENT_STATUSES, OPERATIONS, StoredEntry
+from ..engine.admission import Mode
+from ..engine.push import PushCounts
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from .access import Access, Responses
 from .index import METRICS_PATH
-from .push import PushCounts
 
 if TYPE_CHECKING:
     from .connections import ConnectionGuard

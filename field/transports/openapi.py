@@ -12,7 +12,7 @@ The document is built at run time from two sources, and only from them:
 * **One table**, :data:`ENDPOINTS`: for each method and path, who may call it, the
   schemas of its request and its response, its parameters, and the error codes it
   may answer beyond those every endpoint may (:data:`ANY_ENDPOINT`). The statuses
-  of the error responses come from :data:`field.errors.HTTP_STATUS`; each is the
+  of the error responses come from :data:`field.contract.errors.HTTP_STATUS`; each is the
   error schema, with its codes listed (``x-error-codes``) and ``Retry-After``
   documented where the server sends it.
 
@@ -37,8 +37,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .. import __version__
-from ..errors import HTTP_STATUS, Code
-from ..model import OPERATIONS
+from ..contract.errors import HTTP_STATUS, Code
+from ..contract.model import OPERATIONS
 
 #: How one schema file names another (its ``$id``).
 URN_PREFIX = "urn:akashik-field:0.1.0:"

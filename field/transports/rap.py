@@ -4,7 +4,7 @@ A RAP runtime (the host of an agent's LLM loop) discovers the Field's tools,
 invokes them over HTTP, and is answered later, by a POST to the invocation's
 ``callback_url``. Four endpoints:
 
-* ``GET /.well-known/rap-toolset``: the toolset (:mod:`field.tools`, binding
+* ``GET /.well-known/rap-toolset``: the toolset (:mod:`field.contract.tools`, binding
   ``rap``): every operation as a tool but REGISTER, plus ``akashik_subscribe``,
   and the invocation ``endpoint``.
 * ``POST /rap/invoke``: an invocation. Its shape is checked (malformed: 4xx,
@@ -14,7 +14,7 @@ invokes them over HTTP, and is answered later, by a POST to the invocation's
   ``tool_result``, retried a few times on 5xx and no answer (with the same
   ``webhook-id``, as every message the Field POSTs to a runtime).
   ``akashik_subscribe`` runs SUBSCRIBE with a :class:`RapCall`: the delivery
-  engine (``field/transports/delivery.py``) then sends its tool result, its
+  engine (``field/engine/delivery.py``) then sends its tool result, its
   notifications as ``subscription_event``\\ s and, when the Field ends it
   (unsubscribed, expired, its agent deregistered), one ``final`` event,
   durably.
@@ -54,10 +54,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..core.context import Outcome
-from ..core.field import Field
-from ..core.validation import MAX_URL_CHARS
-from ..errors import (
+from ..contract.errors import (
     AuthError,
     Code,
     FieldError,
@@ -67,10 +64,13 @@ from ..errors import (
     StateError,
     internal_error,
 )
+from ..contract.tools import RAP_TOOLS, SESSION_TOOLS, SUBSCRIPTION_FIELDS, definitions
+from ..core.context import Outcome
+from ..core.field import Field
+from ..core.validation import MAX_URL_CHARS
+from ..engine.egress import check_destination
 from ..subscriptions.delivery import RapCall, Verdict, verdict
-from ..tools import RAP_TOOLS, SESSION_TOOLS, SUBSCRIPTION_FIELDS, definitions
 from .access import access_of
-from .egress import check_destination
 from .http import HTTPBinding, bearer_token, error_response, read_json
 
 if TYPE_CHECKING:

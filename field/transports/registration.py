@@ -26,13 +26,13 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from ..contract.errors import FieldError
+from ..contract.ratelimit import KeyedLimiter, Rate
 from ..core.context import Outcome
 from ..core.field import Field
-from ..core.ratelimit import KeyedLimiter, Rate
-from ..errors import FieldError
+from ..engine.ratelimits import too_fast
 from .connections import client_key
 from .http import bearer_token, error_response, json_response, read_json
-from .ratelimits import too_fast
 
 if TYPE_CHECKING:
     from .http import HTTPBinding

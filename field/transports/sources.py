@@ -27,12 +27,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from ..admission import Work
+from ..contract.errors import Code, FieldError, InvalidPayload, ValidationError
 from ..core import sources
 from ..core.context import Outcome
 from ..core.field import Field
-from ..errors import Code, FieldError, InvalidPayload, ValidationError
-from ..service import FieldService
+from ..engine.admission import Work
+from ..engine.service import FieldService
 from .documents import decode_document
 from .http import bearer_token, error_response, json_response, read_body, read_json
 

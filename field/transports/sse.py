@@ -34,12 +34,12 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from ..contract.errors import FieldError, internal_error
 from ..core.context import Outcome
 from ..core.field import Field
-from ..errors import FieldError, internal_error
-from ..subscriptions.outbox import Frame, Outbox
+from ..engine.outbox import Frame, Outbox
+from ..engine.push import SHUTDOWN, Connection, PushHub, count_notifications
 from .access import access_of
-from .push import SHUTDOWN, Connection, PushHub, count_notifications
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
 logger = logging.getLogger("field.sse")

@@ -27,15 +27,15 @@ import orjson
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
+from ..contract.errors import FieldError, internal_error
+from ..contract.model import OPERATIONS
 from ..core.context import Outcome
 from ..core.field import Field
-from ..errors import FieldError, internal_error
-from ..model import OPERATIONS
-from ..subscriptions.outbox import Frame
+from ..engine.delivery import check_webhook
+from ..engine.outbox import Frame
+from ..engine.push import Connection, PushHub, count_notifications
 from .access import access_of
-from .delivery import check_webhook
 from .documents import decode_document
-from .push import Connection, PushHub, count_notifications
 from .wsprotocol import BATCH_EXTENSION, SHUTDOWN_CLOSE, SHUTDOWN_EXTENSION, STALL_EXTENSION
 
 logger = logging.getLogger("field.streaming")

@@ -73,7 +73,7 @@ from websockets.protocol import Protocol, State
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 
-from ..errors import Code, FieldError
+from ..contract.errors import Code, FieldError
 from .access import REQUEST_ID_HEADER, new_request_id, sane_or_new
 
 if TYPE_CHECKING:
