@@ -19,6 +19,7 @@ import numpy as np
 from ..contract.errors import AuthError, Code, InvalidPayload, NotFound, StateError
 from ..contract.model import UNRESOLVED_CONFLICT_STATUSES, LogEntry
 from ..ranking import relevance
+from ..subscriptions.events import handoff_wire
 from . import listing, sessions, tasks, validation, visibility
 from .authority import (
     SENIOR,
@@ -424,7 +425,7 @@ def handoff(field: Field, ctx: Context) -> Outcome:
     entries.append(LogEntry(ctx.epoch, "handoff.incoming", data, agent.id, ctx.now))
     response = {
         "status": "ok",
-        "handoff": tasks.handoff_wire(record, state.units),
+        "handoff": handoff_wire(record, state.units),
         "task": changed,
         "epoch": ctx.epoch,
     }

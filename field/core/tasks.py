@@ -31,7 +31,6 @@ completed), so the event names whom it concerns without reading state.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ..contract.errors import Code, NotFound
@@ -187,30 +186,3 @@ def _refresh_status(state: FieldState, agent_id: str) -> None:
         for t in state.open_tasks_by_agent.get(agent_id, ())
     )
     agent.status = "working" if working else "idle"
-
-
-def handoff_wire(record: dict[str, Any], units: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
-    """A handoff as the response and the notification show it, from its log form.
-
-    The log keeps each packaged unit as its id, its status at the handoff,
-    score and reason; everything else about a unit is immutable, so the
-    package reads the same live and when replayed.
-    """
-    scoped = [
-        {
-            "memory_unit": {**units[item["memory_unit_id"]], "status": item["status"]},
-            "relevance_score": item["relevance_score"],
-            "relevance_reason": item["relevance_reason"],
-            "format": "full",
-        }
-        for item in record["units"]
-    ]
-    return {
-        "id": record["id"],
-        "task_id": record["task_id"],
-        "from_agent_id": record["from_agent_id"],
-        "to_agent_id": record["to_agent_id"],
-        "notes": record["notes"],
-        "context": {"units": scoped, "conflicts": record["conflicts"], "notes": record["notes"]},
-        "epoch": record["epoch"],
-    }

@@ -15,7 +15,6 @@ from typing import Any
 
 from ..contract.model import StoredEntry
 from ..contract.text import shorten
-from ..core.tasks import handoff_wire
 
 #: The 13 SubscriptionEvent names of spec 6.7, in a fixed order (bit i = name i).
 SUBSCRIPTION_EVENTS: tuple[str, ...] = (
@@ -287,3 +286,30 @@ def _task_event(
 def _ids(agents: list[str | None]) -> tuple[str, ...]:
     """The agent ids, without None and repeats, in order."""
     return tuple(dict.fromkeys(a for a in agents if a is not None))
+
+
+def handoff_wire(record: dict[str, Any], units: Mapping[str, dict[str, Any]]) -> dict[str, Any]:
+    """A handoff as the response and the notification show it, from its log form.
+
+    The log keeps each packaged unit as its id, its status at the handoff,
+    score and reason; everything else about a unit is immutable, so the
+    package reads the same live and when replayed.
+    """
+    scoped = [
+        {
+            "memory_unit": {**units[item["memory_unit_id"]], "status": item["status"]},
+            "relevance_score": item["relevance_score"],
+            "relevance_reason": item["relevance_reason"],
+            "format": "full",
+        }
+        for item in record["units"]
+    ]
+    return {
+        "id": record["id"],
+        "task_id": record["task_id"],
+        "from_agent_id": record["from_agent_id"],
+        "to_agent_id": record["to_agent_id"],
+        "notes": record["notes"],
+        "context": {"units": scoped, "conflicts": record["conflicts"], "notes": record["notes"]},
+        "epoch": record["epoch"],
+    }

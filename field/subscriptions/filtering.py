@@ -50,7 +50,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -69,12 +69,27 @@ from ..expressions.filters import (
     path_of,
 )
 from ..expressions.tree import Has, Ident, Node, Operator, Select
-from .allow_lists import ALLOW_LIST_NAMES
+from .allow_lists import ALLOW_LIST_NAMES, AllowLists
 from .events import FieldEvent
 from .matcher import Match
 
 if TYPE_CHECKING:
-    from ..core.state import FieldState
+    from .registry import SubscriptionRegistry
+
+
+class SubscribedState(Protocol):
+    """What the filter stage reads of the Field's state (the core's ``FieldState``): the
+    subscriptions, their registry and the agents' allow lists."""
+
+    @property
+    def subscriptions(self) -> dict[str, dict[str, Any]]: ...
+
+    @property
+    def registry(self) -> SubscriptionRegistry: ...
+
+    @property
+    def allow_lists(self) -> AllowLists: ...
+
 
 #: The longest a step of a filter's estimated cost takes, in seconds (benchmarks/
 #: filters_hostile.py measures it: at most about 70 ns on the machines of benchmarks/README.md).
@@ -439,7 +454,7 @@ class FilterStage:
 
     def __init__(
         self,
-        state: FieldState,
+        state: SubscribedState,
         cursor: Callable[[int], str],
         *,
         time: FilterTime | None = None,
