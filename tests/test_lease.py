@@ -258,7 +258,7 @@ class Shared:
 async def shared() -> AsyncIterator[Shared]:
     field = Shared()
     yield field
-    await field.engine.service.stop()
+    await field.service.stop()
 
 
 @pytest.fixture

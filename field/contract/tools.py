@@ -269,8 +269,8 @@ def describe(name: str, binding: Binding) -> str:
 
 def _schema_dir() -> Path:
     """The protocol schemas: packaged in the wheel, or in the source tree."""
-    here = Path(__file__).resolve().parent
-    for candidate in (here / "_schemas", here.parent / "protocol" / "schemas"):
+    package = Path(__file__).resolve().parent.parent
+    for candidate in (package / "_schemas", package.parent / "protocol" / "schemas"):
         if candidate.is_dir():
             return candidate
     raise FileNotFoundError("the protocol schemas are not installed")

@@ -82,8 +82,9 @@ MAX_DIAGNOSTICS = 64 * 1024
 #: The niceness a snapshot process runs at: it yields the CPU to the server.
 NICENESS = 10
 
-#: The code whose bytes are in the fingerprint: what folds entries into the state.
-_PROJECTION = ("core", "subscriptions")
+#: The code whose bytes are in the fingerprint: what folds entries into the state (the
+#: layers below the engine).
+_PROJECTION = ("contract", "core", "subscriptions", "ranking", "expressions")
 
 
 # -- the fingerprint -------------------------------------------------------------------
@@ -98,8 +99,8 @@ def fingerprint(embedder: Embedder) -> str:
 def _fingerprint(embedder: str, dim: int) -> str:
     digest = hashlib.sha256()
     digest.update(orjson.dumps([FORMAT, __version__, embedder, dim]))
-    package = Path(__file__).resolve().parent
-    files = [package / "model.py"]
+    package = Path(__file__).resolve().parent.parent
+    files: list[Path] = []
     for name in _PROJECTION:
         files.extend(sorted((package / name).glob("*.py")))
     for path in files:
