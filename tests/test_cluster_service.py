@@ -36,9 +36,9 @@ class Node:
     def __init__(self, url: str, name: str) -> None:
         self.service = FieldService(PostgresEventLog(url), Field, node_id=name)
         self.published: list[StoredEntry] = []
-        self.service.listeners.append(self.published.extend)
+        self.service.listeners.add(self.published.extend)
         self.changed = asyncio.Event()
-        self.service.listeners.append(lambda _: self.changed.set())
+        self.service.listeners.add(lambda _: self.changed.set())
 
     @property
     def state(self) -> Any:

@@ -293,7 +293,7 @@ async def test_held_entries_are_published_once_after_a_rebuild_of_the_state() ->
 
     service = FieldService(log, new_field, embed_after_commit=embedder)
     published: list[Any] = []
-    service.listeners.append(published.extend)
+    service.listeners.add(published.extend)
     await service.start()
     try:
         registered = await service.execute(_job(h, "REGISTER", "a", {"id": "a", "role": "r"}))

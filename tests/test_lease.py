@@ -203,7 +203,7 @@ class Shared:
         )
         self.tokens: dict[str, str] = {}
         self.published = asyncio.Event()
-        self.service.listeners.append(lambda _: self.published.set())
+        self.service.listeners.add(lambda _: self.published.set())
 
     async def send(self, operation: str, agent: str, payload: dict[str, Any]) -> dict[str, Any]:
         envelope = {

@@ -317,7 +317,7 @@ async def test_a_failing_listener_never_undoes_a_commit(setup: Any) -> None:
     def listener(entries: Any) -> None:
         raise RuntimeError("push bug")
 
-    service.listeners.append(listener)
+    service.listeners.add(listener)
     unit = (await client.record("durable"))["memory_unit_id"]
     assert unit in await client.unit_ids()
     assert service.running
@@ -344,7 +344,7 @@ async def test_a_long_publish_lets_the_loop_run_and_answers_the_batch_after_it(
             await asyncio.sleep(0)
             turns += 1
 
-    service.listeners.append(listener)
+    service.listeners.add(listener)
     counter = asyncio.create_task(count_turns())
     try:
         recording = asyncio.ensure_future(client.record("fanned out in steps"))

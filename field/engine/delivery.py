@@ -86,6 +86,7 @@ from ..subscriptions.delivery import (
 )
 from ..subscriptions.stream import format_cursor, parse_cursor
 from .egress import PolicyConnector, check_destination, refusal_of
+from .listeners import Stage
 from .outbox import Frame, Outbox
 from .push import Connection, PushHub
 from .service import FieldService
@@ -900,8 +901,7 @@ class DeliveryEngine:
         self.field.delivery_status = self.status
         if own:
             self.own()
-        # before the hub routes a batch: a delivery created in it can wait dormant for it
-        self.service.listeners.insert(0, self.observe)
+        self.service.listeners.add(self.observe, Stage.DELIVERIES)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
     def own(self) -> None:
@@ -949,8 +949,7 @@ class DeliveryEngine:
 
     async def stop(self) -> None:
         """Stop every sink; write the acknowledgements still pending, then close the client."""
-        if self.observe in self.service.listeners:
-            self.service.listeners.remove(self.observe)
+        self.service.listeners.remove(self.observe)
         if self._sweeper is not None:
             self._sweeper.cancel()
         for timer in self._timers:

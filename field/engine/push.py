@@ -55,6 +55,7 @@ from ..subscriptions.stream import (
     shared_tail,
     subscription_prefix,
 )
+from .listeners import Stage
 from .liveness import Liveness
 from .outbox import Frame, Outbox, PushLimits, Waker
 from .service import FieldService
@@ -244,7 +245,7 @@ class PushHub:
         self.counts: PushCounts | None = None
         #: told of every envelope answered on a WebSocket (metrics, access log), if set
         self.observer: OperationObserver | None = None
-        service.listeners.append(self.publish)
+        service.listeners.add(self.publish, Stage.ROUTING)
 
     @property
     def field(self) -> Field:

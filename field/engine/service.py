@@ -82,7 +82,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..contract.clock import RESERVATION_BLOCK
@@ -102,6 +102,7 @@ from ..store.base import EventLog
 from . import snapshotter as snapshots
 from .admission import Admission, AdmissionPolicy, Work, work_of
 from .embedder import READ_WAIT, EmbeddingWorker
+from .listeners import Listeners
 
 #: Seconds of a batch's publishing (its push fan-out) between two turns of the event loop.
 PUBLISH_SLICE = 0.005
@@ -202,10 +203,10 @@ class FieldService:
         self._entries_unreadable: str | None = None
         self._stopping = False
         self._blocking_log = log.persistent
-        #: called, in order, with every batch of newly durable entries, in log order; a
-        #: listener may return its work as steps (an iterator), which the writer runs a
-        #: slice of :data:`PUBLISH_SLICE` seconds at a time, the loop running between
-        self.listeners: list[Callable[[list[StoredEntry]], Iterator[None] | None]] = []
+        #: called, stage by stage, with every batch of newly durable entries, in log
+        #: order; a listener may return its work as steps (an iterator), which the writer
+        #: runs a slice of :data:`PUBLISH_SLICE` seconds at a time, the loop running between
+        self.listeners = Listeners()
         #: seconds the current batch has spent publishing so far
         self._publishing = 0.0
         #: what :meth:`when_answered` was given while the current batch was published
@@ -573,7 +574,7 @@ class FieldService:
         """Publish ``stored`` to every listener at once (entries the writer did not write)."""
         if not stored or self._hold(stored):
             return
-        for listener in self.listeners:
+        for listener in self.listeners.ordered:
             try:
                 for _ in listener(stored) or ():
                     pass
@@ -592,7 +593,7 @@ class FieldService:
         loop = asyncio.get_running_loop()
         started = loop.time()
         due = started + PUBLISH_SLICE
-        for listener in list(self.listeners):  # one may leave while the loop runs
+        for listener in self.listeners.ordered:  # as it was: one may leave meanwhile
             try:
                 for _ in listener(stored) or ():
                     if loop.time() >= due:

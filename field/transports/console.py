@@ -264,7 +264,7 @@ class ConsoleFeed:
             return
         changed = self._changed = asyncio.Event()
         self.meter.start(service.field.epoch, self._answered())
-        service.listeners.append(self._published)
+        service.listeners.add(self._published)
         loop = asyncio.get_running_loop()
         sample_at = loop.time() + SNAPSHOT_SECONDS
         try:
@@ -284,8 +284,7 @@ class ConsoleFeed:
                     logger.exception("building a console snapshot failed")
                 await asyncio.sleep(MIN_GAP_SECONDS)
         finally:
-            if self._published in service.listeners:
-                service.listeners.remove(self._published)
+            service.listeners.remove(self._published)
             if self.binding.service is not service:  # the server stopped
                 for stream in list(self.streams):
                     stream.end(None)

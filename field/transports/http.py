@@ -647,7 +647,7 @@ def create_app(
             notify_rate=config.notify_rate_limit(),
         )
         binding.hub.rate_limits = binding.rate_limits
-        service.listeners.append(binding.rate_limits.published)
+        service.listeners.add(binding.rate_limits.published)
         presence = _shared_presence(log, service, config)
         liveness = Liveness(
             service,

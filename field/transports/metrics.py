@@ -43,7 +43,7 @@ import hmac
 import logging
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -73,6 +73,7 @@ from ..contract.errors import HTTP_STATUS, Code, FieldError
 from ..contract.model import AGENT_STATUSES, OPERATIONS, StoredEntry
 from ..core.context import Outcome
 from ..engine.admission import Mode
+from ..engine.listeners import Listener
 from ..engine.push import PushCounts
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from .access import Access, Responses
@@ -192,16 +193,13 @@ class Metrics:
         assert service is not None and hub is not None
         service.on_batch = self.batch
         hub.counts = PushCounts()
-        listeners = service.listeners
-        listeners[listeners.index(hub.publish)] = self.timed_listener(hub.publish)
+        service.listeners.wrap(hub.publish, self.timed_listener)
 
     def batch(self, operations: int) -> None:
         """The writer committed ``operations`` together."""
         self._batches.observe(operations)
 
-    def timed_listener(
-        self, listener: Callable[[list[StoredEntry]], Iterator[None]]
-    ) -> Callable[[list[StoredEntry]], Iterator[None]]:
+    def timed_listener(self, listener: Listener) -> Listener:
         """``listener`` (the push hub's ``publish``), its steps timed together into
         ``field_push_match_seconds`` (the time between them is not counted)."""
         observe = self._routing.observe
@@ -209,7 +207,7 @@ class Metrics:
 
         def timed(entries: list[StoredEntry]) -> Iterator[None]:
             spent = 0.0
-            steps = listener(entries)
+            steps = listener(entries) or iter(())
             try:
                 while True:
                     started = clock()

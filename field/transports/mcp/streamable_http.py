@@ -232,7 +232,7 @@ class McpHttpBinding:
         ready = asyncio.get_running_loop().create_future()
         self._runner = asyncio.create_task(self._serve(ready), name="field-mcp")
         await ready
-        self.http._service().listeners.append(self.published)
+        self.http._service().listeners.add(self.published)
 
     async def _serve(self, ready: asyncio.Future[None]) -> None:
         """Hold the task group of the sessions (and the stateless requests') until stopped:
