@@ -38,10 +38,10 @@ from field.contract.model import Limits
 from field.core.field import Field
 from field.engine.push import PushHub
 from field.engine.service import FieldService
+from field.server.app import http_binding
 from field.server.config import Config
 from field.store.memory import MemoryEventLog
 from field.transports.console import ConsoleFeed, viewer_of
-from field.transports.http import HTTPBinding
 
 OPERATOR_TOKEN = "console-benchmark-operator-token"
 CONFLICTS = 100
@@ -56,7 +56,7 @@ class Run:
             MemoryEventLog(), lambda: Field(limits=limits, operator_token=OPERATOR_TOKEN)
         )
         self.hub = PushHub(self.service)
-        self.binding = HTTPBinding(Config(data_dir=None, operator_token=OPERATOR_TOKEN))
+        self.binding = http_binding(Config(data_dir=None, operator_token=OPERATOR_TOKEN))
         self.binding.service, self.binding.hub = self.service, self.hub
         self.feed = ConsoleFeed(self.binding)
         self.tokens: dict[str, str] = {"operator": OPERATOR_TOKEN}

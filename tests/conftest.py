@@ -28,8 +28,8 @@ import uvicorn
 from field.cli.main import uvicorn_config
 from field.client import FieldClient
 from field.ranking.embedding import Embedder
+from field.server.app import create_app
 from field.server.config import Config
-from field.transports.http import create_app
 
 _LISTENING = re.compile(r"listening on (http://\S+?):? ")
 

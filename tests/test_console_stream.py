@@ -25,11 +25,11 @@ from field.core.field import Field
 from field.engine.outbox import Frame, Outbox
 from field.engine.push import PushHub
 from field.engine.service import FieldService
+from field.server.app import http_binding
 from field.server.config import Config
 from field.store.memory import MemoryEventLog
 from field.transports import console
 from field.transports.console import ConsoleFeed, viewer_of
-from field.transports.http import HTTPBinding
 
 from .conftest import ServerProcess, ThreadedServer
 from .schema_util import assert_valid
@@ -307,7 +307,7 @@ async def test_lag_is_what_waits_for_a_reader() -> None:
     """In process (the writer, its push hub, no sockets): a reader that has not read yet."""
     service = FieldService(MemoryEventLog(), lambda: Field(operator_token=OPERATOR_TOKEN))
     hub = PushHub(service)
-    binding = HTTPBinding(Config(data_dir=None, operator_token=OPERATOR_TOKEN))
+    binding = http_binding(Config(data_dir=None, operator_token=OPERATOR_TOKEN))
     binding.service, binding.hub = service, hub
     feed = ConsoleFeed(binding)
     tokens: dict[str, str] = {}

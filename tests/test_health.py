@@ -20,9 +20,9 @@ import aiohttp
 import pytest
 
 from field.client import FieldClient, FieldClientError
+from field.server.app import http_binding
 from field.server.config import Config
 from field.transports.health import CHECKS, readiness
-from field.transports.http import HTTPBinding
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid
@@ -118,7 +118,7 @@ async def test_probes_need_no_token_even_when_metrics_do(server_factory: StartSe
 
 
 def test_a_field_not_yet_started_is_not_ready() -> None:
-    reason, error = readiness(HTTPBinding(Config(data_dir=None)))
+    reason, error = readiness(http_binding(Config(data_dir=None)))
     assert reason == "starting" and error is not None and error.code == "OVERLOADED"
 
 

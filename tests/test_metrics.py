@@ -23,9 +23,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from field.client import AgentClient, FieldClient, FieldClientError
 from field.engine.admission import Mode, Work
 from field.engine.outbox import PushLimits
+from field.server.app import http_binding
 from field.server.config import Config
 from field.transports.access import AccessLog
-from field.transports.http import HTTPBinding
 from field.transports.metrics import OTHER, Metrics
 
 from .conftest import ThreadedServer
@@ -228,7 +228,7 @@ async def test_many_agents_make_no_new_series(field_server: ThreadedServer) -> N
 
 
 def test_label_values_outside_their_sets_are_other() -> None:
-    metrics = Metrics(HTTPBinding(Config(data_dir=None)))
+    metrics = Metrics(http_binding(Config(data_dir=None)))
     for n in range(50):  # a client's values never become labels, nor stay in memory
         metrics.operation("http", f"OP{n}", f"CODE{n}", 0.001)
     metrics.operation("carrier-pigeon", None, "ok", 0.001)

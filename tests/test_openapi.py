@@ -19,8 +19,8 @@ from starlette.routing import Mount, Route, WebSocketRoute
 
 from field.contract.errors import HTTP_STATUS, Code
 from field.contract.model import OPERATIONS
+from field.server.app import create_app
 from field.server.config import Config
-from field.transports.http import create_app
 from field.transports.openapi import (
     COMPONENTS,
     ENDPOINTS,

@@ -778,10 +778,10 @@ def serve(config: Config) -> int:
     """Run the server until SIGINT or SIGTERM; returns the exit status."""
     from ..contract.errors import FieldError
     from ..ranking.embedding import EmbedderError, load_embedder
+    from ..server.app import create_app, webhook_key_of
     from ..server.config import unknown_variables
     from ..server.serving import FieldServer
     from ..store import open_log
-    from ..transports.http import create_app, webhook_key_of
     from . import logs, redaction
 
     redaction.install()  # no secret in any log line, at any level

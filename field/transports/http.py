@@ -10,16 +10,11 @@ ever gets a stack trace: unexpected failures become ``INTERNAL_ERROR``.
 from __future__ import annotations
 
 import functools
-import importlib.util
 import logging
 import math
-import os
 import re
-import secrets
-import socket
 import time
-from collections.abc import AsyncIterator, Callable, Collection
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -27,7 +22,6 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from .. import __version__
@@ -47,36 +41,32 @@ from ..contract.model import (
     UNRESOLVED_CONFLICT_STATUSES,
     Limits,
 )
-from ..contract.ratelimit import Rate
 from ..core.context import Outcome
 from ..core.field import Field
 from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
-from ..core.secrets import SecretBox
 from ..core.state import AgentRecord
 from ..core.validation import AGENT_ID
 from ..engine.admission import Work, work_of
 from ..engine.delivery import DeliveryEngine, check_webhook
-from ..engine.liveness import Liveness
 from ..engine.push import PushHub
 from ..engine.ratelimits import AgentRateLimits, agent_of
 from ..engine.service import FieldService
-from ..engine.snapshotter import Snapshotter, snapshot_command
-from ..ranking.embedding import Embedder, embeds_after_commit, load_embedder
-from ..server.config import Config
-from ..store import WEBHOOK_KEY_FILENAME, EventLog, open_log
-from ..store.keys import load_or_create_key
+from ..engine.snapshotter import Snapshotter
 from .access import access_of
 from .cors import cors_middleware, mcp_refusal, websocket_refusal
 from .documents import decode_document
-from .health import health_routes
-from .index import MCP_PATH, OPENAPI_PATH, index_routes
+from .index import MCP_PATH
 from .metrics import Metrics, Observer
 from .sse import sse_endpoint, subscription_of
 from .streaming import absolute_urls, deny_websocket, ws_endpoint
 
 if TYPE_CHECKING:
-    from ..store.lease import Lease
-    from ..store.presence import Presence
+    from contextlib import AbstractAsyncContextManager
+
+    from starlette.routing import BaseRoute
+
+    from ..core.egress import EgressPolicy
+    from .hosts import AllowedHosts
     from .mcp.streamable_http import McpHttpBinding
     from .registration import RegisterLimit
     from .sources import SourcesBinding
@@ -151,20 +141,28 @@ def _bounded(text: str, limit: int = 200) -> str:
 class HTTPBinding:
     """The Starlette endpoints of one Field service."""
 
-    def __init__(self, config: Config) -> None:
-        self.config = config
+    def __init__(
+        self,
+        *,
+        limits: Limits,
+        egress: EgressPolicy,
+        rate_limits: AgentRateLimits,
+        register_limit: RegisterLimit | None = None,
+    ) -> None:
+        #: the bounds of every request and document
+        self.limits = limits
         self.service: FieldService | None = None
         self.hub: PushHub | None = None
         self.deliveries: DeliveryEngine | None = None
         #: where webhooks may go (checked again, with DNS, before a SUBSCRIBE runs)
-        self.egress = config.egress_policy()
+        self.egress = egress
         self.started = time.monotonic()
         #: inbound event sources (their counts appear in the status)
         self.sources: SourcesBinding | None = None
         #: REGISTER's per-client rate, checked before the writer's queue
-        self.register_limit: RegisterLimit | None = None
+        self.register_limit = register_limit
         #: the per-agent limit on operations (one for the server, whatever its bindings)
-        self.rate_limits = AgentRateLimits(config.agent_rate_limit())
+        self.rate_limits = rate_limits
         #: ``GET /metrics`` and what it counts (None: ``--no-metrics``)
         self.metrics: Metrics | None = None
         #: told of every operation answered, for metrics and the access log (None: neither)
@@ -204,7 +202,7 @@ class HTTPBinding:
                 client = request.client
                 host = None if client is None else client.host
                 self.register_limit.check(self._service().field, token, host)
-            body = await read_json(request, self.config.limits)
+            body = await read_json(request, self.limits)
             await check_webhook(body, self._service().field.egress)
             outcome = await self._service().execute(
                 lambda field: field.handle(body, token=token, operation=operation),
@@ -324,17 +322,6 @@ class HTTPBinding:
         return await self._read(request, listing)
 
 
-def webhook_key_of(config: Config) -> bytes:
-    """The key that seals webhook secrets: from ``--webhook-key-file``, else from
-    ``<data-dir>/webhook.key`` (made at first start), else (a log in memory, whose
-    secrets die with the process anyway) a new one."""
-    if config.webhook_key_file is not None:
-        return load_or_create_key(config.webhook_key_file)
-    if config.data_dir is not None:
-        return load_or_create_key(config.data_dir / WEBHOOK_KEY_FILENAME)
-    return secrets.token_bytes(32)
-
-
 def _query_values(
     params: Any, name: str, allowed: Collection[str] | re.Pattern[str], limits: Limits
 ) -> list[str]:
@@ -444,14 +431,21 @@ class _FieldApp(Starlette):
     than in a layer around the app for the same reason.
     """
 
-    def __init__(self, binding: HTTPBinding, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        binding: HTTPBinding,
+        *,
+        origins: Collection[str],
+        hosts: AllowedHosts,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self._binding = binding
         self._operations = {f"/v1/{name}": op for name, op in OPERATION_ROUTES.items()}
         #: the browser origins a WebSocket or /mcp may come from besides the Field's own
-        self._origins = frozenset(binding.config.cors_origin)
+        self._origins = frozenset(origins)
         #: the host names the Field answers to
-        self._hosts = binding.config.allowed_hosts()
+        self._hosts = hosts
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -531,10 +525,17 @@ class _CORSFieldApp(_FieldApp):
     """:class:`_FieldApp` behind CORS (``--cors-origin``): every HTTP answer, those of the
     paths it serves itself and every error included (``field.transports.cors``)."""
 
-    def __init__(self, binding: HTTPBinding, **kwargs: Any) -> None:
-        super().__init__(binding, **kwargs)
+    def __init__(
+        self,
+        binding: HTTPBinding,
+        *,
+        origins: Collection[str],
+        hosts: AllowedHosts,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(binding, origins=origins, hosts=hosts, **kwargs)
         serve = functools.partial(_FieldApp.__call__, self)
-        self._cors = cors_middleware(serve, binding.config.cors_origin)
+        self._cors = cors_middleware(serve, origins)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -543,212 +544,20 @@ class _CORSFieldApp(_FieldApp):
             await super().__call__(scope, receive, send)
 
 
-def _shared_presence(log: EventLog, service: FieldService, config: Config) -> Presence | None:
-    """Presence shared with the other nodes of the Field on a PostgreSQL log; else None."""
-    if log.backend != "postgresql":
-        return None
-    from ..store.presence import Presence  # the driver is an optional extra
-
-    node_id = getattr(service, "node_id", None) or f"{socket.gethostname()}:{os.getpid()}"
-    return Presence(
-        log.url,  # type: ignore[attr-defined]
-        node_id,
-        interval=config.cluster_interval,
-        forget_after=max(3600.0, 2 * (config.heartbeat_timeout + config.failure_grace)),
-    )
-
-
-def _delivery_lease(log: EventLog, deliveries: DeliveryEngine, config: Config) -> Lease:
-    """The lease that makes this node the one sending the deliveries, started."""
-    from ..store.lease import DELIVERY_LEASE, Lease
-
-    lease = Lease(
-        log.url,  # type: ignore[attr-defined]
-        key=DELIVERY_LEASE,
-        name="deliveries",
-        gained=deliveries.own,
-        lost=deliveries.disown,
-        interval=config.cluster_interval,
-    )
-    deliveries.sending = lease.valid
-    lease.start()
-    return lease
-
-
-def create_app(
-    config: Config,
+def application(
+    binding: HTTPBinding,
+    routes: list[BaseRoute],
+    lifespan: Callable[[Starlette], AbstractAsyncContextManager[None]],
     *,
-    log: EventLog | None = None,
-    embedder: Embedder | None = None,
-    webhook_key: bytes | None = None,
+    cors_origin: Collection[str],
+    hosts: AllowedHosts,
 ) -> Starlette:
-    """The ASGI application serving one Field.
-
-    Its log is ``log`` if given (the caller opened it, to report a busy data
-    directory before the server starts), else the one ``config`` names,
-    opened at start-up. The app closes the log when it stops. Likewise its
-    embedder is ``embedder`` if given, else the one ``config`` names, and the
-    key that seals webhook secrets ``webhook_key`` if given, else
-    :func:`webhook_key_of` ``config``.
-    """
-    from .console import ConsoleBinding
-    from .openapi import openapi_endpoint
-    from .rap import RapBinding  # they build on this module
-    from .registration import RegisterLimit, RegistrationBinding
-    from .sources import SourcesBinding
-
-    binding = HTTPBinding(config)
-    rap = RapBinding(binding)
-    binding.sources = SourcesBinding(binding, tolerance=config.source_tolerance)
-    registration = RegistrationBinding(binding)
-    binding.register_limit = RegisterLimit(Rate(config.register_rate, config.register_burst))
-    if config.metrics:
-        binding.metrics = Metrics(binding, token=config.metrics_token)
-    if config.metrics or config.access_log:
-        binding.observer = Observer(binding.metrics, access_log=config.access_log)
-    if importlib.util.find_spec("mcp") is not None:  # the mcp extra
-        from .mcp.streamable_http import McpHttpBinding
-
-        binding.mcp = McpHttpBinding(binding)
-
-    @asynccontextmanager
-    async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        nonlocal log
-        if log is None:
-            log = open_log(config.data_dir, synchronous=config.sync, url=config.log)
-        chosen = embedder or load_embedder(config.embedder)
-        box = SecretBox(webhook_key or webhook_key_of(config))
-        filter_time = config.filter_time()
-        service = FieldService(
-            log,
-            lambda: Field(
-                limits=config.limits,
-                persistent=log.persistent,
-                operator_token=config.operator_token,
-                embedder=chosen,
-                egress=binding.egress,
-                secret_box=box,
-                registration_policy=config.registration,
-                max_agents=config.max_agents,
-                filter_time=filter_time,
-            ),
-            max_queue=config.max_queue,
-            max_batch=config.max_batch,
-            admission=config.admission_policy(),
-            node_id=config.node_id or f"{socket.gethostname()}:{config.port}",
-            embed_after_commit=chosen if embeds_after_commit(chosen) else None,
-        )
-        await service.start()
-        binding.service = service
-        binding.hub = PushHub(
-            service,
-            config.push,
-            max_per_agent=config.max_push_per_agent,
-            notify_rate=config.notify_rate_limit(),
-        )
-        binding.hub.rate_limits = binding.rate_limits
-        service.listeners.add(binding.rate_limits.published)
-        presence = _shared_presence(log, service, config)
-        liveness = Liveness(
-            service,
-            failure_grace=config.failure_grace,
-            heartbeat_timeout=config.heartbeat_timeout,
-            remote=presence,
-        )
-        service.on_seen = liveness.seen
-        binding.hub.liveness = liveness
-        binding.hub.register_limit = binding.register_limit
-        if presence is not None:
-            await presence.start(liveness.drain_changes)
-        liveness.start()
-        deliveries = DeliveryEngine(
-            service,
-            binding.hub,
-            config.delivery_settings(),
-            policy=binding.egress,
-            secret_box=box,
-        )
-        await deliveries.start(own=presence is None)
-        binding.deliveries = deliveries
-        lease = None if presence is None else _delivery_lease(log, deliveries, config)
-        binding.hub.observer = binding.observer
-        if binding.metrics is not None:
-            binding.metrics.instrument()
-        app.state.service = service
-        app.state.push_hub = binding.hub
-        app.state.register_limit = binding.register_limit
-        app.state.rate_limits = binding.rate_limits
-        if binding.mcp is not None:
-            await binding.mcp.start()
-            app.state.mcp = binding.mcp
-        store = log.snapshots()
-        if store is not None:
-            binding.snapshotter = Snapshotter(
-                service,
-                store,
-                config.snapshot_policy(),
-                snapshot_command(
-                    data_dir=config.data_dir, log_url=config.log, embedder=config.embedder
-                ),
-            )
-            if lease is not None:  # several nodes: one writes the snapshots
-                binding.snapshotter.may_write = lease.valid
-            await binding.snapshotter.start()
-        state = service.field.state
-        host = f"[{config.host}]" if ":" in config.host else config.host
-        logger.info(
-            "Field %s listening on http://%s:%d: %s log (%s) at position %d, epoch %d",
-            state.field_id,
-            host,
-            config.port,
-            log.backend,
-            config.data_dir if config.data_dir is not None else "in memory",
-            state.last_position,
-            state.clock.value,
-        )
-        try:
-            yield
-        finally:
-            if binding.snapshotter is not None:
-                await binding.snapshotter.stop()
-            if binding.mcp is not None:
-                await binding.mcp.stop()
-            await liveness.stop()
-            if presence is not None:
-                await presence.stop()
-            await rap.stop()
-            await deliveries.stop()
-            if lease is not None:  # let go only once no sink runs
-                await lease.stop()
-            binding.hub.shutdown()
-            binding.service = None
-            await service.stop()
-            logger.info("Field %s stopped; log closed", state.field_id)
-
-    routes = [
-        *index_routes(metrics=binding.metrics is not None, mcp=binding.mcp is not None),
-        Route("/v1/field/status", binding.field_status, methods=["GET"]),
-        Route("/v1/agents", binding.agents, methods=["GET"]),
-        Route("/v1/conflicts", binding.conflicts, methods=["GET"]),
-        Route(
-            "/v1/subscriptions/{subscription_id}/events",
-            binding.subscription_events,
-            methods=["GET"],
-        ),
-        *(
-            Route(f"/v1/{name}", binding.operation_endpoint(operation), methods=["POST"])
-            for name, operation in OPERATION_ROUTES.items()
-        ),
-        *rap.routes(),
-        *binding.sources.routes(),
-        *registration.routes(),
-        *health_routes(binding),
-        *(binding.metrics.routes() if binding.metrics is not None else ()),
-        Route(OPENAPI_PATH, openapi_endpoint, methods=["GET"]),
-        *ConsoleBinding(binding).routes(),
-    ]
-    app = (_CORSFieldApp if config.cors_origin else _FieldApp)(
+    """The ASGI application of ``binding`` serving ``routes``: every failure an error
+    response, no redirect for a trailing slash, CORS only if an origin is allowed."""
+    app = (_CORSFieldApp if cors_origin else _FieldApp)(
         binding,
+        origins=cors_origin,
+        hosts=hosts,
         routes=routes,
         lifespan=lifespan,
         exception_handlers={HTTPException: _not_found, Exception: _crash},

@@ -64,6 +64,7 @@ from ..contract.errors import (
     StateError,
     internal_error,
 )
+from ..contract.model import Limits
 from ..contract.tools import RAP_TOOLS, SESSION_TOOLS, SUBSCRIPTION_FIELDS, definitions
 from ..core.context import Outcome
 from ..core.field import Field
@@ -283,10 +284,11 @@ def run_invocation(field: Field, call: Invocation, token: str | None) -> Outcome
 class RapBinding:
     """The RAP endpoints of one Field (beside its HTTP binding, whose service they use)."""
 
-    def __init__(self, http: HTTPBinding) -> None:
+    def __init__(self, http: HTTPBinding, *, limits: Limits, max_running: int) -> None:
         self.http = http
-        self.limits = http.config.limits
-        self.max_running = http.config.rap_max_invocations
+        self.limits = limits
+        #: invocations run at once, past which one is refused
+        self.max_running = max_running
         self._running: set[asyncio.Task[None]] = set()
 
     def routes(self) -> list[Route]:

@@ -92,7 +92,7 @@ from ...contract.errors import (
     StateError,
     internal_error,
 )
-from ...contract.model import StoredEntry
+from ...contract.model import Limits, StoredEntry
 from ...contract.tools import MCP_HTTP_TOOLS, SESSION_TOOLS, SUBSCRIPTION_FIELDS, definitions
 from ...core.authority import OPERATOR_ID
 from ...core.context import Outcome
@@ -200,14 +200,22 @@ class McpHttpBinding:
     """``/mcp``: the ASGI endpoint, the sessions, and the MCP server whose handlers call the
     Field in process."""
 
-    def __init__(self, http: HTTPBinding) -> None:
+    def __init__(
+        self,
+        http: HTTPBinding,
+        *,
+        limits: Limits,
+        max_sessions: int,
+        max_per_agent: int,
+        max_per_client: int,
+        idle_timeout: float,
+    ) -> None:
         self.http = http
-        config = http.config
-        self.limits = config.limits
-        self.max_sessions = config.mcp_max_sessions
-        self.max_per_agent = config.max_push_per_agent
-        self.max_per_client = config.mcp_max_sessions_per_client
-        self.idle_timeout = config.mcp_idle_timeout
+        self.limits = limits
+        self.max_sessions = max_sessions
+        self.max_per_agent = max_per_agent
+        self.max_per_client = max_per_client
+        self.idle_timeout = idle_timeout
         #: seconds a session must have been idle before it may be ended for room
         self.room_after = min(ROOM_AFTER, self.idle_timeout / 2)
         self.server = self._server()
