@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from .. import PROTOCOL_VERSION
+
 __all__ = [
     "MCP_HTTP_TOOLS",
     "MCP_SUBSCRIBE_TOOL",
@@ -203,6 +205,41 @@ TOOLS: dict[str, Tool] = {
 
 #: The tools that take the envelope's ``session_id`` as an argument.
 SESSION_TOOLS = frozenset({"akashik_record", "akashik_coordinate"})
+
+
+def tool_envelope(
+    operation: str,
+    args: dict[str, Any],
+    *,
+    agent_id: str,
+    role: str,
+    session_id: str | None,
+    message_id: str,
+) -> dict[str, Any]:
+    """The envelope a tool call sends as the agent ``agent_id`` (of ``role``), the one
+    translation of MCP (stdio bridge aside, which sends through the SDK) and RAP: ATTUNE's
+    scope defaults to the agent's role and 10 units, DEREGISTER to the agent itself.
+    ``args`` becomes the payload (changed in place)."""
+    if operation == "ATTUNE":
+        scope = args.get("scope")
+        if scope is None:
+            scope = args["scope"] = {}
+        if isinstance(scope, dict):
+            scope.setdefault("role", role)
+            scope.setdefault("max_units", 10)
+    elif operation == "DEREGISTER":
+        args.setdefault("agent_id", agent_id)
+    return {
+        "protocol": "akashik",
+        "version": PROTOCOL_VERSION,
+        "id": message_id,
+        "operation": operation,
+        "agent_id": agent_id,
+        "session_id": session_id,
+        "epoch": 0,
+        "payload": args,
+    }
+
 
 #: RAP only: SUBSCRIBE, its notifications delivered as the call's subscription events.
 SUBSCRIBE_TOOL = Tool(

@@ -61,8 +61,7 @@ from .outbox import Frame, Outbox, PushLimits, Waker
 from .service import FieldService
 
 if TYPE_CHECKING:
-    from ..core.context import Outcome
-    from .ratelimits import AgentRateLimits
+    pass
 
 logger = logging.getLogger("field.push")
 
@@ -168,30 +167,6 @@ class _Binding:
     lag_after: int = 0
 
 
-class EnvelopeLimit(Protocol):
-    """A limit on envelopes sent on a WebSocket, checked before the writer (REGISTER's
-    per-client rate: the HTTP binding's ``RegisterLimit``)."""
-
-    def check_envelope(
-        self, field: Field, body: Any, token: str | None, host: str | None
-    ) -> None: ...
-
-
-class OperationObserver(Protocol):
-    """What is told of every envelope answered on a WebSocket (the metrics' ``Observer``)."""
-
-    def operation(
-        self,
-        transport: str,
-        operation: str | None,
-        started: float,
-        result: Outcome | FieldError,
-        body: Any = None,
-        *,
-        request_id: str | None = None,
-    ) -> None: ...
-
-
 class PushHub:
     """Routes committed entries to the streams attached to them."""
 
@@ -231,20 +206,13 @@ class PushHub:
         self.waker = Waker()
         #: told of every connection and disconnection, if set
         self.liveness: Liveness | None = None
-        #: REGISTER's per-client rate, for envelopes sent on a WebSocket, if set
-        self.register_limit: EnvelopeLimit | None = None
         #: notifications each agent's push connections are written, all together
         #: (:meth:`pace`); None: not limited
         self.notifications = None if notify_rate is None else KeyedLimiter(notify_rate, clock=clock)
         #: how :meth:`pace` waits (a test's fake clock advances in it)
         self._pause = pause
-        #: the per-agent limit on operations, which envelopes sent on a WebSocket take
-        #: their tokens from, if set
-        self.rate_limits: AgentRateLimits | None = None
         #: what the connections did, for ``GET /metrics``; None: not counted (--no-metrics)
         self.counts: PushCounts | None = None
-        #: told of every envelope answered on a WebSocket (metrics, access log), if set
-        self.observer: OperationObserver | None = None
         service.listeners.add(self.publish, Stage.ROUTING)
 
     @property

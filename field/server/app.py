@@ -127,7 +127,7 @@ def create_app(
     if config.metrics:
         binding.metrics = Metrics(binding, token=config.metrics_token)
     if config.metrics or config.access_log:
-        binding.observer = Observer(binding.metrics, access_log=config.access_log)
+        binding.door.observer = Observer(binding.metrics, access_log=config.access_log)
     if importlib.util.find_spec("mcp") is not None:  # the mcp extra
         from ..transports.mcp.streamable_http import McpHttpBinding
 
@@ -175,7 +175,6 @@ def create_app(
             max_per_agent=config.max_push_per_agent,
             notify_rate=config.notify_rate_limit(),
         )
-        binding.hub.rate_limits = binding.rate_limits
         service.listeners.add(binding.rate_limits.published)
         presence = _shared_presence(log, service, config)
         liveness = Liveness(
@@ -186,7 +185,6 @@ def create_app(
         )
         service.on_seen = liveness.seen
         binding.hub.liveness = liveness
-        binding.hub.register_limit = binding.register_limit
         if presence is not None:
             await presence.start(liveness.drain_changes)
         liveness.start()
@@ -200,7 +198,6 @@ def create_app(
         await deliveries.start(own=presence is None)
         binding.deliveries = deliveries
         lease = None if presence is None else _delivery_lease(log, deliveries, config)
-        binding.hub.observer = binding.observer
         if binding.metrics is not None:
             binding.metrics.instrument()
         app.state.service = service

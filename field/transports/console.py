@@ -182,7 +182,7 @@ class ConsoleBinding:
     async def stream(self, request: Request) -> Any:
         token = token_of(request.headers, request.query_params)
         try:
-            self.binding.admit(token)
+            self.binding.door.admit(token, None)
             hub = self.binding.hub
             if hub is None:
                 raise Overloaded("the Field is starting")

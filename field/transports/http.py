@@ -46,8 +46,8 @@ from ..core.field import Field
 from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
 from ..core.state import AgentRecord
 from ..core.validation import AGENT_ID
-from ..engine.admission import Work, work_of
-from ..engine.delivery import DeliveryEngine, check_webhook
+from ..engine.admission import Work
+from ..engine.delivery import DeliveryEngine
 from ..engine.push import PushHub
 from ..engine.ratelimits import AgentRateLimits, agent_of
 from ..engine.service import FieldService
@@ -55,8 +55,9 @@ from ..engine.snapshotter import Snapshotter
 from .access import access_of
 from .cors import cors_middleware, mcp_refusal, websocket_refusal
 from .documents import decode_document
+from .door import FrontDoor
 from .index import MCP_PATH
-from .metrics import Metrics, Observer
+from .metrics import Metrics
 from .sse import sse_endpoint, subscription_of
 from .streaming import absolute_urls, deny_websocket, ws_endpoint
 
@@ -163,25 +164,21 @@ class HTTPBinding:
         self.register_limit = register_limit
         #: the per-agent limit on operations (one for the server, whatever its bindings)
         self.rate_limits = rate_limits
+        #: the way in of every operation, whatever its transport
+        self.door = FrontDoor(self, rate_limits=rate_limits, register_limit=register_limit)
         #: ``GET /metrics`` and what it counts (None: ``--no-metrics``)
         self.metrics: Metrics | None = None
-        #: told of every operation answered, for metrics and the access log (None: neither)
-        self.observer: Observer | None = None
         #: MCP over HTTP at /mcp (None: the mcp package is not installed)
         self.mcp: McpHttpBinding | None = None
         #: writes snapshots of the state beside the server (None: a log in memory)
         self.snapshotter: Snapshotter | None = None
 
-    def _service(self) -> FieldService:
+    def running(self) -> FieldService:
+        """The service, while the Field runs; else ``OVERLOADED`` (it is starting or
+        stopping)."""
         if self.service is None:
             raise FieldError("the Field is starting", code=Code.OVERLOADED, recoverable=True)
         return self.service
-
-    def admit(self, token: str | None, operation: str | None = None) -> None:
-        """Refuse (``RATE_LIMITED``) a request of an agent over its rate, before the writer
-        sees it; anything else is answered as before (:mod:`.ratelimits`)."""
-        if self.service is not None:
-            self.rate_limits.admit(self.service.field, token, operation)
 
     def operation_endpoint(self, operation: str) -> Callable[[Request], Any]:
         async def endpoint(request: Request) -> Response:
@@ -190,35 +187,28 @@ class HTTPBinding:
         return endpoint
 
     async def operation(self, request: Request, operation: str) -> Response:
-        started = time.perf_counter()
         access = access_of(request.scope)
-        body: Any = None
         token: str | None = None
-        try:
-            token = bearer_token(request)
-            self.admit(token, operation)  # first: a refusal costs no body read
-            self._service().admission.check(work_of(operation), operation)  # likewise
-            if operation == "REGISTER" and self.register_limit is not None:
+        with self.door.visit("http", operation, access=access) as visit:
+            try:
+                token = bearer_token(request)
                 client = request.client
-                host = None if client is None else client.host
-                self.register_limit.check(self._service().field, token, host)
-            body = await read_json(request, self.limits)
-            await check_webhook(body, self._service().field.egress)
-            outcome = await self._service().execute(
-                lambda field: field.handle(body, token=token, operation=operation),
-                operation=operation,
-            )
-        except FieldError as error:
-            if access is not None and self.service is not None:  # whose request failed
-                access.agent = agent_of(self.service.field, token)
-            if self.observer is not None:
-                self.observer.operation("http", operation, started, error, body, access=access)
-            return error_response(error, operation)
-        except ClientDisconnect:
-            # the client left before its body arrived: nothing ran, no one to answer
-            return Response(status_code=400)
-        if self.observer is not None:
-            self.observer.operation("http", operation, started, outcome, body, access=access)
+                # first: a refusal costs no body read
+                self.door.admit(token, operation, None if client is None else client.host)
+                visit.body = body = await read_json(request, self.limits)
+                visit.result = outcome = await self.door.run(
+                    lambda field: field.handle(body, token=token, operation=operation),
+                    operation,
+                    body,
+                )
+            except FieldError as error:
+                if access is not None and self.service is not None:  # whose request failed
+                    access.agent = agent_of(self.service.field, token)
+                visit.result = error
+                return error_response(error, operation)
+            except ClientDisconnect:
+                # the client left before its body arrived: nothing ran, no one to answer
+                return Response(status_code=400)
         return json_response(absolute_urls(outcome.response, str(request.base_url).rstrip("/")))
 
     async def _read(
@@ -234,8 +224,8 @@ class HTTPBinding:
             return Outcome(job(field, agent))
 
         try:
-            self.admit(token)
-            outcome = await self._service().execute(authenticated, work=Work.READ)
+            self.door.admit(token, None)
+            outcome = await self.running().execute(authenticated, work=Work.READ)
         except FieldError as error:
             return error_response(error)
         return json_response(outcome.response)
@@ -250,7 +240,7 @@ class HTTPBinding:
 
     def status(self) -> dict[str, Any]:
         """The status page's body (the console shows it too); OVERLOADED while starting."""
-        service = self._service()
+        service = self.running()
         field = service.field
         body = field.status()
         body["server_version"] = __version__
@@ -516,7 +506,7 @@ class _FieldApp(Starlette):
             elif hub is None:  # starting or stopping: try again
                 await deny_websocket(scope, send, Overloaded("the Field is not running"))
             else:
-                await ws_endpoint(scope, receive, send, hub)
+                await ws_endpoint(scope, receive, send, hub, self._binding.door)
             return
         await super().__call__(scope, receive, send)
 

@@ -94,7 +94,7 @@ _CODES = frozenset(HTTP_STATUS)
 _EVENTS = frozenset(SUBSCRIPTION_EVENTS)
 _AGENT_STATUSES = frozenset(AGENT_STATUSES)
 #: The transports operations come in by.
-OPERATION_TRANSPORTS = frozenset({"http", "websocket", "rap"})
+OPERATION_TRANSPORTS = frozenset({"http", "websocket", "mcp", "rap"})
 #: The hub's connection kinds, as the ``transport`` label names them.
 TRANSPORTS = {"ws": "websocket", "sse": "sse", "webhook": "webhook", "rap": "rap"}
 #: The bounds a push connection is ended at (its close reason).

@@ -45,7 +45,6 @@ import hashlib
 import logging
 import random
 import secrets
-import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +64,13 @@ from ..contract.errors import (
     internal_error,
 )
 from ..contract.model import Limits
-from ..contract.tools import RAP_TOOLS, SESSION_TOOLS, SUBSCRIPTION_FIELDS, definitions
+from ..contract.tools import (
+    RAP_TOOLS,
+    SESSION_TOOLS,
+    SUBSCRIPTION_FIELDS,
+    definitions,
+    tool_envelope,
+)
 from ..core.context import Outcome
 from ..core.field import Field
 from ..core.validation import MAX_URL_CHARS
@@ -221,32 +226,17 @@ def request_of(call: Invocation, agent: AgentRecord) -> tuple[dict[str, Any], Ra
     operation = call.operation
     session_id = args.pop("session_id", None) if call.tool in SESSION_TOOLS else None
     rap = None
-    if operation == "ATTUNE":
-        _attune_defaults(args, agent)
-    elif operation == "DEREGISTER":
-        args.setdefault("agent_id", agent.id)
-    elif operation == "SUBSCRIBE":
+    if operation == "SUBSCRIBE":
         args, rap = _subscription(call, args)
-    envelope = {
-        "protocol": "akashik",
-        "version": "0.1.0",
-        "id": call.id,
-        "operation": operation,
-        "agent_id": agent.id,
-        "session_id": session_id,
-        "epoch": 0,
-        "payload": args,
-    }
+    envelope = tool_envelope(
+        operation,
+        args,
+        agent_id=agent.id,
+        role=agent.role,
+        session_id=session_id,
+        message_id=call.id,
+    )
     return envelope, rap
-
-
-def _attune_defaults(args: dict[str, Any], agent: AgentRecord) -> None:
-    scope = args.get("scope")
-    if scope is None:
-        scope = args["scope"] = {}
-    if isinstance(scope, dict):
-        scope.setdefault("role", agent.role)
-        scope.setdefault("max_units", 10)
 
 
 def _subscription(call: Invocation, args: dict[str, Any]) -> tuple[dict[str, Any], RapCall]:
@@ -315,9 +305,9 @@ class RapBinding:
         access = access_of(request.scope)
         try:
             token = bearer_token(request)
-            service = self.http._service()
+            service = self.http.running()
             agent = service.field.authenticate(token)
-            self.http.admit(token)  # an invocation is one of the agent's operations
+            self.http.door.admit(token, None)  # an invocation is one of the agent's operations
             call = parse_invocation(await read_json(request, self.limits))
             operation = call.operation
             if access is not None:
@@ -354,7 +344,7 @@ class RapBinding:
         token = bearer_token(request)
         reason = "cancelled by the RAP runtime" if with_call else "the RAP thread was closed"
         try:
-            service = self.http._service()
+            service = self.http.running()
             service.field.authenticate(token)
             try:
                 thread, call = parse_thread(
@@ -387,23 +377,21 @@ class RapBinding:
     ) -> None:
         """Run the invocation and answer it (``request_id``: its request's, which the
         operation's line in the access log names)."""
-        started = time.perf_counter()
-        observer = self.http.observer
-        try:
-            outcome = await self.http._service().execute(
-                functools.partial(run_invocation, call=call, token=token),
-                operation=call.operation,
-            )
-        except Exception as exc:
-            if not isinstance(exc, FieldError):
-                logger.exception("the RAP invocation of %s failed", call.tool)
-            error = exc if isinstance(exc, FieldError) else internal_error(call.operation)
-            if observer is not None:
-                observer.operation("rap", call.operation, started, error, request_id=request_id)
+        door = self.http.door
+        error: FieldError | None = None
+        with door.visit("rap", call.operation, request_id=request_id) as visit:
+            try:
+                visit.result = outcome = await door.run(
+                    functools.partial(run_invocation, call=call, token=token), call.operation
+                )
+            except Exception as exc:
+                if not isinstance(exc, FieldError):
+                    logger.exception("the RAP invocation of %s failed", call.tool)
+                error = exc if isinstance(exc, FieldError) else internal_error(call.operation)
+                visit.result = error
+        if error is not None:
             await self._answer(call, error.to_response(call.operation), agent_id, is_error=True)
             return
-        if observer is not None:
-            observer.operation("rap", call.operation, started, outcome, request_id=request_id)
         if call.operation != "SUBSCRIBE":  # a subscription's result is the engine's to send
             await self._answer(call, outcome.response, agent_id, is_error=False)
 

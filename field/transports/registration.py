@@ -90,7 +90,7 @@ class RegistrationBinding:
     async def issue(self, request: Request) -> Response:
         token = bearer_token(request)
         try:
-            service = self._binding._service()
+            service = self._binding.running()
             body = await read_json(request, service.field.limits)
             outcome = await service.execute(
                 lambda field: field.issue_registration_token(token, body)
@@ -104,7 +104,7 @@ class RegistrationBinding:
     async def listing(self, request: Request) -> Response:
         token = bearer_token(request)
         try:
-            outcome = await self._binding._service().execute(
+            outcome = await self._binding.running().execute(
                 lambda field: Outcome(field.registration_tokens(token))
             )
         except FieldError as error:
@@ -115,7 +115,7 @@ class RegistrationBinding:
         token = bearer_token(request)
         token_id = request.path_params["token_id"]
         try:
-            outcome = await self._binding._service().execute(
+            outcome = await self._binding.running().execute(
                 lambda field: field.revoke_registration_token(token, token_id)
             )
         except FieldError as error:

@@ -74,7 +74,7 @@ class SourcesBinding:
     async def define(self, request: Request) -> Response:
         token = bearer_token(request)
         try:
-            service = self._binding._service()
+            service = self._binding.running()
             body = await read_json(request, service.field.limits)
             outcome = await service.execute(lambda field: field.define_source(token, body))
         except FieldError as error:
@@ -90,7 +90,7 @@ class SourcesBinding:
         token = bearer_token(request)
         name = request.path_params["name"]
         try:
-            outcome = await self._binding._service().execute(
+            outcome = await self._binding.running().execute(
                 lambda field: field.remove_source(token, name)
             )
         except FieldError as error:
@@ -115,7 +115,7 @@ class SourcesBinding:
             return Outcome({"status": "ok", "sources": shown, "epoch": field.epoch})
 
         try:
-            outcome = await self._binding._service().execute(listing)
+            outcome = await self._binding.running().execute(listing)
         except FieldError as error:
             return error_response(error)
         return json_response(outcome.response)
@@ -143,7 +143,7 @@ class SourcesBinding:
     async def event(self, request: Request) -> Response:
         name = request.path_params["name"]
         try:
-            service = self._binding._service()
+            service = self._binding.running()
             source = sources.source_of(service.field.state, name)
         except FieldError as error:
             return error_response(error)

@@ -20,8 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from starlette.types import Receive, Scope, Send
@@ -31,12 +30,14 @@ from ..contract.errors import FieldError, internal_error
 from ..contract.model import OPERATIONS
 from ..core.context import Outcome
 from ..core.field import Field
-from ..engine.delivery import check_webhook
 from ..engine.outbox import Frame
 from ..engine.push import Connection, PushHub, count_notifications
 from .access import access_of
 from .documents import decode_document
 from .wsprotocol import BATCH_EXTENSION, SHUTDOWN_CLOSE, SHUTDOWN_EXTENSION, STALL_EXTENSION
+
+if TYPE_CHECKING:
+    from .door import FrontDoor
 
 logger = logging.getLogger("field.streaming")
 
@@ -71,7 +72,9 @@ def since_cursors(values: list[str]) -> tuple[str | None, dict[str, str]]:
 # -- WebSocket --------------------------------------------------------------------
 
 
-async def ws_endpoint(scope: Scope, receive: Receive, send: Send, hub: PushHub) -> None:
+async def ws_endpoint(
+    scope: Scope, receive: Receive, send: Send, hub: PushHub, door: FrontDoor
+) -> None:
     websocket = WebSocket(scope, receive, send)
     token = token_of(websocket.headers, websocket.query_params)
     await websocket.accept()
@@ -105,7 +108,7 @@ async def ws_endpoint(scope: Scope, receive: Receive, send: Send, hub: PushHub) 
         client = scope.get("client")
         host = client[0] if client else None
         request_id = None if access is None else access.request_id
-        await _ws_reader(receive, hub, connection, token, base_http, host, request_id)
+        await _ws_reader(receive, hub, door, connection, token, base_http, host, request_id)
     except Exception:
         logger.exception("a WebSocket connection of %s failed", agent_id)
         hub.end(connection, 1011, "internal error", None)
@@ -156,6 +159,7 @@ async def deny_websocket(scope: Scope, send: Send, error: FieldError) -> None:
 async def _ws_reader(
     receive: Receive,
     hub: PushHub,
+    door: FrontDoor,
     connection: Connection,
     token: str | None,
     base_http: str,
@@ -182,7 +186,9 @@ async def _ws_reader(
         data = message.get("text")
         if data is None:
             data = message.get("bytes") or b""
-        msg_id, status, body = await _run_envelope(hub, data, token, base_http, host, request_id)
+        msg_id, status, body = await _run_envelope(
+            door, hub.field, data, token, base_http, host, request_id
+        )
         frame = orjson.dumps({"type": "response", "id": msg_id, "status": status, "body": body})
         if not connection.outbox.put(Frame(frame, "response")):
             hub.overflow(connection)
@@ -190,48 +196,34 @@ async def _ws_reader(
 
 
 async def _run_envelope(
-    hub: PushHub,
+    door: FrontDoor,
+    field: Field,
     message: str | bytes,
     token: str | None,
     base_http: str,
     host: str | None = None,
     request_id: str | None = None,
 ) -> tuple[Any, int, dict[str, Any]]:
-    started = time.perf_counter()
     msg_id = None
-    body: Any = None
-    operation = None
-    try:
-        body = decode_document(message, hub.field.limits, what="the message")
-        if isinstance(body, dict):
-            msg_id = _echoed_id(body.get("id"))
-            operation = _known_operation(body.get("operation"))
-        if hub.register_limit is not None:  # REGISTER's per-client rate, before the writer
-            hub.register_limit.check_envelope(hub.field, body, token, host)
-        if hub.rate_limits is not None:  # before the writer's queue: it spares the writer
-            hub.rate_limits.admit(hub.field, token, operation)
-        await check_webhook(body, hub.field.egress)
-        outcome = await hub.service.execute(
-            lambda field: field.handle(body, token=token, operation=None), operation=operation
-        )
-    except FieldError as error:
-        if hub.observer is not None:
-            hub.observer.operation(
-                "websocket", operation, started, error, body, request_id=request_id
+    with door.visit("websocket", request_id=request_id) as visit:
+        try:
+            visit.body = body = decode_document(message, field.limits, what="the message")
+            if isinstance(body, dict):
+                msg_id = _echoed_id(body.get("id"))
+                visit.operation = _known_operation(body.get("operation"))
+            door.admit(token, visit.operation, host)  # before the writer's queue
+            visit.result = outcome = await door.run(
+                lambda field: field.handle(body, token=token, operation=None),
+                visit.operation,
+                body,
             )
-        return msg_id, error.http_status, error.to_response()
-    except Exception:
-        logger.exception("a WebSocket request failed")
-        failure = internal_error()
-        if hub.observer is not None:
-            hub.observer.operation(
-                "websocket", operation, started, failure, body, request_id=request_id
-            )
-        return msg_id, failure.http_status, failure.to_response()
-    if hub.observer is not None:
-        hub.observer.operation(
-            "websocket", operation, started, outcome, body, request_id=request_id
-        )
+        except FieldError as error:
+            visit.result = error
+            return msg_id, error.http_status, error.to_response()
+        except Exception:
+            logger.exception("a WebSocket request failed")
+            visit.result = failure = internal_error()
+            return msg_id, failure.http_status, failure.to_response()
     return msg_id, 200, absolute_urls(outcome.response, base_http)
 
 

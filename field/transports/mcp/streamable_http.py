@@ -93,13 +93,20 @@ from ...contract.errors import (
     internal_error,
 )
 from ...contract.model import Limits, StoredEntry
-from ...contract.tools import MCP_HTTP_TOOLS, SESSION_TOOLS, SUBSCRIPTION_FIELDS, definitions
+from ...contract.tools import (
+    MCP_HTTP_TOOLS,
+    SESSION_TOOLS,
+    SUBSCRIPTION_FIELDS,
+    definitions,
+    tool_envelope,
+)
 from ...core.authority import OPERATOR_ID
 from ...core.context import Outcome
 from ...core.field import Field
 from ...engine.admission import Work
 from ..access import access_of
 from ..connections import client_key
+from ..door import Visit
 from ..http import HTTPBinding, bearer_token, error_response, read_body
 from ..index import MCP_PATH
 from ..streaming import absolute_urls
@@ -240,7 +247,7 @@ class McpHttpBinding:
         ready = asyncio.get_running_loop().create_future()
         self._runner = asyncio.create_task(self._serve(ready), name="field-mcp")
         await ready
-        self.http._service().listeners.add(self.published)
+        self.http.running().listeners.add(self.published)
 
     async def _serve(self, ready: asyncio.Future[None]) -> None:
         """Hold the task group of the sessions (and the stateless requests') until stopped:
@@ -322,7 +329,7 @@ class McpHttpBinding:
         if self._group is None or self._group.cancel_scope.cancel_called:
             raise Overloaded("the Field is not running")
         token = bearer_token(request)
-        agent = self.http._service().field.authenticate(token)  # 401 without a valid token
+        agent = self.http.running().field.authenticate(token)  # 401 without a valid token
         assert token is not None
         access = access_of(scope)
         if access is not None:
@@ -355,7 +362,7 @@ class McpHttpBinding:
         if request.method != "POST":
             raise _not_allowed(request.method, "without an Mcp-Session-Id")
         if _is_initialize(body) and _of_sessions(version):  # else the SDK's to answer
-            self.http.admit(token)  # a session costs what an operation does
+            self.http.door.admit(token, None)  # a session costs what an operation does
             client = None if request.client is None else request.client.host
             address = None if agent.id == OPERATOR_ID else client_key(client)
             session = await self._open(agent.id, address)
@@ -601,6 +608,13 @@ class McpHttpBinding:
     async def _run_tool(
         self, caller: Caller, name: str, operation: str, args: dict[str, Any]
     ) -> dict[str, Any]:
+        """A tool call through the front door: admitted, run and observed (refusals too)."""
+        with self.http.door.visit("mcp", operation) as visit:
+            return await self._tool_call(visit, caller, name, operation, args)
+
+    async def _tool_call(
+        self, visit: Visit, caller: Caller, name: str, operation: str, args: dict[str, Any]
+    ) -> dict[str, Any]:
         claimed = args.pop("agent_id", None)
         if claimed is not None and claimed != caller.agent_id:
             raise AuthError(
@@ -612,7 +626,7 @@ class McpHttpBinding:
                 "token. Connect with another agent's token to act for it.",
             )
         session = caller.session
-        self.http.admit(caller.token, operation)
+        self.http.door.admit(caller.token, operation)
         session_id = None
         if name in SESSION_TOOLS:
             default = session.field_session if session is not None else None
@@ -632,23 +646,20 @@ class McpHttpBinding:
 
         def job(field: Field) -> Outcome:
             agent = field.authenticate(token)
-            if operation == "ATTUNE":
-                _attune_defaults(args, agent.role)
-            elif operation == "DEREGISTER":
-                args["agent_id"] = agent.id
-            envelope = {
-                "protocol": "akashik",
-                "version": "0.1.0",
-                "id": uuid.uuid4().hex,
-                "operation": operation,
-                "agent_id": agent.id,
-                "session_id": session_id,
-                "epoch": 0,
-                "payload": args,
-            }
+            envelope = tool_envelope(
+                operation,
+                args,
+                agent_id=agent.id,
+                role=agent.role,
+                session_id=session_id,
+                message_id=uuid.uuid4().hex,
+            )
             return field.handle(envelope, token=token, operation=operation)
 
-        outcome = await self.http._service().execute(job, operation=operation)
+        # the envelope as far as the transport knows it: its webhook, if any, is checked
+        # before the writer, as every transport's is
+        visit.body = {"operation": operation, "payload": args}
+        visit.result = outcome = await self.http.door.run(job, operation, visit.body)
         response = outcome.response
         if session is not None:
             self._follow(session, operation, args, response, poll)
@@ -687,13 +698,13 @@ class McpHttpBinding:
 
     async def _reading(self, caller: Caller, job: Callable[..., Outcome]) -> dict[str, Any]:
         """A read job as the caller's agent: rate-limited and admitted like a GET list."""
-        self.http.admit(caller.token)
+        self.http.door.admit(caller.token, None)
         token = caller.token
 
         def authenticated(field: Field) -> Outcome:
             return job(field, field.authenticate(token))
 
-        outcome = await self.http._service().execute(authenticated, work=Work.READ)
+        outcome = await self.http.running().execute(authenticated, work=Work.READ)
         return outcome.response
 
     async def resource_list(self, caller: Caller) -> list[types.Resource]:
@@ -725,7 +736,7 @@ class McpHttpBinding:
             if session is None:
                 raise _needs_session("reading a subscription resource")
             feed = await self._feed(caller, session, ident)
-            self.http.admit(caller.token)
+            self.http.door.admit(caller.token, None)
             return await feed.read(resources.READ_PAGE, self.limits.max_response_bytes // 2)
         body = await self._reading(
             caller, lambda field, agent: resources.read_entity(field, agent, kind, ident)
@@ -748,7 +759,7 @@ class McpHttpBinding:
             field.active_subscription(subscription_id, agent.id)
             return Outcome({}, agent_id=agent.id)
 
-        await self.http._service().execute(check, work=Work.READ)
+        await self.http.running().execute(check, work=Work.READ)
         feed = session.feeds.get(subscription_id)  # made meanwhile by another request
         if feed is None:
             hub = self.http.hub
@@ -809,15 +820,6 @@ def _needs_session(what: str) -> FieldError:
         suggested_action="Initialize a session first (a stateless request has none), or "
         "poll with akashik_attune and since_epoch.",
     )
-
-
-def _attune_defaults(args: dict[str, Any], role: str) -> None:
-    scope = args.get("scope")
-    if scope is None:
-        scope = args["scope"] = {}
-    if isinstance(scope, dict):
-        scope.setdefault("role", role)
-        scope.setdefault("max_units", 10)
 
 
 def _subscribe_payload(args: dict[str, Any]) -> dict[str, Any]:
