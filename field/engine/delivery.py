@@ -84,7 +84,7 @@ from ..subscriptions.delivery import (
     public_delivery,
     verdict,
 )
-from ..subscriptions.stream import format_cursor, parse_cursor
+from ..subscriptions.stream import format_cursor
 from .egress import PolicyConnector, check_destination, refusal_of
 from .listeners import Stage
 from .outbox import Frame, Outbox
@@ -602,7 +602,7 @@ class Sink:
             return
         hub.unsleep(self.subscription_id)
         self.connection = self._connect()
-        hub.attach(self.connection, self.subscription_id, format_cursor(hub.tag, start))
+        hub.attach_at(self.connection, self.subscription_id, start)
         self.quiet = 0
         self.poke()
 
@@ -712,9 +712,9 @@ class Sink:
                 self.poke()  # a frame came while the task was finishing
 
     async def _handle(self, frame: Frame) -> None:
-        if frame.cursor is not None:
-            position, _ = parse_cursor(frame.cursor, self.engine.hub.tag)
-            if position is None or position <= self.delivered:
+        position = frame.position
+        if position is not None:
+            if position <= self.delivered:
                 return  # already delivered (before a re-attach)
             self.quiet = 0
             if await self._deliver(functools.partial(self.frames.notification, frame)):

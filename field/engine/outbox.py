@@ -118,6 +118,9 @@ class Frame:
     cursor: str | None = None
     #: the subscription this frame belongs to, if any
     subscription_id: str | None = None
+    #: the notification's log position (``cursor`` is its wire form), None for control
+    #: frames: a sink that keeps positions reads this, never parses the cursor back
+    position: int | None = None
 
 
 class Outbox:

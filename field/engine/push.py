@@ -359,29 +359,44 @@ class PushHub:
             self._timer.cancel()
 
     def attach(self, connection: Connection, subscription_id: str, since: str | None) -> None:
+        """Start streaming a subscription to a connection, from the cursor a client sent
+        (its wire form: see :meth:`attach_at`)."""
+        if since is None:
+            self.attach_at(connection, subscription_id, None)
+            return
+        position, problem = parse_cursor(since, self.tag)
+        self.attach_at(connection, subscription_id, position, problem=problem)
+
+    def attach_at(
+        self,
+        connection: Connection,
+        subscription_id: str,
+        after: int | None,
+        *,
+        problem: str | None = None,
+    ) -> None:
         """Start streaming a subscription to a connection.
 
-        Without ``since`` the stream starts live at the end of the log. With
-        it, everything the subscription owes after that cursor is replayed
-        first (in a task, paced by the outbox). A cursor the Field cannot
-        honour starts the stream live and says why (``recovered: false``).
-        The connection gets a ``resume`` frame first and a ``live`` frame
-        where replay ends and live notifications begin.
+        With ``after`` None (and no ``problem``) the stream starts live at the end of the
+        log. Else everything the subscription owes after that log position is replayed
+        first (in a task, paced by the outbox). A position the Field cannot honour (a
+        ``problem`` with the cursor it came as, or ahead of the log) starts the stream
+        live and says why (``recovered: false``). The connection gets a ``resume`` frame
+        first and a ``live`` frame where replay ends and live notifications begin.
         """
         subscription = self.field.state.subscriptions[subscription_id]
         last = self.field.state.last_position
         report: dict[str, Any] = {"subscription_id": subscription_id, "recovered": True}
-        after = last
-        if since is not None:
-            position, problem = parse_cursor(since, self.tag)
-            if position is not None and position > last:
-                problem = f"cursor {since!r} is ahead of this Field's log (at {last})"
-            if problem is None and position is not None:
-                after = position
-            else:
+        resumed = after is not None or problem is not None
+        if after is not None and after > last:
+            shown = format_cursor(self.tag, after)
+            problem = f"cursor {shown!r} is ahead of this Field's log (at {last})"
+        if problem is not None or after is None:
+            if problem is not None:
                 report.update(recovered=False, reason=problem)
-            if self.counts is not None:
-                self.counts.resumes[(connection.kind, report["recovered"])] += 1
+            after = last
+        if resumed and self.counts is not None:
+            self.counts.resumes[(connection.kind, report["recovered"])] += 1
         ending = subscription.get("ended_position")
         until = last if ending is None else min(last, ending - 1)
         binding = self._bind(connection, subscription, after, replaying=after < until)
@@ -641,7 +656,7 @@ class PushHub:
             )
         )
         if not binding.connection.outbox.put(
-            Frame(body, event.name, cursor, stream.subscription_id)
+            Frame(body, event.name, cursor, stream.subscription_id, position)
         ):
             self.overflow(binding.connection)
             return False
@@ -961,6 +976,7 @@ class PushHub:
                 notification.event.name,
                 format_cursor(self.tag, notification.position),
                 notification.subscription_id,
+                notification.position,
             )
             if not connection.outbox.put(frame):
                 self.overflow(connection)
