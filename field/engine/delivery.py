@@ -71,6 +71,7 @@ from ..client import retry_after_seconds
 from ..contract.clock import iso_timestamp
 from ..contract.errors import FieldError
 from ..contract.model import StoredEntry
+from ..contract.ratelimit import Rate, TokenBucket
 from ..core.egress import EgressPolicy
 from ..core.field import Field
 from ..core.secrets import SecretBox, signature_headers
@@ -549,8 +550,7 @@ class Sink:
         "last_status",
         "last_error",
         "next_attempt",
-        "tokens",
-        "refilled",
+        "bucket",
         "in_flight",
         "closed",
         "quiet",
@@ -580,9 +580,8 @@ class Sink:
         self.last_status: int | None = None
         self.last_error: str | None = None
         self.next_attempt: float | None = None
-        # a full bucket, refilled long ago: floats shared by every idle delivery
-        self.tokens = engine.full_bucket
-        self.refilled = 0.0
+        #: the delivery's rate limit (a full bucket, refilled long ago)
+        self.bucket = TokenBucket(engine.full_bucket, 0.0)
         self.in_flight = False
         self.closed = False
         #: sweeps of the engine since this delivery last sent anything (see :meth:`rest`)
@@ -828,14 +827,11 @@ class Sink:
 
     async def _take_token(self) -> None:
         """The delivery's rate limit: a token bucket of ``burst`` at ``rate`` per second."""
-        settings = self.engine.settings
-        now = self.engine.clock()
-        self.tokens = min(settings.burst, self.tokens + (now - self.refilled) * settings.rate)
-        self.refilled = now
-        if self.tokens < 1.0:
-            await asyncio.sleep((1.0 - self.tokens) / settings.rate)  # over the rate: wait
-            self.tokens, self.refilled = 1.0, self.engine.clock()
-        self.tokens -= 1.0
+        bucket = self.bucket
+        wait = bucket.take(self.engine.rate, self.engine.clock())
+        if wait > 0:  # over the rate: wait for the token, then it is taken
+            await asyncio.sleep(wait)
+            bucket.tokens, bucket.stamp = 0.0, self.engine.clock()
 
     def status(self) -> dict[str, Any]:
         """This delivery's progress, for SUBSCRIBE ``list``."""
@@ -877,6 +873,8 @@ class DeliveryEngine:
         self.random = rng
         self.sinks: dict[str, Sink] = {}
         self.full_bucket = float(settings.burst)
+        #: each delivery's rate of notifications
+        self.rate = Rate(settings.rate, settings.burst)
         self._acks: dict[str, int] = {}
         self._flusher: asyncio.Task[None] | None = None
         self._timers: set[asyncio.TimerHandle] = set()
