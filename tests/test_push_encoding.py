@@ -32,7 +32,7 @@ from field.subscriptions.stream import (
     encode_notification,
     format_cursor,
 )
-from field.transports.sse import _sse_event
+from field.transports.sse import sse_event
 from field.transports.wsprotocol import FieldWebSocketProtocol
 
 from .conftest import ThreadedServer
@@ -101,7 +101,7 @@ def test_sse_events_equal_sse_starlettes_encoding(
     body: bytes, kind: str, cursor: str | None
 ) -> None:
     expected = ServerSentEvent(data=body.decode(), event=kind, id=cursor).encode()
-    assert _sse_event(Frame(body, kind, cursor)) == expected
+    assert sse_event(Frame(body, kind, cursor)) == expected
 
 
 # -- the hub: direct frames equal the frames of Notification objects ----------------------
@@ -167,9 +167,8 @@ def reference_frames(hub: PushHub, entries: list[StoredEntry], subscription_id: 
             bool(match.requires_action[0]),
             shared=shared,
         )
-        frames.append(
-            Frame(encode_notification(notification), match.event.name, cursor, subscription_id)
-        )
+        body = encode_notification(notification)
+        frames.append(Frame(body, match.event.name, cursor, subscription_id, match.event.position))
     return frames
 
 

@@ -66,6 +66,7 @@ from ..engine.outbox import Frame, Outbox
 from ..engine.push import SHUTDOWN, SINK_KINDS, Connection, PushHub
 from .http import error_response
 from .index import CONSOLE_PATH
+from .sse import sse_event
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
 if TYPE_CHECKING:
@@ -484,9 +485,7 @@ class Meter:
 
 def _event(frame: Frame, *, more: bool) -> dict[str, Any]:
     """An ASGI body message holding ``frame`` as an SSE event (no event if it has no kind)."""
-    body = b""
-    if frame.kind:  # the bodies are JSON from orjson: one line each
-        body = b"event: " + frame.kind.encode() + b"\r\ndata: " + frame.body + b"\r\n\r\n"
+    body = sse_event(frame) if frame.kind else b""
     return {"type": "http.response.body", "body": body, "more_body": more}
 
 

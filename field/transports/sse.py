@@ -225,7 +225,7 @@ async def _farewell(
             hub.counts.overflows[(connection.kind, "send timed out")] += 1
     cursors = {subscription_id: resume_from} if resume_from is not None else {}
     data = {"reason": "send timed out: the consumer stopped reading", "cursors": cursors}
-    last = _sse_event(Frame(orjson.dumps(data), "overflow"))
+    last = sse_event(Frame(orjson.dumps(data), "overflow"))
     try:
         async with asyncio.timeout(FAREWELL_SECONDS):
             await send({"type": "http.response.body", "body": last, "more_body": False})
@@ -237,7 +237,7 @@ def _shutdown_event(subscription_id: str, resume_from: str | None) -> bytes:
     """The last event of a stream whose server is stopping: reconnect, and resume from
     ``cursor`` (where the stream stands: as good as the last event id received)."""
     data = {"subscription_id": subscription_id, "reason": SHUTDOWN[1], "cursor": resume_from}
-    return _sse_event(Frame(orjson.dumps(data), "shutdown"))
+    return sse_event(Frame(orjson.dumps(data), "shutdown"))
 
 
 def _closing(chunk: bytes) -> dict[str, Any]:
@@ -273,7 +273,7 @@ def _events(
         if cursor is not None:
             break
     notifications = count_notifications(frames, tally)
-    return b"".join(_sse_event(f) for f in frames), frames[-1].kind in _LAST, cursor, notifications
+    return b"".join(sse_event(f) for f in frames), frames[-1].kind in _LAST, cursor, notifications
 
 
 #: The events after which the Field ends a stream.
@@ -291,7 +291,7 @@ def _resume_point(frame: Frame) -> str | None:
     return None
 
 
-def _sse_event(frame: Frame) -> bytes:
+def sse_event(frame: Frame) -> bytes:
     """``ServerSentEvent(data=body, event=kind, id=cursor).encode()``, by concatenation.
 
     Frame bodies are JSON from orjson (no raw line breaks, so one ``data:``
