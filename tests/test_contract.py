@@ -293,12 +293,20 @@ async def test_a_request_just_before_the_close_outlasts_the_grace_end_to_end(
         assert reason.endswith("(heartbeat_timeout 1.5 s) and no push connection open")
 
 
+#: Seconds a request of the restart test may take: only ever reached when something hangs
+#: (a run of the suite once waited in it for minutes; the traceback will name the request).
+HANG_GUARD = 30.0
+
+
 async def test_why_an_agent_failed_is_told_and_survives_a_restart(
     server_factory: Callable[..., ThreadedServer], tmp_path: Path
 ) -> None:
     settings = {"data_dir": tmp_path / "data", "sync": "normal", "failure_grace": 0.2}
     server = server_factory(**settings, heartbeat_timeout=0)
-    async with FieldClient(server.url) as field, aiohttp.ClientSession() as http:
+    async with (
+        FieldClient(server.url, timeout=HANG_GUARD) as field,
+        aiohttp.ClientSession() as http,
+    ):
         watcher = await field.register("watcher", "lead")
         flaky = await field.register("flaky", "analyst")
         response = await subscribe_over_http(watcher, ["agent.failed"])
@@ -329,12 +337,12 @@ async def test_why_an_agent_failed_is_told_and_survives_a_restart(
         (agent,) = page["agents"]
         return dict(agent)
 
-    async with FieldClient(server.url) as field:
+    async with FieldClient(server.url, timeout=HANG_GUARD) as field:
         agent = listed(await field.agent("watcher", watcher.token).get("/v1/agents", id="flaky"))
     assert (agent["status"], agent["failure_reason"]) == ("failed", reason)
     server.stop()
     server = server_factory(**settings, heartbeat_timeout=0)
-    async with FieldClient(server.url) as field:
+    async with FieldClient(server.url, timeout=HANG_GUARD) as field:
         again = field.agent("watcher", watcher.token)
         assert listed(await again.get("/v1/agents", id="flaky")) == agent
         back = field.agent("flaky", flaky.token, role="analyst")

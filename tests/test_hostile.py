@@ -17,6 +17,7 @@ import shutil
 import signal
 import sqlite3
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -465,9 +466,8 @@ def test_an_unusable_data_directory_ends_with_one_line(tmp_path: Path, kind: str
     blocker = tmp_path / f"file-{uuid.uuid4().hex}"
     blocker.write_text("not a directory")
     data_dir = blocker / "data" if kind == "under-a-file" else blocker
-    python = shutil.which("python3") or "python3"
     result = subprocess.run(
-        [python, "-m", "field", "serve", "--port", "0", "--data-dir", str(data_dir)],
+        [sys.executable, "-m", "field", "serve", "--port", "0", "--data-dir", str(data_dir)],
         capture_output=True,
         text=True,
         timeout=60,

@@ -66,7 +66,7 @@ from ..engine.outbox import Frame, Outbox
 from ..engine.push import SHUTDOWN, SINK_KINDS, Connection, PushHub
 from .http import error_response
 from .index import CONSOLE_PATH
-from .sse import sse_event
+from .sse import Departure, sse_event
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
 if TYPE_CHECKING:
@@ -376,7 +376,7 @@ class ConsoleStream:
             self.connection.outbox.close_with(frame)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        watcher = asyncio.get_running_loop().create_task(self._watch(receive))
+        departure = Departure(receive, lambda: self.end(None))  # as an SSE stream watches
         outbox = self.connection.outbox
         try:
             async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
@@ -394,14 +394,8 @@ class ConsoleStream:
         except TimeoutError:
             logger.warning("a console stream of %s stopped reading", self.viewer.id)
         finally:
-            watcher.cancel()
+            departure.close()
             self.feed.close(self)
-
-    async def _watch(self, receive: Receive) -> None:
-        """End the stream once the client has gone away."""
-        while (await receive())["type"] != "http.disconnect":
-            pass
-        self.end(None)
 
 
 #: What the metrics counted so far (``Metrics.answered``): operations, and their seconds.

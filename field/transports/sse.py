@@ -12,7 +12,7 @@ the response is written here rather than by sse-starlette's
 stream's 50). Here the request's own task is the stream's only task: it
 waits on the outbox with the ping interval as its timeout, and the client
 going away is noticed by stepping the server's ``receive()`` by hand
-(:class:`_Departure`), which costs no task. sse-starlette still encodes
+(:class:`Departure`), which costs no task. sse-starlette still encodes
 what is not plain (:class:`ServerSentEvent`): pings, and bodies with line
 breaks. A server that stops ends every stream through the hub
 (:meth:`PushHub.shutdown` closes every outbox), which is what
@@ -138,7 +138,7 @@ class HubEventStream:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         connection = self.connection
-        departure = _Departure(receive, lambda: _client_gone(connection))
+        departure = Departure(receive, lambda: _client_gone(connection))
         try:
             await _stream(self.hub, connection, send, self.subscription_id)
         finally:
@@ -307,7 +307,7 @@ def sse_event(frame: Frame) -> bytes:
     return head + body + b"\r\n\r\n"
 
 
-class _Departure:
+class Departure:
     """Calls ``gone()`` once the client has gone away, with no task of its own.
 
     Once the request's (empty) body has been read, the server's ``receive()``
