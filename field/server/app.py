@@ -175,7 +175,7 @@ def create_app(
             max_per_agent=config.max_push_per_agent,
             notify_rate=config.notify_rate_limit(),
         )
-        service.listeners.add(binding.rate_limits.published)
+        service.listeners.add(binding.door.rate_limits.published)
         presence = _shared_presence(log, service, config)
         liveness = Liveness(
             service,
@@ -202,8 +202,8 @@ def create_app(
             binding.metrics.instrument()
         app.state.service = service
         app.state.push_hub = binding.hub
-        app.state.register_limit = binding.register_limit
-        app.state.rate_limits = binding.rate_limits
+        app.state.register_limit = binding.door.register_limit
+        app.state.rate_limits = binding.door.rate_limits
         if binding.mcp is not None:
             await binding.mcp.start()
             app.state.mcp = binding.mcp

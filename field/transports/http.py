@@ -160,11 +160,8 @@ class HTTPBinding:
         self.started = time.monotonic()
         #: inbound event sources (their counts appear in the status)
         self.sources: SourcesBinding | None = None
-        #: REGISTER's per-client rate, checked before the writer's queue
-        self.register_limit = register_limit
-        #: the per-agent limit on operations (one for the server, whatever its bindings)
-        self.rate_limits = rate_limits
-        #: the way in of every operation, whatever its transport
+        #: the way in of every operation, whatever its transport: it holds the per-agent
+        #: limit on operations and REGISTER's per-client rate
         self.door = FrontDoor(self, rate_limits=rate_limits, register_limit=register_limit)
         #: ``GET /metrics`` and what it counts (None: ``--no-metrics``)
         self.metrics: Metrics | None = None

@@ -501,9 +501,10 @@ def _service_metrics(binding: HTTPBinding) -> Iterator[Metric]:
         "REGISTER over --register-rate.",
         labels=["limit"],
     )
-    limited.add_metric(["agent"], binding.rate_limits.refused)
-    if binding.register_limit is not None:
-        limited.add_metric(["register"], binding.register_limit.refused)
+    door = binding.door
+    limited.add_metric(["agent"], door.rate_limits.refused)
+    if door.register_limit is not None:
+        limited.add_metric(["register"], door.register_limit.refused)
     yield limited
     statuses = Tally(
         agent.status if agent.status in _AGENT_STATUSES else OTHER
