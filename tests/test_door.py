@@ -24,8 +24,15 @@ class Seen:
     def __init__(self) -> None:
         self.told: list[tuple[str, str | None, Any, Any]] = []
 
-    def operation(self, transport: str, operation: str | None, started: float, result: Any,
-                  body: Any = None, **where: Any) -> None:  # fmt: skip
+    def operation(
+        self,
+        transport: str,
+        operation: str | None,
+        started: float,
+        result: Any,
+        body: Any = None,
+        **where: Any,
+    ) -> None:
         self.told.append((transport, operation, result, body))
 
 

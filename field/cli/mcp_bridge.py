@@ -46,7 +46,7 @@ import orjson
 
 from .. import __version__
 from ..client import AgentClient, FieldClient, FieldClientError
-from ..contract.tools import SESSION_TOOLS, TOOLS, definitions
+from ..contract.tools import SESSION_TOOLS, TOOLS, definitions, session_after
 
 __all__ = [
     "TOOLS",
@@ -237,7 +237,7 @@ class Bridge:
         if poll:
             self.cursors[agent.id] = response["epoch"]
         if operation == "SESSION":
-            _follow_session(agent, args, response)
+            agent.session_id = session_after(agent.session_id, args, response)
         if operation == "DEREGISTER":
             del self.agents[agent.id]
             self.cursors.pop(agent.id, None)
@@ -270,18 +270,6 @@ class Bridge:
             "broke mid-call the operation may have been applied: check with akashik_attune "
             "(scope.include_own) before recording again.",
         )
-
-
-def _follow_session(agent: AgentClient, args: dict[str, Any], response: dict[str, Any]) -> None:
-    """Track the agent's current session: set by create/join, cleared by leave/end of it."""
-    action = args.get("action")
-    session = response.get("session")
-    if not isinstance(session, dict):
-        return
-    if action in ("create", "join"):
-        agent.session_id = session["id"]
-    elif action in ("leave", "end") and agent.session_id == session["id"]:
-        agent.session_id = None
 
 
 # -- the MCP server ---------------------------------------------------------------------------

@@ -207,6 +207,20 @@ TOOLS: dict[str, Tool] = {
 SESSION_TOOLS = frozenset({"akashik_record", "akashik_coordinate"})
 
 
+def session_after(current: str | None, args: Mapping[str, Any], response: Any) -> str | None:
+    """The caller's current Field session after a ``SESSION`` call with ``args`` answered
+    ``response``: the one it created or joined, none once it left or ended it, else
+    ``current``."""
+    action, session = args.get("action"), response.get("session")
+    if not isinstance(session, dict):
+        return current
+    if action in ("create", "join"):
+        return str(session["id"])
+    if action in ("leave", "end") and current == session["id"]:
+        return None
+    return current
+
+
 def tool_envelope(
     operation: str,
     args: dict[str, Any],

@@ -512,15 +512,8 @@ class _CORSFieldApp(_FieldApp):
     """:class:`_FieldApp` behind CORS (``--cors-origin``): every HTTP answer, those of the
     paths it serves itself and every error included (``field.transports.cors``)."""
 
-    def __init__(
-        self,
-        binding: HTTPBinding,
-        *,
-        origins: Collection[str],
-        hosts: AllowedHosts,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(binding, origins=origins, hosts=hosts, **kwargs)
+    def __init__(self, binding: HTTPBinding, *, origins: Collection[str], **kwargs: Any) -> None:
+        super().__init__(binding, origins=origins, **kwargs)
         serve = functools.partial(_FieldApp.__call__, self)
         self._cors = cors_middleware(serve, origins)
 

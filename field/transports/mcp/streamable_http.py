@@ -98,6 +98,7 @@ from ...contract.tools import (
     SESSION_TOOLS,
     SUBSCRIPTION_FIELDS,
     definitions,
+    session_after,
     tool_envelope,
 )
 from ...core.authority import OPERATOR_ID
@@ -681,13 +682,7 @@ class McpHttpBinding:
         if poll:
             session.poll_epoch = response["epoch"]
         elif operation == "SESSION":
-            action, current = args.get("action"), response.get("session")
-            if not isinstance(current, dict):
-                return
-            if action in ("create", "join"):
-                session.field_session = current["id"]
-            elif action in ("leave", "end") and session.field_session == current["id"]:
-                session.field_session = None
+            session.field_session = session_after(session.field_session, args, response)
         elif operation == "SUBSCRIBE" and response.get("cursor"):
             created = session.created
             created[response["subscription_id"]] = response["cursor"]
