@@ -22,8 +22,9 @@ import pytest
 from field.client import AgentClient, FieldClient, Relation
 from field.client.sse import SSEParser
 from field.core.field import Field
-from field.engine.outbox import Frame, Outbox
+from field.engine.outbox import Outbox
 from field.engine.push import PushHub
+from field.engine.router import Frame
 from field.engine.service import FieldService
 from field.server.app import http_binding
 from field.server.config import Config

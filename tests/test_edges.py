@@ -25,7 +25,7 @@ from websockets.uri import parse_uri
 
 from field.client import AgentClient, FieldClient
 from field.contract.model import Limits
-from field.engine.outbox import PushLimits
+from field.engine.router import PushLimits
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid

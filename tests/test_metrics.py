@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from field.client import AgentClient, FieldClient, FieldClientError
 from field.engine.admission import Mode, Work
-from field.engine.outbox import PushLimits
+from field.engine.router import PushLimits
 from field.server.app import http_binding
 from field.server.config import Config
 from field.transports.access import AccessLog

@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from field.engine.outbox import Frame, Outbox, Waker
+from field.engine.outbox import Outbox, Waker
+from field.engine.router import Frame
 
 
 def frame(n: int, size: int = 10) -> Frame:

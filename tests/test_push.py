@@ -36,7 +36,7 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from field.client import AgentClient, FieldClient, FieldClientError
 from field.contract.model import Limits
-from field.engine.outbox import PushLimits
+from field.engine.router import PushLimits
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid

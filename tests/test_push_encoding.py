@@ -21,8 +21,8 @@ from sse_starlette import ServerSentEvent
 
 from field.contract.model import StoredEntry
 from field.core.field import Field
-from field.engine.outbox import Frame
 from field.engine.push import PushHub
+from field.engine.router import Frame
 from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.subscriptions.events import SUBSCRIPTION_EVENTS, FieldEvent, event_of
@@ -156,7 +156,7 @@ def reference_frames(hub: PushHub, entries: list[StoredEntry], subscription_id: 
     events = [e for e in (event_of(entry, state.known_units) for entry in entries) if e]
     row = np.array([state.registry.rows[subscription_id]])
     frames = []
-    for match in hub._matcher().match(events, only=row):
+    for match in hub.router.matcher().match(events, only=row):
         cursor = format_cursor(hub.tag, match.event.position)
         shared = encode_event(match.event, cursor)
         notification = Notification(
@@ -190,11 +190,11 @@ def test_replayed_and_live_frames_equal_the_notification_path() -> None:
         assert expected, agent
         # replayed: a page at a time
         connection = hub.connect(agent, "sse")
-        binding = hub._bind(connection, state.subscriptions[sid], 0, replaying=True)
+        binding = hub.router.bind(connection, state.subscriptions[sid], 0, replaying=True)
         row = np.array([state.registry.rows[sid]])
         names = frozenset(state.subscriptions[sid]["events"])
         offered = sum(
-            hub._offer_entries(binding, entries[i : i + 7], row, names)
+            hub.router.offer_entries(binding, entries[i : i + 7], row, names)
             for i in range(0, len(entries), 7)
         )
         assert offered == len(expected)
@@ -203,7 +203,7 @@ def test_replayed_and_live_frames_equal_the_notification_path() -> None:
         # live: every entry published as it was committed ("sse": a socket would also
         # be bound to the subscriptions the entries create)
         connection = hub.connect(agent, "sse")
-        hub._bind(connection, state.subscriptions[sid], 0, replaying=False)
+        hub.router.bind(connection, state.subscriptions[sid], 0, replaying=False)
         for entry in entries:
             for _ in hub.publish([entry]):
                 pass

@@ -96,11 +96,11 @@ async def test_the_bound_set_and_the_registry_changing_refresh_what_a_publish_ma
     a = hub.stream("a", a_sub)
     first = await hub.record("writer", "pricing first")
     assert units(a) == [first]
-    scope = hub.hub._scope
+    scope = hub.hub.router.scope
     assert scope is not None
     second = await hub.record("writer", "pricing second")
     assert units(a) == [second]
-    assert hub.hub._scope is scope  # nothing changed: the same scope served
+    assert hub.hub.router.scope is scope  # nothing changed: the same scope served
     # a subscription that is created but not streamed changes the registry
     await hub.subscribe("writer", ["agent.joined"])
     b_sub = await hub.subscribe("b", ["memory.recorded"])
@@ -115,7 +115,7 @@ async def test_the_bound_set_and_the_registry_changing_refresh_what_a_publish_ma
     hub.hub.disconnect(b)
     await hub.record("writer", "pricing fifth")
     assert units(b) == []
-    assert hub.hub._by_subscription == {}
+    assert hub.hub.router.by_subscription == {}
 
 
 async def test_only_streams_with_an_open_window_are_flushed_and_then_let_go(hub: Hub) -> None:
@@ -124,19 +124,19 @@ async def test_only_streams_with_an_open_window_are_flushed_and_then_let_go(hub:
     unit = await hub.record("writer", "pricing under debounce")
     assert units(prompt) == [unit]  # undebounced: at once, never a window
     (binding,) = debounced.streams.values()
-    assert hub.hub._windowed == {binding}
+    assert hub.hub.router.windowed == {binding}
     assert units(debounced) == []
     hub.hub.flush_due(time.time() + 1)  # as the hub's timer will once the window has ended
     assert units(debounced) == [unit]
-    assert hub.hub._windowed == set()
+    assert hub.hub.router.windowed == set()
 
 
 async def test_a_stream_that_goes_away_with_an_open_window_is_let_go(hub: Hub) -> None:
     debounced = hub.stream("a", await hub.subscribe("a", ["memory.recorded"], debounce_ms=60_000))
     await hub.record("writer", "pricing held for a minute")
-    assert len(hub.hub._windowed) == 1
+    assert len(hub.hub.router.windowed) == 1
     hub.hub.disconnect(debounced)
-    assert hub.hub._windowed == set()
+    assert hub.hub.router.windowed == set()
 
 
 async def test_deregistering_ends_only_that_agents_connections(hub: Hub) -> None:
@@ -171,4 +171,4 @@ async def test_an_sse_response_that_never_streams_lets_go_of_its_connection(hub:
     with pytest.raises((OSError, ExceptionGroup)):
         await response(scope, receive, send)
     assert connection not in hub.hub.connections
-    assert hub.hub._by_subscription == {} and hub.hub._by_agent == {}
+    assert hub.hub.router.by_subscription == {} and hub.hub.router.by_agent == {}

@@ -35,7 +35,7 @@ from field.client import (
     Subscription,
 )
 from field.client.sse import SSEError, SSEEvent, SSEParser
-from field.engine.outbox import PushLimits
+from field.engine.router import PushLimits
 
 from .conftest import ServerProcess, ThreadedServer
 

@@ -29,7 +29,7 @@ import uvicorn
 
 from field.cli.main import _Server, uvicorn_config
 from field.client import AgentClient, FieldClient
-from field.engine.push import SHUTDOWN
+from field.engine.router import SHUTDOWN
 from field.server.config import Config
 from field.transports import wsprotocol
 from field.transports.wsprotocol import SHUTDOWN_CLOSE, SHUTDOWN_EXTENSION

@@ -73,7 +73,7 @@ class Server:
 
 
 def released(h: Hub, connection: Connection) -> bool:
-    return connection not in h.hub.connections and h.hub._by_agent.get("a") is None
+    return connection not in h.hub.connections and h.hub.router.by_agent.get("a") is None
 
 
 async def start(h: Hub, server: Server) -> tuple[Connection, asyncio.Task[None]]:

@@ -619,9 +619,9 @@ class Field:
         cancelled after the cursor (it owes what came before its end)."""
         return subscribe.streamable_subscription(self, subscription_id, agent_id, cursor)
 
-    def ack_deliveries(self, cursors: dict[str, int]) -> Outcome:
-        """Deliveries acknowledged up to ``cursors`` (by subscription): one entry for all."""
-        return self.system(lambda epoch, now: subscribe.ack_entries(self, cursors, epoch, now))
+    def ack_deliveries(self, positions: dict[str, int]) -> Outcome:
+        """Deliveries acknowledged up to ``positions`` (by subscription): one entry for all."""
+        return self.system(lambda epoch, now: subscribe.ack_entries(self, positions, epoch, now))
 
     def change_delivery(self, subscription_id: str, action: str, reason: str | None) -> Outcome:
         """Move a durable delivery's state (``fail``, ``recover``, ``suspend``, ``end``)."""

@@ -428,12 +428,13 @@ def _with_filter(subscription: dict[str, Any], status: dict[str, Any] | None) ->
 # -- what the delivery engine reports (no envelope: the server decides these) ----------
 
 
-def ack_entries(field: Field, cursors: dict[str, int], epoch: int, now: float) -> list[LogEntry]:
-    """A ``delivery.acked`` entry for the deliveries ``cursors`` moves forward, if any."""
+def ack_entries(field: Field, positions: dict[str, int], epoch: int, now: float) -> list[LogEntry]:
+    """A ``delivery.acked`` entry for the deliveries ``positions`` moves forward, if any
+    (the entry's ``cursors`` key is the log's format, kept as written)."""
     records = field.state.deliveries
     moved = {
         subscription_id: position
-        for subscription_id, position in sorted(cursors.items())
+        for subscription_id, position in sorted(positions.items())
         if subscription_id in records
         and records[subscription_id]["state"] != "ended"
         and position > records[subscription_id]["acked"]

@@ -3,8 +3,8 @@
 One :class:`Sink` per durable delivery (``field/subscriptions/delivery.py``
 has its state machine). A sink is a consumer of the push hub, as a
 WebSocket is: the hub streams the subscription to it from the sink's
-acknowledged cursor (replaying the log, then live) into a small outbox,
-and the sink POSTs each frame, one at a time and in cursor order, moving
+acknowledged position (replaying the log, then live) into a small outbox,
+and the sink POSTs each frame, one at a time and in log order, moving
 on only once the receiver answered 2xx. So a webhook receives exactly the
 notifications the subscription's SSE stream carries, with the same bodies
 and cursors.
@@ -12,7 +12,7 @@ and cursors.
 * **Durable.** What a sink delivered is acknowledged in the log, many
   deliveries per ``delivery.acked`` entry, each written as soon as the
   previous one is durable. After a crash every delivery resumes from its
-  last acknowledged cursor: only deliveries whose acknowledgement was in
+  last acknowledged position: only deliveries whose acknowledgement was in
   flight are sent again, with the same ``webhook-id``. Every message has
   one, made of what names it in the log, never of a count kept in memory:
   a notification's is its cursor; a subscription's last message's, its
@@ -36,7 +36,7 @@ and cursors.
   the deliveries (:meth:`DeliveryEngine.own`: a lease,
   :mod:`field.store.lease`) and runs the sinks; the others follow the log
   like everyone else, their engines without a sink, until the lease moves
-  to them and they resume every delivery from its acknowledged cursor.
+  to them and they resume every delivery from its acknowledged position.
   Losing the lease stops every sink at once (:meth:`DeliveryEngine.disown`),
   and the lease is checked again before each POST (:attr:`DeliveryEngine.sending`).
 
@@ -88,8 +88,9 @@ from ..subscriptions.delivery import (
 from ..subscriptions.stream import format_cursor
 from .egress import PolicyConnector, check_destination, refusal_of
 from .listeners import Stage
-from .outbox import Frame, Outbox
+from .outbox import Outbox
 from .push import Connection, PushHub
+from .router import Frame
 from .service import FieldService
 from .slots import FairSlots, Slots
 
@@ -730,7 +731,7 @@ class Sink:
         elif frame.kind == "end":
             await self._end(frame)
         elif frame.kind == "resume":
-            report = orjson.loads(frame.body)
+            report = frame.control or {}
             if not report.get("recovered", True):
                 self.last_error = f"could not resume: {report.get('reason')}"
                 logger.error("delivery %s %s", self.subscription_id, self.last_error)
@@ -904,7 +905,7 @@ class DeliveryEngine:
 
     def own(self) -> None:
         """Run the sinks: resume every delivery the log holds and has not seen end, each
-        from its acknowledged cursor (a delivery still being stored comes with its entry,
+        from its acknowledged position (a delivery still being stored comes with its entry,
         through :meth:`observe`)."""
         if self.owner:
             return
@@ -1035,7 +1036,7 @@ class DeliveryEngine:
                 batch, self._acks = self._acks, {}
                 try:
                     await self.service.execute(
-                        functools.partial(Field.ack_deliveries, cursors=batch),
+                        functools.partial(Field.ack_deliveries, positions=batch),
                         operation="DELIVERY",
                     )
                 except FieldError as error:  # the log refuses writes, or is overloaded

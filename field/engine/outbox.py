@@ -21,17 +21,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class PushLimits:
-    """Bounds of every push connection (``--outbox-frames``, ``--outbox-bytes``)."""
-
-    outbox_frames: int = 10_000
-    outbox_bytes: int = 8 << 20
-    #: live notifications held back while a stream replays before it overflows
-    replay_hold: int = 100_000
+from .router import Frame
 
 
 class Waker:
@@ -104,23 +95,6 @@ class Waker:
         if self._before if self._corked else due:
             asyncio.get_running_loop().call_soon(self._wake_some)
             self._scheduled = True
-
-
-@dataclass(slots=True)
-class Frame:
-    """One encoded message and what the transport needs to label it (never changed
-    once queued; not frozen: one is built per notification, and frozen costs 4x)."""
-
-    body: bytes
-    #: the event name (SSE ``event:``), or the control frame's type
-    kind: str
-    #: the notification's cursor (SSE ``id:``), None for control frames
-    cursor: str | None = None
-    #: the subscription this frame belongs to, if any
-    subscription_id: str | None = None
-    #: the notification's log position (``cursor`` is its wire form), None for control
-    #: frames: a sink that keeps positions reads this, never parses the cursor back
-    position: int | None = None
 
 
 class Outbox:

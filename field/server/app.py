@@ -169,13 +169,6 @@ def create_app(
         )
         await service.start()
         binding.service = service
-        binding.hub = PushHub(
-            service,
-            config.push,
-            max_per_agent=config.max_push_per_agent,
-            notify_rate=config.notify_rate_limit(),
-        )
-        service.listeners.add(binding.door.rate_limits.published)
         presence = _shared_presence(log, service, config)
         liveness = Liveness(
             service,
@@ -184,7 +177,15 @@ def create_app(
             remote=presence,
         )
         service.on_seen = liveness.seen
-        binding.hub.liveness = liveness
+        binding.hub = PushHub(
+            service,
+            config.push,
+            max_per_agent=config.max_push_per_agent,
+            notify_rate=config.notify_rate_limit(),
+            liveness=liveness,
+            counts=None if binding.metrics is None else binding.metrics.counts,
+        )
+        service.listeners.add(binding.door.rate_limits.published)
         if presence is not None:
             await presence.start(liveness.drain_changes)
         liveness.start()

@@ -25,8 +25,6 @@ from ..core.registration import POLICIES, REGISTER_BURST, REGISTER_RATE
 from ..core.validation import duration_seconds
 from ..engine.admission import AdmissionPolicy
 from ..engine.delivery import DeliverySettings
-from ..engine.outbox import PushLimits
-from ..engine.push import DEFAULT_MAX_PER_AGENT
 from ..engine.ratelimits import (
     DEFAULT_AGENT_BURST,
     DEFAULT_AGENT_RATE,
@@ -34,6 +32,7 @@ from ..engine.ratelimits import (
     DEFAULT_NOTIFY_RATE,
     rate_of,
 )
+from ..engine.router import DEFAULT_MAX_PER_AGENT, PushLimits
 from ..engine.snapshotter import DEFAULT_ENTRIES as DEFAULT_SNAPSHOT_ENTRIES
 from ..engine.snapshotter import DEFAULT_SECONDS as DEFAULT_SNAPSHOT_SECONDS
 from ..engine.snapshotter import SnapshotPolicy

@@ -9,7 +9,7 @@ A subscription is delivered in one of three ways (``subscription.delivery``):
   then each notification as a ``subscription_event``, then one ``final``
   event, to a RAP runtime's ``callback_url``.
 
-The last two are *durable*: their acknowledged cursor and their state are in
+The last two are *durable*: their acknowledged position and their state are in
 the log, so a restart resumes them where they stood. Their state is one
 table, :data:`TRANSITIONS` (state x action -> state)::
 
@@ -22,7 +22,7 @@ table, :data:`TRANSITIONS` (state x action -> state)::
                                              RAP runtime let go of it, and it owes
                                              nothing, in the write that cancelled it)
 
-Nothing is dropped in any state: a delivery keeps its cursor, and the log
+Nothing is dropped in any state: a delivery keeps its position, and the log
 holds what it owes. ``failing`` keeps trying, at ``failing_interval``;
 ``suspended`` waits for a ``resume``.
 

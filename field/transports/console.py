@@ -62,8 +62,9 @@ from ..core.context import Outcome
 from ..core.field import Field
 from ..core.state import AgentRecord, FieldState
 from ..engine.admission import Work
-from ..engine.outbox import Frame, Outbox
-from ..engine.push import SHUTDOWN, SINK_KINDS, Connection, PushHub
+from ..engine.outbox import Outbox
+from ..engine.push import Connection, PushHub
+from ..engine.router import SHUTDOWN, SINK_KINDS, Frame
 from .http import error_response
 from .index import CONSOLE_PATH
 from .sse import Departure, sse_event

@@ -74,7 +74,7 @@ from ..contract.model import AGENT_STATUSES, OPERATIONS, StoredEntry
 from ..core.context import Outcome
 from ..engine.admission import Mode
 from ..engine.listeners import Listener
-from ..engine.push import PushCounts
+from ..engine.router import PushCounts
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from .access import Access, Responses
 from .index import METRICS_PATH
@@ -124,6 +124,8 @@ class Metrics:
         self.binding = binding
         #: the bearer token ``/metrics`` asks for (None: open)
         self.token = token
+        #: what the push hub's connections do, counted by the hub and read at scrape time
+        self.counts = PushCounts()
         #: the server's connection counts, once the server is built (``uvicorn_config``)
         self.guard: ConnectionGuard | None = None
         self.registry = CollectorRegistry(auto_describe=True)
@@ -192,7 +194,6 @@ class Metrics:
         service, hub = self.binding.service, self.binding.hub
         assert service is not None and hub is not None
         service.on_batch = self.batch
-        hub.counts = PushCounts()
         service.listeners.wrap(hub.publish, self.timed_listener)
 
     def batch(self, operations: int) -> None:

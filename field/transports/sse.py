@@ -37,8 +37,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..contract.errors import FieldError, internal_error
 from ..core.context import Outcome
 from ..core.field import Field
-from ..engine.outbox import Frame, Outbox
-from ..engine.push import SHUTDOWN, Connection, PushHub, count_notifications
+from ..engine.outbox import Outbox
+from ..engine.push import Connection, PushHub
+from ..engine.router import SHUTDOWN, Frame, count_notifications
 from .access import access_of
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
@@ -285,8 +286,8 @@ def _resume_point(frame: Frame) -> str | None:
     ``from`` of the stream's ``resume`` event (nothing is owed before it)."""
     if frame.cursor is not None:
         return frame.cursor
-    if frame.kind == "resume":
-        start = orjson.loads(frame.body).get("from")
+    if frame.kind == "resume" and frame.control is not None:
+        start = frame.control.get("from")
         return start if isinstance(start, str) else None
     return None
 

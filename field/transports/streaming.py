@@ -30,8 +30,8 @@ from ..contract.errors import FieldError, internal_error
 from ..contract.model import OPERATIONS
 from ..core.context import Outcome
 from ..core.field import Field
-from ..engine.outbox import Frame
-from ..engine.push import Connection, PushHub, count_notifications
+from ..engine.push import Connection, PushHub
+from ..engine.router import Frame, count_notifications
 from .access import access_of
 from .documents import decode_document
 from .wsprotocol import BATCH_EXTENSION, SHUTDOWN_CLOSE, SHUTDOWN_EXTENSION, STALL_EXTENSION

@@ -44,8 +44,8 @@ from ...core.context import Outcome
 from ...core.entities import entities_of
 from ...core.field import Field
 from ...core.state import AgentRecord
-from ...engine.outbox import Frame
 from ...engine.push import Connection, PushHub
+from ...engine.router import Frame
 
 SCHEME = "field://"
 AGENT_URI = "field://agent"
@@ -272,7 +272,7 @@ class SubscriptionFeed:
             if frame.kind == "live":
                 self.live = True
             elif self.cursor is None:  # "resume": nothing is owed before it
-                self.cursor = orjson.loads(frame.body)["from"]
+                self.cursor = (frame.control or {})["from"]
 
     def subscribe(self) -> None:
         self.subscribed = True
@@ -315,7 +315,7 @@ class SubscriptionFeed:
                 self._restart()
                 continue
             if frame.kind == "end":
-                self.ended = orjson.loads(frame.body)
+                self.ended = frame.control
                 self.release()
                 break
             if bodies and size + len(frame.body) > max_bytes:
