@@ -39,7 +39,7 @@ from ..contract.model import (
 )
 from ..contract.text import shorten
 from ..ranking.embedding import Embedder, default_embedder
-from ..subscriptions.delivery import RapCall
+from ..subscriptions.delivery import Progress, RapCall
 from ..subscriptions.filtering import FilterStage, FilterTime
 from ..subscriptions.stream import format_cursor
 from . import (
@@ -109,6 +109,7 @@ class Field:
         registration_policy: str = "open",
         max_agents: int = DEFAULT_MAX_AGENTS,
         filter_time: FilterTime | None = None,
+        delivery_progress: Progress | None = None,
     ) -> None:
         self.limits = limits or Limits()
         if registration_policy not in registration.POLICIES:
@@ -140,8 +141,8 @@ class Field:
         self.egress = egress or EgressPolicy()
         #: seals webhook secrets for the log (a key of this process's only, by default)
         self.secret_box = secret_box or SecretBox(secrets.token_bytes(32))
-        #: a durable delivery's progress for SUBSCRIBE list; the delivery engine sets it
-        self.delivery_status: Callable[[str], dict[str, Any] | None] | None = None
+        #: how far each durable delivery is, for SUBSCRIBE list (None: no engine sends any)
+        self.delivery_progress = delivery_progress
         #: subscription filters: the stage after the vectorized matcher, and its counts
         #: each agent's share of the time subscription filters take (None: unbounded)
         self.filter_time = filter_time

@@ -364,7 +364,8 @@ def subscription_wire(field: Field, subscription_id: str) -> dict[str, Any]:
         shown = deliveries.public_delivery(record)
         shown["state"] = record["state"]
         shown["acked_cursor"] = format_cursor(field.field_tag, record["acked"])
-        progress = field.delivery_status(subscription_id) if field.delivery_status else None
+        sending = field.delivery_progress
+        progress = sending.progress(subscription_id) if sending is not None else None
         shown.update(progress or deliveries.IDLE_PROGRESS)
         if shown.get("last_error") is None and record["reason"] is not None:
             shown["last_error"] = record["reason"]

@@ -851,6 +851,16 @@ class Sink:
 # -- every delivery -----------------------------------------------------------------------
 
 
+class Sinks(dict[str, Sink]):
+    """The sinks this node runs, by subscription: made before the Field, which reads each
+    delivery's progress here for SUBSCRIBE ``list``
+    (:class:`~field.subscriptions.delivery.Progress`); the engine fills it."""
+
+    def progress(self, subscription_id: str) -> dict[str, Any] | None:
+        sink = self.get(subscription_id)
+        return sink.status() if sink is not None else None
+
+
 class DeliveryEngine:
     """Every durable delivery of one Field: its sinks, its client, its acknowledgements."""
 
@@ -864,7 +874,10 @@ class DeliveryEngine:
         secret_box: SecretBox,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
+        sinks: Sinks | None = None,
     ) -> None:
+        """``sinks``: where the sinks are kept, if the Field reads their progress there
+        (the root makes it first and gives it to both)."""
         self.service = service
         self.hub = hub
         self.settings = settings
@@ -872,7 +885,7 @@ class DeliveryEngine:
         self.poster = Poster(settings, policy, rng=rng)
         self.clock = clock
         self.random = rng
-        self.sinks: dict[str, Sink] = {}
+        self.sinks = Sinks() if sinks is None else sinks
         self.full_bucket = float(settings.burst)
         #: each delivery's rate of notifications
         self.rate = Rate(settings.rate, settings.burst)
@@ -897,7 +910,6 @@ class DeliveryEngine:
         """Follow the log from now on and, with ``own``, resume every delivery the log has
         not seen end (else they wait for :meth:`own`)."""
         await self.poster.start()
-        self.field.delivery_status = self.status
         if own:
             self.own()
         self.service.listeners.add(self.observe, Stage.DELIVERIES)
@@ -995,10 +1007,6 @@ class DeliveryEngine:
 
     def forget(self, sink: Sink) -> None:
         self.sinks.pop(sink.subscription_id, None)
-
-    def status(self, subscription_id: str) -> dict[str, Any] | None:
-        sink = self.sinks.get(subscription_id)
-        return sink.status() if sink is not None else None
 
     def result_text(self, subscription_id: str, created: int) -> str:
         """The tool result of a RAP subscription's call: what a SUBSCRIBE answered."""

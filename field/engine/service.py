@@ -277,7 +277,6 @@ class FieldService:
             self.unreadable = None
         # what others set on the Field they see carries over to the rebuilt one
         field.writes_refused = self.field.writes_refused
-        field.delivery_status = self.field.delivery_status
         self.field = field
         if self.embeddings is not None:
             self.embeddings.replaced()

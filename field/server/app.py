@@ -24,7 +24,7 @@ from starlette.routing import Route
 from ..contract.ratelimit import Rate
 from ..core.field import Field
 from ..core.secrets import SecretBox
-from ..engine.delivery import DeliveryEngine
+from ..engine.delivery import DeliveryEngine, Sinks
 from ..engine.liveness import Liveness
 from ..engine.push import PushHub
 from ..engine.ratelimits import AgentRateLimits
@@ -148,6 +148,7 @@ def create_app(
         chosen = embedder or load_embedder(config.embedder)
         box = SecretBox(webhook_key or webhook_key_of(config))
         filter_time = config.filter_time()
+        sinks = Sinks()  # the deliveries' progress, which SUBSCRIBE list shows
         service = FieldService(
             log,
             lambda: Field(
@@ -160,6 +161,7 @@ def create_app(
                 registration_policy=config.registration,
                 max_agents=config.max_agents,
                 filter_time=filter_time,
+                delivery_progress=sinks,
             ),
             max_queue=config.max_queue,
             max_batch=config.max_batch,
@@ -195,6 +197,7 @@ def create_app(
             config.delivery_settings(),
             policy=binding.egress,
             secret_box=box,
+            sinks=sinks,
         )
         await deliveries.start(own=presence is None)
         binding.deliveries = deliveries

@@ -51,7 +51,7 @@ import enum
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ..contract.errors import Code, StateError
 
@@ -271,6 +271,15 @@ class RapCall:
 
 
 #: A durable delivery's progress when no engine reports it (a Field with no server).
+class Progress(Protocol):
+    """How far each durable delivery is, as the engine that sends them knows it (what
+    SUBSCRIBE ``list`` shows beside the state the log holds)."""
+
+    def progress(self, subscription_id: str) -> dict[str, Any] | None:
+        """The delivery's ``owed``, ``attempts``, ``last_status``, ``last_error`` and
+        ``next_attempt_at``; None when no sink sends it here (:data:`IDLE_PROGRESS`)."""
+
+
 IDLE_PROGRESS: dict[str, Any] = {
     "owed": None,
     "attempts": 0,

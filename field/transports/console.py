@@ -65,6 +65,7 @@ from ..engine.admission import Work
 from ..engine.outbox import Outbox
 from ..engine.push import Connection, PushHub
 from ..engine.router import SHUTDOWN, SINK_KINDS, Frame
+from ..subscriptions.delivery import Progress
 from .http import error_response
 from .index import CONSOLE_PATH
 from .sse import Departure, sse_event
@@ -622,7 +623,7 @@ def _subscriptions(field: Field, viewer: Viewer, reading: _Reading) -> dict[str,
     else:
         wanted = set(state.active_subscriptions.get(viewer.id, ()))
         total = len(wanted)
-    subscriptions, waiting, owed = state.subscriptions, reading.waiting, field.delivery_status
+    subscriptions, waiting, owed = state.subscriptions, reading.waiting, field.delivery_progress
     order = [
         (-waiting.get(s, 0) - _owed(owed, s, state.deliveries), subscriptions[s]["agent_id"], s)
         for s in wanted
@@ -632,11 +633,11 @@ def _subscriptions(field: Field, viewer: Viewer, reading: _Reading) -> dict[str,
     return {"total": total, "listed": [_subscription(field, s, reading) for *_, s in listed]}
 
 
-def _owed(status: Any, subscription_id: str, deliveries: dict[str, Any]) -> int:
+def _owed(sending: Progress | None, subscription_id: str, deliveries: dict[str, Any]) -> int:
     """What the Field's own delivery of a subscription owes (0: it delivers none)."""
-    if status is None or subscription_id not in deliveries:
+    if sending is None or subscription_id not in deliveries:
         return 0
-    progress = status(subscription_id)
+    progress = sending.progress(subscription_id)
     return int((progress or {}).get("owed", 0))
 
 
