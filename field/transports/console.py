@@ -62,6 +62,7 @@ from ..core.context import Outcome
 from ..core.field import Field
 from ..core.state import AgentRecord, FieldState
 from ..engine.admission import Work
+from ..engine.consumer import consume
 from ..engine.outbox import Outbox
 from ..engine.push import Connection, PushHub
 from ..engine.router import SHUTDOWN, SINK_KINDS, Frame
@@ -356,6 +357,10 @@ class ConsoleFeed:
         }
 
 
+#: Most frames a console stream writes at once (a snapshot and an ``end``, at most).
+_BATCH = 8
+
+
 class ConsoleStream:
     """One console stream: an ASGI app sending the snapshots offered to it as SSE
     events, until the client leaves, the viewer is ended or the server stops."""
@@ -379,15 +384,20 @@ class ConsoleStream:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         departure = Departure(receive, lambda: self.end(None))  # as an SSE stream watches
-        outbox = self.connection.outbox
+
+        async def write(frames: list[Frame]) -> bool:
+            """What the outbox held, as SSE events in one body message."""
+            body = b"".join(sse_event(frame) for frame in frames)
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                await send({"type": "http.response.body", "body": body, "more_body": True})
+            return False
+
         try:
             async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
                 await send(
                     {"type": "http.response.start", "status": 200, "headers": _STREAM_HEADERS}
                 )
-            while (frame := await outbox.get()) is not None:
-                async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                    await send(_event(frame, more=True))
+            await consume(self.hub, self.connection, write, most=_BATCH)
             last = Frame(b"", "")  # the body ends
             if self.connection.ended == SHUTDOWN:  # the server stops: say so, as SSE does
                 last = Frame(orjson.dumps({"reason": SHUTDOWN[1]}), "shutdown")

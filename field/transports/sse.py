@@ -37,9 +37,9 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from ..contract.errors import FieldError, internal_error
 from ..core.context import Outcome
 from ..core.field import Field
-from ..engine.outbox import Outbox
+from ..engine.consumer import consume
 from ..engine.push import Connection, PushHub
-from ..engine.router import SHUTDOWN, Frame, count_notifications
+from ..engine.router import SHUTDOWN, Frame
 from .access import access_of
 from .streaming import SEND_TIMEOUT_SECONDS, token_of
 
@@ -167,41 +167,44 @@ def _client_gone(connection: Connection) -> None:
 
 async def _stream(hub: PushHub, connection: Connection, send: Send, subscription_id: str) -> None:
     """Send the response: the head, then the outbox's frames as events (each chunk once
-    its notifications' tokens are there, :meth:`PushHub.pace`), a ping comment
-    whenever the outbox has been empty for :data:`SSE_PING_SECONDS`, and the end of the
-    body once the outbox closes (with a ``shutdown`` event if the server is stopping:
-    :func:`_shutdown_event`). A send that blocks for :data:`SEND_TIMEOUT_SECONDS`
-    ends the stream with an ``overflow`` event if the consumer takes it at once."""
-    outbox = connection.outbox
-    most = hub.batch_size(SSE_BATCH)
-    sent = None if hub.counts is None else hub.counts.sender(connection.kind)
+    its notifications' tokens are there: :func:`~field.engine.consumer.consume`), a ping
+    comment whenever the outbox has been empty for :data:`SSE_PING_SECONDS`, and the end
+    of the body once the outbox closes (with a ``shutdown`` event if the server is
+    stopping: :func:`_shutdown_event`). A send that blocks for
+    :data:`SEND_TIMEOUT_SECONDS` ends the stream with an ``overflow`` event if the
+    consumer takes it at once."""
     #: the cursor the client can resume from: what it has been sent
     resume_from: str | None = None
     #: the response's last message (the server stopping says so first)
     closing = _END
+
+    async def write(frames: list[Frame]) -> bool:
+        nonlocal resume_from
+        if connection.ended is _GONE:
+            return True
+        async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+            await send(_body(b"".join(sse_event(frame) for frame in frames)))
+        resume_from = _resume_point(frames) or resume_from
+        return frames[-1].kind in _LAST
+
+    async def ping() -> None:
+        async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+            await send(_body(_ping()))
+
     try:
         async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
             await send(_START)
-        while True:
-            try:
-                async with asyncio.timeout(SSE_PING_SECONDS):
-                    frame = await outbox.get()
-            except TimeoutError:
-                async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                    await send(_body(_ping()))
-                continue
-            if frame is None or connection.ended is _GONE:
-                if frame is None and connection.ended == SHUTDOWN:
-                    closing = _closing(_shutdown_event(subscription_id, resume_from))
-                break
-            chunk, last, cursor, notifications = _events(frame, outbox, most, sent)
-            await hub.pace(connection, notifications)
-            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                await send(_body(chunk))
-            resume_from = cursor or resume_from
-            if last:
-                break
-            del frame, chunk  # an idle stream must not pin the frames it last sent
+        drained = await consume(
+            hub,
+            connection,
+            write,
+            most=SSE_BATCH,
+            last=_LAST,
+            idle=SSE_PING_SECONDS,
+            quiet=ping,
+        )
+        if drained and connection.ended == SHUTDOWN:
+            closing = _closing(_shutdown_event(subscription_id, resume_from))
     except TimeoutError:
         await _farewell(hub, connection, send, subscription_id, resume_from)
         return
@@ -255,40 +258,20 @@ def _ping() -> bytes:
     return ServerSentEvent(comment=comment).encode()
 
 
-def _events(
-    frame: Frame, outbox: Outbox, most: int, tally: dict[str, int] | None = None
-) -> tuple[bytes, bool, str | None, int]:
-    """``frame`` and what is queued behind it (``most`` frames at most) as one body chunk;
-    whether the stream ends with it (an ``end`` or ``overflow`` event); the cursor a
-    client that read it all resumes from (None: the chunk does not move it); how many
-    notifications it holds (counted in ``tally`` by event, if given)."""
-    frames = [frame]
-    if frame.kind not in _LAST:
-        for queued in outbox.drain_now(most - 1):
-            frames.append(queued)
-            if queued.kind in _LAST:
-                break
-    cursor = None
-    for sent in reversed(frames):
-        cursor = _resume_point(sent)
-        if cursor is not None:
-            break
-    notifications = count_notifications(frames, tally)
-    return b"".join(sse_event(f) for f in frames), frames[-1].kind in _LAST, cursor, notifications
-
-
 #: The events after which the Field ends a stream.
 _LAST = frozenset({"end", "overflow"})
 
 
-def _resume_point(frame: Frame) -> str | None:
-    """Where a client that has read ``frame`` resumes: a notification's cursor, or the
-    ``from`` of the stream's ``resume`` event (nothing is owed before it)."""
-    if frame.cursor is not None:
-        return frame.cursor
-    if frame.kind == "resume" and frame.control is not None:
-        start = frame.control.get("from")
-        return start if isinstance(start, str) else None
+def _resume_point(frames: list[Frame]) -> str | None:
+    """Where a client that has read ``frames`` resumes: the last notification's cursor,
+    or the ``from`` of the stream's ``resume`` event (nothing is owed before it); None:
+    they do not move it."""
+    for frame in reversed(frames):
+        if frame.cursor is not None:
+            return frame.cursor
+        if frame.kind == "resume" and frame.control is not None:
+            start = frame.control.get("from")
+            return start if isinstance(start, str) else None
     return None
 
 

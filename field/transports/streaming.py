@@ -30,8 +30,9 @@ from ..contract.errors import FieldError, internal_error
 from ..contract.model import OPERATIONS
 from ..core.context import Outcome
 from ..core.field import Field
+from ..engine.consumer import consume
 from ..engine.push import Connection, PushHub
-from ..engine.router import Frame, count_notifications
+from ..engine.router import Frame
 from .access import access_of
 from .documents import decode_document
 from .wsprotocol import BATCH_EXTENSION, SHUTDOWN_CLOSE, SHUTDOWN_EXTENSION, STALL_EXTENSION
@@ -258,27 +259,19 @@ async def _ws_sender(
     connection through :func:`_ws_reader`). Otherwise each send may wait
     :data:`SEND_TIMEOUT_SECONDS`, then the connection is given up.
     """
-    outbox = connection.outbox
-    most = hub.batch_size(SEND_BATCH + 1)
-    sent = None if hub.counts is None else hub.counts.sender(connection.kind)
+
+    async def write(batch: list[Frame]) -> bool:
+        # what is queued goes out in one go; the timeout bounds a consumer that stalls
+        if send is not None:
+            await send({"type": BATCH_EXTENSION, "texts": [_ws_frame(f) for f in batch]})
+        else:
+            async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
+                for queued in batch:
+                    await websocket.send_text(_ws_frame(queued).decode())
+        return False
+
     try:
-        while True:
-            frame = await outbox.get()
-            if frame is None:
-                break
-            # send what is queued in one go; the timeout bounds a consumer that stalls
-            batch = [frame, *outbox.drain_now(most - 1)]
-            await hub.pace(connection, count_notifications(batch, sent))
-            if send is not None:
-                texts = [_ws_frame(queued) for queued in batch]
-                await send({"type": BATCH_EXTENSION, "texts": texts})
-                del texts
-            else:
-                async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                    for queued in batch:
-                        await websocket.send_text(_ws_frame(queued).decode())
-            # an idle connection must not pin the frames it last sent
-            del frame, batch
+        await consume(hub, connection, write, most=SEND_BATCH + 1)
         code, reason = connection.ended or (1000, "")
         await websocket.close(code=code, reason=reason)
     except TimeoutError:

@@ -1,0 +1,74 @@
+"""One loop that empties a connection's outbox into a socket, for every streaming sink.
+
+A WebSocket, an SSE stream and a console stream all consume their outbox the same
+way: wait for a frame, take what is queued behind it (a bounded batch, written in
+one go), wait for the agent's notification tokens (:meth:`PushHub.pace`), and hand
+the batch to the sink, which only frames and sends it. :func:`consume` is that loop;
+a sink gives it its ``write`` (and, for a stream that must show it is alive while
+idle, what to send after ``idle`` seconds of quiet).
+
+The durable sinks (webhooks, RAP, MCP resources) hold no task while idle and take
+one frame at a time as their receiver answers; they read their outbox directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from .push import Connection, PushHub
+from .router import Frame, count_notifications
+
+#: What a sink does with one batch of frames; True: the stream ends with it.
+Write = Callable[[list[Frame]], Awaitable[bool]]
+
+
+async def consume(
+    hub: PushHub,
+    connection: Connection,
+    write: Write,
+    *,
+    most: int,
+    last: frozenset[str] = frozenset(),
+    idle: float | None = None,
+    quiet: Callable[[], Awaitable[None]] | None = None,
+) -> bool:
+    """Copy ``connection``'s frames to ``write``, a batch at a time, until its outbox is
+    closed and drained (True) or ``write`` says the stream ends (False).
+
+    A batch is the first frame and what is queued behind it, ``most`` frames at most
+    (fewer under a notification rate: :meth:`PushHub.batch_size`), and none after a
+    frame whose kind is in ``last``; it is written once its notifications' tokens are
+    there. With ``idle``, ``quiet()`` is awaited whenever the outbox has been empty that
+    long (a keep-alive). Whatever ``write`` or ``quiet`` raise (a send timed out, the
+    client left) ends the loop and reaches the caller.
+    """
+    outbox = connection.outbox
+    most = hub.batch_size(most)
+    counts = hub.counts
+    sent = None if counts is None else counts.sender(connection.kind)
+    while True:
+        if idle is None:
+            frame = await outbox.get()
+        else:
+            try:
+                async with asyncio.timeout(idle):
+                    frame = await outbox.get()
+            except TimeoutError:
+                if quiet is not None:
+                    await quiet()
+                continue
+        if frame is None:
+            return True
+        batch = [frame]
+        if frame.kind not in last:
+            for queued in outbox.drain_now(most - 1):
+                batch.append(queued)
+                if queued.kind in last:
+                    break
+        await hub.pace(connection, count_notifications(batch, sent))
+        ends = await write(batch)
+        # an idle stream must not pin the frames it last sent
+        del frame, batch
+        if ends:
+            return False
