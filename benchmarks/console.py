@@ -35,13 +35,18 @@ from _common import VOCABULARY, bracketed, envelope, pct, progress
 
 from field.cli.main import _tune_gc
 from field.contract.model import Limits
+from field.core.egress import EgressPolicy
 from field.core.field import Field
+from field.core.secrets import SecretBox
+from field.engine.delivery import DeliveryEngine, DeliverySettings
 from field.engine.push import PushHub
+from field.engine.ratelimits import AgentRateLimits
 from field.engine.service import FieldService
-from field.server.app import http_binding
-from field.server.config import Config
 from field.store.memory import MemoryEventLog
 from field.transports.console import ConsoleFeed, viewer_of
+from field.transports.door import FrontDoor
+from field.transports.http import HTTPBinding
+from field.transports.runtime import Running, Runtime
 
 OPERATOR_TOKEN = "console-benchmark-operator-token"
 CONFLICTS = 100
@@ -56,9 +61,18 @@ class Run:
             MemoryEventLog(), lambda: Field(limits=limits, operator_token=OPERATOR_TOKEN)
         )
         self.hub = PushHub(self.service)
-        self.binding = http_binding(Config(data_dir=None, operator_token=OPERATOR_TOKEN))
-        self.binding.service, self.binding.hub = self.service, self.hub
-        self.feed = ConsoleFeed(self.binding)
+        deliveries = DeliveryEngine(
+            self.service,
+            self.hub,
+            DeliverySettings(),
+            policy=EgressPolicy(),
+            secret_box=SecretBox(bytes(32)),
+        )
+        runtime = Runtime()
+        runtime.start(Running(self.service, self.hub, deliveries))
+        door = FrontDoor(runtime, rate_limits=AgentRateLimits(None))
+        status = HTTPBinding(runtime, door, limits=Limits()).status
+        self.feed = ConsoleFeed(runtime, status=status)
         self.tokens: dict[str, str] = {"operator": OPERATOR_TOKEN}
         self.rng = random.Random(5)
 

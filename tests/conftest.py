@@ -86,7 +86,12 @@ class ThreadedServer:
         #: the Starlette app (its ``state`` holds the push hub once started)
         self.app = create_app(self.config, embedder=embedder)
         app = _ready_signal(self.app, self._ready)
-        settings = uvicorn_config(app, self.config, metrics=self.app.state.metrics)
+        settings = uvicorn_config(
+            app,
+            self.config,
+            guard=self.app.state.guard,
+            responses=self.app.state.responses,
+        )
         if ws is not None:  # another of uvicorn's WebSocket protocols than field serve's
             settings.ws = ws
         self.server = uvicorn.Server(settings)

@@ -21,16 +21,22 @@ import pytest
 
 from field.client import AgentClient, FieldClient, Relation
 from field.client.sse import SSEParser
+from field.contract.model import Limits
+from field.core.egress import EgressPolicy
 from field.core.field import Field
+from field.core.secrets import SecretBox
+from field.engine.delivery import DeliveryEngine, DeliverySettings
 from field.engine.outbox import Outbox
 from field.engine.push import PushHub
+from field.engine.ratelimits import AgentRateLimits
 from field.engine.router import Frame
 from field.engine.service import FieldService
-from field.server.app import http_binding
-from field.server.config import Config
 from field.store.memory import MemoryEventLog
 from field.transports import console
 from field.transports.console import ConsoleFeed, viewer_of
+from field.transports.door import FrontDoor
+from field.transports.http import HTTPBinding
+from field.transports.runtime import Running, Runtime
 
 from .conftest import ServerProcess, ThreadedServer
 from .schema_util import assert_valid
@@ -308,9 +314,14 @@ async def test_lag_is_what_waits_for_a_reader() -> None:
     """In process (the writer, its push hub, no sockets): a reader that has not read yet."""
     service = FieldService(MemoryEventLog(), lambda: Field(operator_token=OPERATOR_TOKEN))
     hub = PushHub(service)
-    binding = http_binding(Config(data_dir=None, operator_token=OPERATOR_TOKEN))
-    binding.service, binding.hub = service, hub
-    feed = ConsoleFeed(binding)
+    box = SecretBox(bytes(32))
+    deliveries = DeliveryEngine(
+        service, hub, DeliverySettings(), policy=EgressPolicy(), secret_box=box
+    )
+    runtime = Runtime()
+    runtime.start(Running(service, hub, deliveries))
+    door = FrontDoor(runtime, rate_limits=AgentRateLimits(None))
+    feed = ConsoleFeed(runtime, status=HTTPBinding(runtime, door, limits=Limits()).status)
     tokens: dict[str, str] = {}
 
     async def send(operation: str, agent: str, payload: dict[str, Any]) -> dict[str, Any]:

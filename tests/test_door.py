@@ -37,7 +37,7 @@ class Seen:
 
 
 class Stopped:
-    """A binding whose Field is not running."""
+    """A runtime whose Field is not running."""
 
     def running(self) -> Any:
         raise FieldError("the Field is starting", code=Code.OVERLOADED, recoverable=True)

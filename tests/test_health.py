@@ -20,9 +20,8 @@ import aiohttp
 import pytest
 
 from field.client import FieldClient, FieldClientError
-from field.server.app import http_binding
-from field.server.config import Config
 from field.transports.health import CHECKS, readiness
+from field.transports.runtime import Runtime
 
 from .conftest import ThreadedServer
 from .schema_util import assert_valid
@@ -118,7 +117,7 @@ async def test_probes_need_no_token_even_when_metrics_do(server_factory: StartSe
 
 
 def test_a_field_not_yet_started_is_not_ready() -> None:
-    reason, error = readiness(http_binding(Config(data_dir=None)))
+    reason, error = readiness(Runtime())
     assert reason == "starting" and error is not None and error.code == "OVERLOADED"
 
 
@@ -130,7 +129,7 @@ def test_a_broken_state_is_not_ready_with_why_it_cannot_be_rebuilt(
 ) -> None:
     service = SimpleNamespace(running=True, field=SimpleNamespace(broken=True))
     service.unreadable = unreadable
-    binding = SimpleNamespace(service=service, hub=object())
-    reason, error = readiness(binding)  # type: ignore[arg-type]
+    runtime = SimpleNamespace(current=SimpleNamespace(service=service, hub=object()))
+    reason, error = readiness(runtime)  # type: ignore[arg-type]
     assert reason == "state_broken" and error is not None and error.code == code
     assert error.recoverable and (unreadable is None or unreadable in error.message)

@@ -177,7 +177,6 @@ class Node:
         self.other: Node | None = None
         self.at_gain: list[tuple[int, bool]] = []
         self.lease = lease(url, events, name, gained=self._gained, lost=self.engine.disown)
-        self.engine.sending = self.lease.valid
 
     def _gained(self) -> None:
         assert self.other is not None
@@ -185,7 +184,7 @@ class Node:
         self.engine.own()
 
     async def start(self) -> None:
-        await self.engine.start(own=False)
+        await self.engine.start(own=False, sending=self.lease.valid)
         self.lease.start()
 
     async def stop(self) -> None:

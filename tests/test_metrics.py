@@ -22,11 +22,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from field.client import AgentClient, FieldClient, FieldClientError
 from field.engine.admission import Mode, Work
-from field.engine.router import PushLimits
-from field.server.app import http_binding
-from field.server.config import Config
+from field.engine.ratelimits import AgentRateLimits
+from field.engine.router import PushCounts, PushLimits
 from field.transports.access import AccessLog
 from field.transports.metrics import OTHER, Metrics
+from field.transports.runtime import Runtime as FieldRuntime
 
 from .conftest import ThreadedServer
 from .test_push import open_ws, record, sse_stream, subscribe
@@ -228,7 +228,7 @@ async def test_many_agents_make_no_new_series(field_server: ThreadedServer) -> N
 
 
 def test_label_values_outside_their_sets_are_other() -> None:
-    metrics = Metrics(http_binding(Config(data_dir=None)))
+    metrics = Metrics(FieldRuntime(), counts=PushCounts(), rate_limits=AgentRateLimits(None))
     for n in range(50):  # a client's values never become labels, nor stay in memory
         metrics.operation("http", f"OP{n}", f"CODE{n}", 0.001)
     metrics.operation("carrier-pigeon", None, "ok", 0.001)
@@ -354,7 +354,7 @@ async def test_no_metrics_serves_none_and_counts_nothing(server_factory: StartSe
     async with aiohttp.ClientSession() as session, session.get(f"{server.url}/metrics") as r:
         assert r.status == 404
         assert (await r.json())["code"] == "NOT_FOUND"
-    assert server.app.state.metrics is None
+    assert server.app.state.responses is None and server.app.state.guard.responses is None
     assert server.app.state.push_hub.counts is None
     access_layer = server.server.config.app
     assert isinstance(access_layer, AccessLog) and access_layer.responses is None

@@ -32,7 +32,7 @@ from field.transports.openapi import (
 from .conftest import ThreadedServer
 from .schema_util import SCHEMA_DIR
 
-#: Paths ``field serve`` answers outside its router (``http._FieldApp`` routes them itself).
+#: Paths ``field serve`` answers outside its router (``asgi._FieldApp`` routes them itself).
 UNROUTED = {("GET", "/v1/ws")}
 #: A method that any method of a mounted app stands for.
 ANY = "*"

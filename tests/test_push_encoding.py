@@ -32,7 +32,7 @@ from field.subscriptions.stream import (
     encode_notification,
     format_cursor,
 )
-from field.transports.sse import sse_event
+from field.transports.eventstream import sse_event
 from field.transports.wsprotocol import FieldWebSocketProtocol
 
 from .conftest import ThreadedServer

@@ -2517,7 +2517,7 @@ def _core_harness(**kwargs: Any) -> Any:
 
 def _subscribe(h: Any, agent_id: str, payload: dict[str, Any]) -> dict[str, Any]:
     """SUBSCRIBE through the core as the HTTP binding sends it: cursor set, URLs absolute."""
-    streaming = pytest.importorskip("field.transports.streaming")
+    web = pytest.importorskip("field.transports.web")
     envelope = {
         "protocol": "akashik",
         "version": "0.1.0",
@@ -2532,7 +2532,7 @@ def _subscribe(h: Any, agent_id: str, payload: dict[str, Any]) -> dict[str, Any]
     h.entries.extend(outcome.entries)
     if outcome.on_durable is not None:
         outcome.on_durable([len(h.entries) - len(outcome.entries) + 1])
-    response: dict[str, Any] = streaming.absolute_urls(outcome.response, "http://127.0.0.1:8765")
+    response: dict[str, Any] = web.absolute_urls(outcome.response, "http://127.0.0.1:8765")
     return response
 
 

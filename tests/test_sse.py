@@ -17,7 +17,7 @@ import orjson
 import pytest
 
 from field.engine.push import Connection
-from field.transports import sse
+from field.transports import asgi, sse
 
 from .schema_util import assert_valid
 from .test_push_hub import Hub, hub  # noqa: F401  (the fixture)
@@ -258,4 +258,4 @@ def connection_subscription(sent: list[tuple[str, str | None, Any]]) -> str:
     ],
 )
 def test_the_stream_path_names_one_subscription(path: str, expected: str | None) -> None:
-    assert sse.subscription_of(path) == expected
+    assert asgi.subscription_of(path) == expected

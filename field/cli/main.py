@@ -26,8 +26,8 @@ if TYPE_CHECKING:
 
     from ..server.config import Config
     from ..store import EventLog
-    from ..transports.connections import ConnectionLimits
-    from ..transports.metrics import Metrics
+    from ..transports.access import Responses
+    from ..transports.connections import ConnectionGuard
 
 logger = logging.getLogger("field")
 
@@ -697,19 +697,6 @@ def _fit_connections(config: Config) -> Config:
     return config
 
 
-def connection_limits(config: Config) -> ConnectionLimits:
-    """The bounds of ``config`` that the connection guard enforces."""
-    from ..transports.connections import ConnectionLimits
-
-    return ConnectionLimits(
-        max_connections=config.max_connections,
-        max_connections_per_client=config.max_connections_per_client,
-        header_timeout=config.header_timeout,
-        body_timeout=config.body_timeout,
-        idle_timeout=config.idle_timeout,
-    )
-
-
 #: ``log_config`` of :func:`uvicorn_config` by default: uvicorn's own logging configuration.
 UVICORN_LOGGING: Any = object()
 
@@ -718,7 +705,8 @@ def uvicorn_config(
     app: Any,
     config: Config,
     *,
-    metrics: Metrics | None = None,
+    guard: ConnectionGuard | None = None,
+    responses: Responses | None = None,
     log_config: Any = UVICORN_LOGGING,
 ) -> uvicorn.Config:
     """uvicorn's settings for serving ``app``, for ``field serve`` and the tests' servers.
@@ -727,8 +715,10 @@ def uvicorn_config(
     for the server), whose ``idle_timeout`` replaces uvicorn's keep-alive timer.
     The app is served behind :class:`~field.transports.access.AccessLog`: each request's
     id, and with ``--access-log`` the Field's access lines (uvicorn's own are off).
-    ``metrics`` (the app's) is given the guard's connection counts. ``log_config``
-    None leaves logging as the caller set it up (``field serve``: :mod:`field.cli.logs`).
+    ``guard`` and ``responses`` are the app's (``create_app`` makes them: its metrics
+    read them); else a guard of ``config``'s bounds is made here, counted nowhere.
+    ``log_config`` None leaves logging as the caller set it up (``field serve``:
+    :mod:`field.cli.logs`).
     """
     import uvicorn
 
@@ -738,11 +728,8 @@ def uvicorn_config(
 
     if log_config is UVICORN_LOGGING:
         log_config = uvicorn.config.LOGGING_CONFIG
-    guard = ConnectionGuard(connection_limits(config))
-    if metrics is not None:
-        metrics.guard = guard
-        guard.responses = metrics.responses
-    responses = None if metrics is None else metrics.responses
+    if guard is None:
+        guard = ConnectionGuard(config.connection_limits())
     return uvicorn.Config(
         AccessLog(app, enabled=config.access_log, responses=responses),
         interface="asgi3",  # AccessLog returns a coroutine; uvicorn cannot tell by looking
@@ -821,7 +808,13 @@ def serve(config: Config) -> int:
         sock.close()
         return 2
     app = create_app(config, log=log, embedder=embedder, webhook_key=key)
-    settings = uvicorn_config(app, config, metrics=app.state.metrics, log_config=None)
+    settings = uvicorn_config(
+        app,
+        config,
+        guard=app.state.guard,
+        responses=app.state.responses,
+        log_config=None,
+    )
 
     def started() -> None:
         for line in ready_lines(config, mcp=getattr(app.state, "mcp", None) is not None):

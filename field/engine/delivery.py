@@ -38,7 +38,8 @@ and cursors.
   like everyone else, their engines without a sink, until the lease moves
   to them and they resume every delivery from its acknowledged position.
   Losing the lease stops every sink at once (:meth:`DeliveryEngine.disown`),
-  and the lease is checked again before each POST (:attr:`DeliveryEngine.sending`).
+  and the lease is checked again before each POST (``sending``, given to
+  :meth:`DeliveryEngine.start`).
 
 The RAP framing (:class:`RapFrames`) sends the subscribing call's
 ``tool_result`` first, each notification as a ``subscription_event``, and,
@@ -900,15 +901,19 @@ class DeliveryEngine:
         #: whether this node runs the sinks (several nodes: while it holds the lease)
         self.owner = False
         #: whether the lease still allows sending (checked before each POST); None: one node
-        self.sending: Callable[[], bool] | None = None
+        self._sending: Callable[[], bool] | None = None
 
     @property
     def field(self) -> Field:
         return self.service.field
 
-    async def start(self, *, own: bool = True) -> None:
+    async def start(self, *, own: bool = True, sending: Callable[[], bool] | None = None) -> None:
         """Follow the log from now on and, with ``own``, resume every delivery the log has
-        not seen end (else they wait for :meth:`own`)."""
+        not seen end (else they wait for :meth:`own`). ``sending``: whether the lease this
+        node owns the deliveries by still allows a POST, asked before each (None: one node,
+        no lease). It comes here rather than to the constructor because the lease is built
+        on the engine (it calls :meth:`own` and :meth:`disown`)."""
+        self._sending = sending
         await self.poster.start()
         if own:
             self.own()
@@ -948,7 +953,7 @@ class DeliveryEngine:
     def may_send(self) -> bool:
         """Whether a sink may POST now: this node owns the deliveries, and its lease (if
         any) is still valid."""
-        return self.owner and (self.sending is None or self.sending())
+        return self.owner and (self._sending is None or self._sending())
 
     async def _sweep(self) -> None:
         """Every half ``rest_after``: deliveries idle and caught up since the last sweep

@@ -170,9 +170,11 @@ class FieldService:
         admission: AdmissionPolicy | None = None,
         node_id: str = "node-1",
         embed_after_commit: Embedder | None = None,
+        on_batch: Callable[[int], None] | None = None,
     ) -> None:
         """``embed_after_commit``: the Field's embedder, when units are to be embedded
-        after their commit, off the loop (:mod:`field.engine.embedder`)."""
+        after their commit, off the loop (:mod:`field.engine.embedder`). ``on_batch``: told
+        the number of jobs of every batch the writer takes (metrics)."""
         self.log = log
         #: embeds units after their commit (None: they are embedded when first read)
         self.embeddings: EmbeddingWorker | None = None
@@ -211,10 +213,10 @@ class FieldService:
         self._publishing = 0.0
         #: what :meth:`when_answered` was given while the current batch was published
         self._after_answers: list[tuple[Callable[..., object], tuple[object, ...]]] = []
-        #: called with the agent of every operation that succeeded (liveness)
-        self.on_seen: Callable[[str], None] | None = None
+        #: called with the agent of every operation that succeeded (:meth:`tell_seen`)
+        self._on_seen: Callable[[str], None] | None = None
         #: called with the number of jobs of every batch the writer takes (metrics)
-        self.on_batch: Callable[[int], None] | None = None
+        self._on_batch = on_batch
         #: True while a batch is applied but not yet durable and published
         self.busy = False
         #: why writes are refused (the append's error), or None while the log is writable
@@ -433,8 +435,8 @@ class FieldService:
             batch = [await self._queue.get()]
             while len(batch) < self._max_batch and not self._queue.empty():
                 batch.append(self._queue.get_nowait())
-            if self.on_batch is not None:
-                self.on_batch(len(batch))
+            if self._on_batch is not None:
+                self._on_batch(len(batch))
             loop = asyncio.get_running_loop()
             started = loop.time()
             self._publishing = 0.0
@@ -552,10 +554,19 @@ class FieldService:
             else:
                 pending.future.set_result(result)
         self._answered()
-        if self.on_seen is not None:
+        on_seen = self._on_seen
+        if on_seen is not None:
             for result in results:
                 if isinstance(result, Outcome) and result.agent_id is not None:
-                    self.on_seen(result.agent_id)
+                    on_seen(result.agent_id)
+
+    def tell_seen(self, seen: Callable[[str], None]) -> None:
+        """From now on, call ``seen`` with the agent of every operation that succeeds (one
+        callable: the liveness monitor's :meth:`~field.engine.liveness.Liveness.seen`).
+
+        A method rather than a constructor argument: the monitor is built on the service
+        (it reads its state and runs its verdicts through it), so it exists only after."""
+        self._on_seen = seen
 
     def when_answered(self, callback: Callable[..., object], *args: object) -> None:
         """Call ``callback(*args)`` soon after the batch being published is answered: a

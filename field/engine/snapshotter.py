@@ -388,7 +388,11 @@ class Snapshotter:
         store: SnapshotStore,
         policy: SnapshotPolicy,
         command: tuple[Sequence[str], Mapping[str, str]],
+        *,
+        may_write: Callable[[], bool] | None = None,
     ) -> None:
+        """``may_write``: whether this server is the one to write snapshots now (None:
+        always; of several nodes on one log, the holder of the deliveries' lease)."""
         self._service = service
         self._store = store
         self.policy = policy
@@ -407,7 +411,7 @@ class Snapshotter:
         self._task: asyncio.Task[None] | None = None
         #: whether this server is the one to write snapshots now: of several nodes on one
         #: log, only the holder of the deliveries' lease does (the others would duplicate it)
-        self.may_write: Callable[[], bool] = lambda: True
+        self.may_write: Callable[[], bool] = may_write or (lambda: True)
 
     async def start(self) -> None:
         """Read what the store holds (the status shows it from the start), then look every

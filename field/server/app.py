@@ -1,10 +1,14 @@
 """The composition root: one Field's server, built from its :class:`Config`.
 
-:func:`create_app` is the one place that reads the configuration and wires the parts:
-the HTTP binding and the bindings beside it (RAP, inbound sources, registration, metrics,
-MCP over HTTP, the console, health), each given what it needs; and, when the app starts,
-the log, the single writer, the push hub, liveness, durable delivery and the snapshotter,
-stopped in the reverse order when it stops. No binding imports another to build it.
+:func:`create_app` is the one place that reads the configuration and wires the parts.
+Every binding (HTTP, SSE, WebSocket, RAP, inbound sources, registration, metrics, MCP
+over HTTP, the console, health) is built here once, with explicit arguments: the
+:class:`~field.transports.runtime.Runtime` it reads the Field's parts from, the front
+door, its limits; nothing is assigned to one afterwards, and no binding imports another.
+When the app starts, the log, the single writer, the push hub, liveness, durable delivery
+and the snapshotter are started in order and handed to the runtime at once
+(:meth:`Runtime.start <field.transports.runtime.Runtime.start>`); when it stops, the
+runtime lets go of them before the writer stops, and they stop in the reverse order.
 """
 
 from __future__ import annotations
@@ -28,25 +32,34 @@ from ..engine.delivery import DeliveryEngine, Sinks
 from ..engine.liveness import Liveness
 from ..engine.push import PushHub
 from ..engine.ratelimits import AgentRateLimits
+from ..engine.router import PushCounts
 from ..engine.service import FieldService
 from ..engine.snapshotter import Snapshotter, snapshot_command
 from ..ranking.embedding import Embedder, embeds_after_commit, load_embedder
 from ..store import WEBHOOK_KEY_FILENAME, EventLog, open_log
 from ..store.keys import load_or_create_key
+from ..transports.access import no_responses
+from ..transports.asgi import FastPaths, application
+from ..transports.connections import ConnectionGuard
 from ..transports.console import ConsoleBinding
+from ..transports.door import FrontDoor, RegisterLimit
 from ..transports.health import health_routes
-from ..transports.http import OPERATION_ROUTES, HTTPBinding, application
+from ..transports.http import HTTPBinding
 from ..transports.index import OPENAPI_PATH, index_routes
 from ..transports.metrics import Metrics, Observer
 from ..transports.openapi import openapi_endpoint
 from ..transports.rap import RapBinding
-from ..transports.registration import RegisterLimit, RegistrationBinding
+from ..transports.registration import RegistrationBinding
+from ..transports.runtime import Running, Runtime
 from ..transports.sources import SourcesBinding
+from ..transports.sse import SSEBinding
+from ..transports.streaming import WebSocketBinding
 from .config import Config
 
 if TYPE_CHECKING:
     from ..store.lease import Lease
     from ..store.presence import Presence
+    from ..transports.mcp.streamable_http import McpHttpBinding
 
 logger = logging.getLogger("field.http")
 
@@ -60,16 +73,6 @@ def webhook_key_of(config: Config) -> bytes:
     if config.data_dir is not None:
         return load_or_create_key(config.data_dir / WEBHOOK_KEY_FILENAME)
     return secrets.token_bytes(32)
-
-
-def http_binding(config: Config) -> HTTPBinding:
-    """The HTTP binding ``config`` describes, not yet serving a Field."""
-    return HTTPBinding(
-        limits=config.limits,
-        egress=config.egress_policy(),
-        rate_limits=AgentRateLimits(config.agent_rate_limit()),
-        register_limit=RegisterLimit(Rate(config.register_rate, config.register_burst)),
-    )
 
 
 def _shared_presence(log: EventLog, service: FieldService, config: Config) -> Presence | None:
@@ -88,10 +91,10 @@ def _shared_presence(log: EventLog, service: FieldService, config: Config) -> Pr
 
 
 def _delivery_lease(log: EventLog, deliveries: DeliveryEngine, config: Config) -> Lease:
-    """The lease that makes this node the one sending the deliveries, started."""
+    """The lease that makes this node the one sending the deliveries, not yet started."""
     from ..store.lease import DELIVERY_LEASE, Lease
 
-    lease = Lease(
+    return Lease(
         log.url,  # type: ignore[attr-defined]
         key=DELIVERY_LEASE,
         name="deliveries",
@@ -99,9 +102,40 @@ def _delivery_lease(log: EventLog, deliveries: DeliveryEngine, config: Config) -
         lost=deliveries.disown,
         interval=config.cluster_interval,
     )
-    deliveries.sending = lease.valid
-    lease.start()
-    return lease
+
+
+def _snapshotter(
+    log: EventLog, service: FieldService, config: Config, lease: Lease | None
+) -> Snapshotter | None:
+    """What writes snapshots beside the server, if the log keeps them (not in memory)."""
+    store = log.snapshots()
+    if store is None:
+        return None
+    return Snapshotter(
+        service,
+        store,
+        config.snapshot_policy(),
+        snapshot_command(data_dir=config.data_dir, log_url=config.log, embedder=config.embedder),
+        # several nodes: the holder of the deliveries' lease alone writes the snapshots
+        may_write=None if lease is None else lease.valid,
+    )
+
+
+def _mcp_binding(runtime: Runtime, door: FrontDoor, config: Config) -> McpHttpBinding | None:
+    """MCP over HTTP at ``/mcp``, or None when the mcp extra is not installed."""
+    if importlib.util.find_spec("mcp") is None:
+        return None
+    from ..transports.mcp.streamable_http import McpHttpBinding
+
+    return McpHttpBinding(
+        runtime,
+        door,
+        limits=config.limits,
+        max_sessions=config.mcp_max_sessions,
+        max_per_agent=config.max_push_per_agent,
+        max_per_client=config.mcp_max_sessions_per_client,
+        idle_timeout=config.mcp_idle_timeout,
+    )
 
 
 def create_app(
@@ -120,25 +154,43 @@ def create_app(
     key that seals webhook secrets ``webhook_key`` if given, else
     :func:`webhook_key_of` ``config``.
     """
-    binding = http_binding(config)
-    rap = RapBinding(binding, limits=config.limits, max_running=config.rap_max_invocations)
-    binding.sources = SourcesBinding(binding, tolerance=config.source_tolerance)
-    registration = RegistrationBinding(binding)
-    if config.metrics:
-        binding.metrics = Metrics(binding, token=config.metrics_token)
-    if config.metrics or config.access_log:
-        binding.door.observer = Observer(binding.metrics, access_log=config.access_log)
-    if importlib.util.find_spec("mcp") is not None:  # the mcp extra
-        from ..transports.mcp.streamable_http import McpHttpBinding
-
-        binding.mcp = McpHttpBinding(
-            binding,
-            limits=config.limits,
-            max_sessions=config.mcp_max_sessions,
-            max_per_agent=config.max_push_per_agent,
-            max_per_client=config.mcp_max_sessions_per_client,
-            idle_timeout=config.mcp_idle_timeout,
+    runtime = Runtime()
+    # where webhooks may go (checked again, with DNS, before a SUBSCRIBE runs)
+    egress = config.egress_policy()
+    rate_limits = AgentRateLimits(config.agent_rate_limit())
+    register_limit = RegisterLimit(Rate(config.register_rate, config.register_burst))
+    # what the push hub's connections do, counted by the hub and read by GET /metrics
+    counts = PushCounts() if config.metrics else None
+    # HTTP responses by status class, counted by the ASGI layer and the connections' guard
+    responses = no_responses() if config.metrics else None
+    # the server's connection caps and deadlines (field serve's HTTP protocol enforces them)
+    guard = ConnectionGuard(config.connection_limits(), responses=responses)
+    metrics = None
+    if counts is not None:
+        metrics = Metrics(
+            runtime,
+            counts=counts,
+            rate_limits=rate_limits,
+            register_limit=register_limit,
+            token=config.metrics_token,
+            guard=guard,
+            responses=responses,
         )
+    observer = None
+    if config.metrics or config.access_log:
+        observer = Observer(metrics, access_log=config.access_log)
+    door = FrontDoor(
+        runtime, rate_limits=rate_limits, register_limit=register_limit, observer=observer
+    )
+    sources = SourcesBinding(runtime, tolerance=config.source_tolerance)
+    http = HTTPBinding(runtime, door, limits=config.limits, sources=sources.status)
+    sse = SSEBinding(runtime)
+    rap = RapBinding(runtime, door, limits=config.limits, max_running=config.rap_max_invocations)
+    registration = RegistrationBinding(runtime)
+    console = ConsoleBinding(
+        runtime, door, status=http.status, answered=None if metrics is None else metrics.answered
+    )
+    mcp = _mcp_binding(runtime, door, config)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -156,7 +208,7 @@ def create_app(
                 persistent=log.persistent,
                 operator_token=config.operator_token,
                 embedder=chosen,
-                egress=binding.egress,
+                egress=egress,
                 secret_box=box,
                 registration_policy=config.registration,
                 max_agents=config.max_agents,
@@ -168,9 +220,9 @@ def create_app(
             admission=config.admission_policy(),
             node_id=config.node_id or f"{socket.gethostname()}:{config.port}",
             embed_after_commit=chosen if embeds_after_commit(chosen) else None,
+            on_batch=None if metrics is None else metrics.batch,
         )
         await service.start()
-        binding.service = service
         presence = _shared_presence(log, service, config)
         liveness = Liveness(
             service,
@@ -178,52 +230,48 @@ def create_app(
             heartbeat_timeout=config.heartbeat_timeout,
             remote=presence,
         )
-        service.on_seen = liveness.seen
-        binding.hub = PushHub(
+        # the monitor is built on the started service, so the service is told of it by the
+        # method named for it rather than by its constructor
+        service.tell_seen(liveness.seen)
+        hub = PushHub(
             service,
             config.push,
             max_per_agent=config.max_push_per_agent,
             notify_rate=config.notify_rate_limit(),
             liveness=liveness,
-            counts=None if binding.metrics is None else binding.metrics.counts,
+            counts=counts,
         )
-        service.listeners.add(binding.door.rate_limits.published)
+        service.listeners.add(rate_limits.published)
         if presence is not None:
             await presence.start(liveness.drain_changes)
         liveness.start()
         deliveries = DeliveryEngine(
             service,
-            binding.hub,
+            hub,
             config.delivery_settings(),
-            policy=binding.egress,
+            policy=egress,
             secret_box=box,
             sinks=sinks,
         )
-        await deliveries.start(own=presence is None)
-        binding.deliveries = deliveries
+        # several nodes: the lease is built on the engine (it owns and disowns the sinks),
+        # so the engine is given the lease's check as it starts, and the lease starts after
         lease = None if presence is None else _delivery_lease(log, deliveries, config)
-        if binding.metrics is not None:
-            binding.metrics.instrument()
+        await deliveries.start(own=presence is None, sending=None if lease is None else lease.valid)
+        if lease is not None:
+            lease.start()
+        if metrics is not None:
+            metrics.instrument(service, hub)
         app.state.service = service
-        app.state.push_hub = binding.hub
-        app.state.register_limit = binding.door.register_limit
-        app.state.rate_limits = binding.door.rate_limits
-        if binding.mcp is not None:
-            await binding.mcp.start()
-            app.state.mcp = binding.mcp
-        store = log.snapshots()
-        if store is not None:
-            binding.snapshotter = Snapshotter(
-                service,
-                store,
-                config.snapshot_policy(),
-                snapshot_command(
-                    data_dir=config.data_dir, log_url=config.log, embedder=config.embedder
-                ),
-            )
-            if lease is not None:  # several nodes: one writes the snapshots
-                binding.snapshotter.may_write = lease.valid
-            await binding.snapshotter.start()
+        app.state.push_hub = hub
+        app.state.register_limit = register_limit
+        app.state.rate_limits = rate_limits
+        if mcp is not None:
+            await mcp.start(service)
+            app.state.mcp = mcp
+        snapshotter = _snapshotter(log, service, config, lease)
+        if snapshotter is not None:
+            await snapshotter.start()
+        runtime.start(Running(service, hub, deliveries, snapshotter))
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(
@@ -239,10 +287,10 @@ def create_app(
         try:
             yield
         finally:
-            if binding.snapshotter is not None:
-                await binding.snapshotter.stop()
-            if binding.mcp is not None:
-                await binding.mcp.stop()
+            if snapshotter is not None:
+                await snapshotter.stop()
+            if mcp is not None:
+                await mcp.stop()
             await liveness.stop()
             if presence is not None:
                 await presence.stop()
@@ -250,33 +298,34 @@ def create_app(
             await deliveries.stop()
             if lease is not None:  # let go only once no sink runs
                 await lease.stop()
-            binding.hub.shutdown()
-            binding.service = None
+            hub.shutdown()
+            runtime.stop()
             await service.stop()
             logger.info("Field %s stopped; log closed", state.field_id)
 
     routes = [
-        *index_routes(metrics=binding.metrics is not None, mcp=binding.mcp is not None),
-        Route("/v1/field/status", binding.field_status, methods=["GET"]),
-        Route("/v1/agents", binding.agents, methods=["GET"]),
-        Route("/v1/conflicts", binding.conflicts, methods=["GET"]),
-        Route(
-            "/v1/subscriptions/{subscription_id}/events",
-            binding.subscription_events,
-            methods=["GET"],
-        ),
-        *(
-            Route(f"/v1/{name}", binding.operation_endpoint(operation), methods=["POST"])
-            for name, operation in OPERATION_ROUTES.items()
-        ),
+        *index_routes(metrics=metrics is not None, mcp=mcp is not None),
+        *http.routes(),
+        Route("/v1/subscriptions/{subscription_id}/events", sse.events, methods=["GET"]),
         *rap.routes(),
-        *binding.sources.routes(),
+        *sources.routes(),
         *registration.routes(),
-        *health_routes(binding),
-        *(binding.metrics.routes() if binding.metrics is not None else ()),
+        *health_routes(runtime),
+        *(metrics.routes() if metrics is not None else ()),
         Route(OPENAPI_PATH, openapi_endpoint, methods=["GET"]),
-        *ConsoleBinding(binding).routes(),
+        *console.routes(),
     ]
-    return application(
-        binding, routes, lifespan, cors_origin=config.cors_origin, hosts=config.allowed_hosts()
+    paths = FastPaths(
+        operation=http.operation,
+        subscription_events=sse.events,
+        websocket=WebSocketBinding(runtime, door),
+        source_event=sources.event,
+        mcp=mcp,
     )
+    app = application(
+        paths, routes, lifespan, cors_origin=config.cors_origin, hosts=config.allowed_hosts()
+    )
+    # what uvicorn_config serves the app with: the guard, and the tally AccessLog counts in
+    app.state.guard = guard
+    app.state.responses = responses
+    return app

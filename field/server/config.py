@@ -38,6 +38,7 @@ from ..engine.snapshotter import DEFAULT_SECONDS as DEFAULT_SNAPSHOT_SECONDS
 from ..engine.snapshotter import SnapshotPolicy
 from ..subscriptions.delivery import RetryPolicy
 from ..subscriptions.filtering import FilterTime
+from ..transports.connections import ConnectionLimits
 from ..transports.cors import parse_origins
 from ..transports.hosts import AllowedHosts, parse_allowed_hosts
 
@@ -351,6 +352,16 @@ class Config:
     def egress_policy(self) -> EgressPolicy:
         """Where webhooks and RAP callbacks may be delivered."""
         return EgressPolicy(parse_networks(self.webhook_allow_net))
+
+    def connection_limits(self) -> ConnectionLimits:
+        """The bounds the connection guard enforces."""
+        return ConnectionLimits(
+            max_connections=self.max_connections,
+            max_connections_per_client=self.max_connections_per_client,
+            header_timeout=self.header_timeout,
+            body_timeout=self.body_timeout,
+            idle_timeout=self.idle_timeout,
+        )
 
     def delivery_settings(self) -> DeliverySettings:
         """The bounds of durable deliveries."""

@@ -1,8 +1,8 @@
 """Request ids and the access log of ``field serve``.
 
 :class:`AccessLog` is the ASGI layer ``field serve`` puts around the whole
-application (:func:`field.cli.main.uvicorn_config`), so that the paths
-``_FieldApp`` serves itself (the operations, SSE streams, ``/mcp``,
+application (:func:`field.cli.main.uvicorn_config`), so that the paths the
+application serves itself (:mod:`.asgi`: the operations, SSE streams, ``/mcp``,
 ``/v1/ws``) pass through it too. It makes an :class:`Access` record for each
 HTTP request and WebSocket handshake whose lines it logs and puts it in the
 scope (:func:`access_of`), where the endpoints write what they learn: the
@@ -93,6 +93,11 @@ _MASK = (1 << 64) - 1
 #: Responses sent, by status class: ``responses[status // 100]`` (1 to 5; 0: a status
 #: outside 100 to 599). The :class:`~.metrics.Metrics`' tally; None with ``--no-metrics``.
 Responses = list[int]
+
+
+def no_responses() -> Responses:
+    """A tally of responses with none counted yet."""
+    return [0] * 6
 
 
 def count_response(responses: Responses, status: int) -> None:

@@ -56,7 +56,7 @@ from uvicorn.protocols.http.httptools_impl import (
 )
 
 from ..contract.errors import Code, FieldError, Overloaded
-from .access import count_response, id_header, new_request_id
+from .access import Responses, count_response, id_header, new_request_id
 
 logger = logging.getLogger("field.connections")
 
@@ -159,7 +159,7 @@ class ConnectionGuard:
     server shares it.
     """
 
-    def __init__(self, limits: ConnectionLimits) -> None:
+    def __init__(self, limits: ConnectionLimits, *, responses: Responses | None = None) -> None:
         self.limits = limits
         #: admitted connections still open
         self.open = 0
@@ -172,7 +172,7 @@ class ConnectionGuard:
         self.refused_total = {"total": 0, "client": 0}
         #: where the answers written here (refusals, timeouts, malformed HTTP) are counted
         #: by status class (the metrics' tally, shared with ``AccessLog``); None: nowhere
-        self.responses: list[int] | None = None
+        self.responses = responses
 
     def admit(self, key: str) -> Admission:
         """Count a new connection from ``key``, or raise the error that refuses it."""

@@ -67,13 +67,13 @@ from ..engine.outbox import Outbox
 from ..engine.push import Connection, PushHub
 from ..engine.router import SHUTDOWN, SINK_KINDS, Frame
 from ..subscriptions.delivery import Progress
-from .http import error_response
+from .eventstream import Departure, sse_event
 from .index import CONSOLE_PATH
-from .sse import Departure, sse_event
-from .streaming import SEND_TIMEOUT_SECONDS, token_of
+from .web import SEND_TIMEOUT_SECONDS, error_response, token_of
 
 if TYPE_CHECKING:
-    from .http import HTTPBinding
+    from .door import FrontDoor
+    from .runtime import Runtime
 
 logger = logging.getLogger("field.console")
 
@@ -156,13 +156,27 @@ def viewer_of(field: Field, token: str | None) -> Viewer:
     return Viewer(record, record.id == authority.OPERATOR_ID)
 
 
+#: What the metrics counted so far (``Metrics.answered``): operations, and their seconds.
+Answered = tuple[float, float]
+
+
 class ConsoleBinding:
     """The page's routes and the snapshot stream of one server."""
 
-    def __init__(self, binding: HTTPBinding) -> None:
-        self.binding = binding
+    def __init__(
+        self,
+        runtime: Runtime,
+        door: FrontDoor,
+        *,
+        status: Callable[[], dict[str, Any]],
+        answered: Callable[[], Answered] | None = None,
+    ) -> None:
+        """``status``: the status page's body (``GET /v1/field/status``); ``answered``: what
+        the metrics counted so far (None: ``--no-metrics``)."""
+        self._runtime = runtime
+        self._door = door
         self.files = _load_files()
-        self.feed = ConsoleFeed(binding)
+        self.feed = ConsoleFeed(runtime, status=status, answered=answered)
 
     def routes(self) -> list[Route]:
         """``/console``, each of its files (any other path is the router's 404), and the
@@ -186,10 +200,11 @@ class ConsoleBinding:
     async def stream(self, request: Request) -> Any:
         token = token_of(request.headers, request.query_params)
         try:
-            self.binding.door.admit(token, None)
-            hub = self.binding.hub
-            if hub is None:
+            self._door.admit(token, None)
+            running = self._runtime.current
+            if running is None:
                 raise Overloaded("the Field is starting")
+            hub = running.hub
             outcome = await hub.service.execute(
                 lambda field: Outcome({"viewer": viewer_of(field, token)}), work=Work.READ
             )
@@ -205,8 +220,18 @@ class ConsoleBinding:
 class ConsoleFeed:
     """The snapshots of one server, built per tick for every open console stream."""
 
-    def __init__(self, binding: HTTPBinding) -> None:
-        self.binding = binding
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        status: Callable[[], dict[str, Any]],
+        answered: Callable[[], Answered] | None = None,
+    ) -> None:
+        self._runtime = runtime
+        #: the status page's body, which each snapshot shows
+        self._status = status
+        #: what the metrics counted so far (None: no metrics)
+        self._metrics_answered = answered
         self.streams: set[ConsoleStream] = set()
         self.meter = Meter()
         self._task: asyncio.Task[None] | None = None
@@ -263,16 +288,17 @@ class ConsoleFeed:
     async def _ticks(self) -> None:
         """Build and offer a snapshot every :data:`SNAPSHOT_SECONDS`, and soon after each
         committed batch, while any stream is open."""
-        hub, service = self.binding.hub, self.binding.service
-        if hub is None or service is None:
+        running = self._runtime.current
+        if running is None:
             return
+        hub, service = running.hub, running.service
         changed = self._changed = asyncio.Event()
         self.meter.start(service.field.epoch, self._answered())
         service.listeners.add(self._published)
         loop = asyncio.get_running_loop()
         sample_at = loop.time() + SNAPSHOT_SECONDS
         try:
-            while self.streams and self.binding.service is service:
+            while self.streams and self._runtime.current is running:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, sample_at - loop.time())):
                         await changed.wait()
@@ -289,13 +315,13 @@ class ConsoleFeed:
                 await asyncio.sleep(MIN_GAP_SECONDS)
         finally:
             service.listeners.remove(self._published)
-            if self.binding.service is not service:  # the server stopped
+            if self._runtime.current is not running:  # the server stopped
                 for stream in list(self.streams):
                     stream.end(None)
 
     def _answered(self) -> Answered | None:
-        metrics = self.binding.metrics
-        return None if metrics is None else metrics.answered()
+        answered = self._metrics_answered
+        return None if answered is None else answered()
 
     def _published(self, entries: list[StoredEntry]) -> None:
         """A batch is durable (the writer calls this): count it, and show it soon."""
@@ -333,7 +359,7 @@ class ConsoleFeed:
         return _inner(
             {
                 "at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
-                "field": self.binding.status(),
+                "field": self._status(),
                 "agents": _agents(state, by_agent),
                 "connections": dict(by_kind),
                 "rates": self.meter.latest(),
@@ -408,10 +434,6 @@ class ConsoleStream:
         finally:
             departure.close()
             self.feed.close(self)
-
-
-#: What the metrics counted so far (``Metrics.answered``): operations, and their seconds.
-Answered = tuple[float, float]
 
 
 class Meter:

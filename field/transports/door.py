@@ -25,23 +25,79 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..contract.errors import FieldError
+from ..contract.ratelimit import KeyedLimiter, Rate
 from ..engine.admission import work_of
 from ..engine.delivery import check_webhook
+from ..engine.ratelimits import too_fast
+from .connections import client_key
 
 if TYPE_CHECKING:
     from ..core.context import Outcome
     from ..core.field import Field
     from ..engine.ratelimits import AgentRateLimits
-    from ..engine.service import FieldService
     from .access import Access
-    from .metrics import Observer
-    from .registration import RegisterLimit
+    from .runtime import Runtime
 
 
-class Running(Protocol):
-    """Where the door finds the running service (the HTTP binding, while serving)."""
+class Observer(Protocol):
+    """What is told of every operation answered (:class:`~.metrics.Observer`: the metrics
+    and the access log)."""
 
-    def running(self) -> FieldService: ...
+    def operation(
+        self,
+        transport: str,
+        operation: str | None,
+        started: float,
+        result: Outcome | FieldError,
+        body: Any = None,
+        *,
+        access: Access | None = None,
+        request_id: str | None = None,
+    ) -> None: ...
+
+
+class RegisterLimit:
+    """REGISTER's token bucket per client address; the operator goes past it.
+
+    Every transport that carries REGISTER takes from it at the door, *before* the
+    request is queued for the single writer (HTTP ``POST /v1/register``; a REGISTER
+    envelope on the WebSocket; MCP goes through HTTP), so a flood of registrations is
+    turned away at the edge and never delays anyone else's writes. Clients are counted
+    by address (:func:`~field.transports.connections.client_key`: an IPv4 address, an
+    IPv6 /64).
+    """
+
+    def __init__(self, rate: Rate, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limiter = KeyedLimiter(rate, clock=clock)
+        #: REGISTER requests refused since start-up
+        self.refused = 0
+
+    def check(self, field: Field, token: str | None, host: str | None) -> None:
+        """Take one REGISTER from ``host``; raise RATE_LIMITED (with ``retry_after``) if
+        it is over its rate. Nothing is taken from the operator."""
+        if token and field.is_operator(token):
+            return
+        wait = self.limiter.take(client_key(host))
+        if wait > 0:
+            self.refused += 1
+            raise rate_limited(wait)
+
+    def check_envelope(self, field: Field, body: Any, token: str | None, host: str | None) -> None:
+        """:meth:`check` for a decoded envelope of any operation (a WebSocket's): only a
+        REGISTER is counted."""
+        if isinstance(body, dict) and body.get("operation") == "REGISTER":
+            self.check(field, token, host)
+
+
+def rate_limited(wait: float) -> FieldError:
+    """The refusal of a REGISTER over its client's rate (:func:`.ratelimits.too_fast`)."""
+    return too_fast(
+        wait,
+        "too many REGISTER requests from this address; slow down",
+        operation="REGISTER",
+        suggested_action="Retry after the Retry-After seconds (details.retry_after); register "
+        "agents at a steady pace, or have the operator register them.",
+    )
 
 
 class FrontDoor:
@@ -49,13 +105,14 @@ class FrontDoor:
 
     def __init__(
         self,
-        running: Running,
+        runtime: Runtime,
         *,
         rate_limits: AgentRateLimits,
         register_limit: RegisterLimit | None = None,
         observer: Observer | None = None,
     ) -> None:
-        self._running = running
+        #: where the door finds the running service (OVERLOADED while there is none)
+        self._runtime = runtime
         #: the per-agent limit on operations (one for the server, whatever the transport)
         self.rate_limits = rate_limits
         #: REGISTER's per-client rate, checked before the writer's queue
@@ -78,7 +135,7 @@ class FrontDoor:
         """Refuse an operation before anything of it is read or run: over its agent's rate
         (``RATE_LIMITED``), while the writer sheds (``OVERLOADED``), or a REGISTER over its
         client's rate. Raises; returns None when admitted."""
-        service = self._running.running()
+        service = self._runtime.running().service
         self.rate_limits.admit(service.field, token, operation)
         service.admission.check(work_of(operation), operation)
         if operation == "REGISTER" and self.register_limit is not None:
@@ -89,7 +146,7 @@ class FrontDoor:
     ) -> Outcome:
         """Run ``job`` on the single writer; ``body``, the envelope it runs, if any, is
         first checked for a webhook the egress policy refuses."""
-        service = self._running.running()
+        service = self._runtime.running().service
         if body is not None:
             await check_webhook(body, service.field.egress)
         return await service.execute(job, operation=operation)

@@ -35,25 +35,25 @@ from ..contract.errors import Code, FieldError
 from ..engine.admission import Mode, Work
 
 if TYPE_CHECKING:
-    from .http import HTTPBinding
+    from .runtime import Running, Runtime
 
 #: The reasons ``/readyz`` may give, in the order they are checked.
 CHECKS = ("starting", "writer_stopped", "state_broken", "log_refusing", "overloaded")
 
 
-def health_routes(binding: HTTPBinding) -> list[Route]:
-    """``/healthz`` and ``/readyz`` of ``binding``'s server."""
+def health_routes(runtime: Runtime) -> list[Route]:
+    """``/healthz`` and ``/readyz`` of the Field ``runtime`` runs."""
 
     async def healthz(request: Request) -> Response:
         return _json({"status": "ok"}, 200)
 
     async def readyz(request: Request) -> Response:
-        reason, error = readiness(binding)
-        if error is None:
-            return _json({"status": "ok", "checks": _checks(binding)}, 200)
-        body = error.to_response()
-        body["details"] = {"reason": reason}
-        return _json(body, 503)
+        reason, error = readiness(runtime)
+        if error is not None:
+            body = error.to_response()
+            body["details"] = {"reason": reason}
+            return _json(body, 503)
+        return _json({"status": "ok", "checks": _checks(runtime.running())}, 200)
 
     return [
         Route("/healthz", healthz, methods=["GET"]),
@@ -61,12 +61,13 @@ def health_routes(binding: HTTPBinding) -> list[Route]:
     ]
 
 
-def readiness(binding: HTTPBinding) -> tuple[str | None, FieldError | None]:
+def readiness(runtime: Runtime) -> tuple[str | None, FieldError | None]:
     """(None, None) when the Field is ready; else the reason (one of :data:`CHECKS`) and
     the error that says it."""
-    service = binding.service
-    if service is None or binding.hub is None:
+    running = runtime.current
+    if running is None:
         return "starting", _not_ready(Code.OVERLOADED, "the Field is starting or stopping")
+    service = running.service
     if not service.running:
         return "writer_stopped", _not_ready(Code.OVERLOADED, "the Field's writer is not running")
     if service.field.broken:
@@ -99,9 +100,8 @@ def _not_ready(code: str, message: str) -> FieldError:
     )
 
 
-def _checks(binding: HTTPBinding) -> dict[str, Any]:
-    service = binding.service
-    assert service is not None
+def _checks(running: Running) -> dict[str, Any]:
+    service = running.service
     return {
         "writer": "running",
         "log": "writable",

@@ -74,14 +74,19 @@ from ..contract.model import AGENT_STATUSES, OPERATIONS, StoredEntry
 from ..core.context import Outcome
 from ..engine.admission import Mode
 from ..engine.listeners import Listener
-from ..engine.router import PushCounts
 from ..subscriptions.events import SUBSCRIPTION_EVENTS
-from .access import Access, Responses
+from .access import Access, Responses, no_responses
 from .index import METRICS_PATH
 
 if TYPE_CHECKING:
+    from ..engine.delivery import DeliveryEngine
+    from ..engine.push import PushHub
+    from ..engine.ratelimits import AgentRateLimits
+    from ..engine.router import PushCounts
+    from ..engine.service import FieldService
     from .connections import ConnectionGuard
-    from .http import HTTPBinding
+    from .door import RegisterLimit
+    from .runtime import Runtime
 
 operation_logger = logging.getLogger("field.operation")
 
@@ -120,14 +125,32 @@ def _bounded(value: str | None, allowed: frozenset[str]) -> str:
 class Metrics:
     """The numbers of one server, and its registry."""
 
-    def __init__(self, binding: HTTPBinding, *, token: str | None = None) -> None:
-        self.binding = binding
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        counts: PushCounts,
+        rate_limits: AgentRateLimits,
+        register_limit: RegisterLimit | None = None,
+        token: str | None = None,
+        guard: ConnectionGuard | None = None,
+        responses: Responses | None = None,
+    ) -> None:
+        """``guard``: the server's connection guard, whose counts are exposed (None: not
+        served by ``field serve``'s protocol); ``responses``: the tally of HTTP responses
+        by status class, shared with the guard and the ASGI layer (None: a new one)."""
+        #: the Field's parts, read at scrape time while it runs
+        self.runtime = runtime
         #: the bearer token ``/metrics`` asks for (None: open)
         self.token = token
         #: what the push hub's connections do, counted by the hub and read at scrape time
-        self.counts = PushCounts()
-        #: the server's connection counts, once the server is built (``uvicorn_config``)
-        self.guard: ConnectionGuard | None = None
+        self.counts = counts
+        #: the per-agent limit on operations and REGISTER's per-client rate, whose
+        #: refusals are counted
+        self.rate_limits = rate_limits
+        self.register_limit = register_limit
+        #: the server's connection counts
+        self.guard = guard
         self.registry = CollectorRegistry(auto_describe=True)
         registry = self.registry
         self._operations = Counter(
@@ -159,7 +182,7 @@ class Metrics:
         self._children: dict[tuple[str, str, str], tuple[Any, Any]] = {}
         #: HTTP responses sent, by status class (``access.count_response``): counted by
         #: the ASGI layer around the app and by the connections' own refusals
-        self.responses: Responses = [0] * 6
+        self.responses = no_responses() if responses is None else responses
         registry.register(_FieldCollector(self))
         ProcessCollector(registry=registry)
         PlatformCollector(registry=registry)
@@ -189,15 +212,13 @@ class Metrics:
             self._children[(transport, operation, outcome)] = children
         return children
 
-    def instrument(self) -> None:
-        """Start counting what the running server does (its service and hub are up)."""
-        service, hub = self.binding.service, self.binding.hub
-        assert service is not None and hub is not None
-        service.on_batch = self.batch
+    def instrument(self, service: FieldService, hub: PushHub) -> None:
+        """Time the push hub's routing of every batch ``service`` commits, from now on
+        (once both have started)."""
         service.listeners.wrap(hub.publish, self.timed_listener)
 
     def batch(self, operations: int) -> None:
-        """The writer committed ``operations`` together."""
+        """The writer committed ``operations`` together (the service's ``on_batch``)."""
         self._batches.observe(operations)
 
     def timed_listener(self, listener: Listener) -> Listener:
@@ -403,23 +424,20 @@ class _FieldCollector(Collector):
         return ()  # generated at scrape time: nothing to check against the registry
 
     def collect(self) -> Iterator[Metric]:
-        binding = self._metrics.binding
+        metrics = self._metrics
         info = GaugeMetricFamily(
             "field_build_info", "The server's version (always 1).", labels=["version"]
         )
         info.add_metric([__version__], 1)
         yield info
-        yield from _guard_metrics(self._metrics.guard)
-        yield _responses(self._metrics.responses)
-        service = binding.service
-        if service is None:  # starting or stopping
+        yield from _guard_metrics(metrics.guard)
+        yield _responses(metrics.responses)
+        running = metrics.runtime.current
+        if running is None:  # starting or stopping
             return
-        yield from _service_metrics(binding)
-        hub = binding.hub
-        if hub is not None:
-            yield from _push_metrics(binding, self._metrics.guard)
-        if binding.deliveries is not None:
-            yield from _delivery_metrics(binding)
+        yield from _service_metrics(running.service, metrics)
+        yield from _push_metrics(running.hub, metrics.counts, metrics.guard)
+        yield from _delivery_metrics(running.deliveries)
 
 
 def _responses(responses: Responses) -> Metric:
@@ -440,9 +458,7 @@ def _gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, documentation, value=value)
 
 
-def _service_metrics(binding: HTTPBinding) -> Iterator[Metric]:
-    service = binding.service
-    assert service is not None
+def _service_metrics(service: FieldService, metrics: Metrics) -> Iterator[Metric]:
     state = service.field.state
     yield _gauge("field_log_position", "The log's last durable position.", state.last_position)
     yield _gauge("field_epoch", "The Field's Lamport clock (its epoch).", state.clock.value)
@@ -502,10 +518,9 @@ def _service_metrics(binding: HTTPBinding) -> Iterator[Metric]:
         "REGISTER over --register-rate.",
         labels=["limit"],
     )
-    door = binding.door
-    limited.add_metric(["agent"], door.rate_limits.refused)
-    if door.register_limit is not None:
-        limited.add_metric(["register"], door.register_limit.refused)
+    limited.add_metric(["agent"], metrics.rate_limits.refused)
+    if metrics.register_limit is not None:
+        limited.add_metric(["register"], metrics.register_limit.refused)
     yield limited
     statuses = Tally(
         agent.status if agent.status in _AGENT_STATUSES else OTHER
@@ -543,9 +558,9 @@ def _guard_metrics(guard: ConnectionGuard | None) -> Iterator[Metric]:
     yield refused
 
 
-def _push_metrics(binding: HTTPBinding, guard: ConnectionGuard | None) -> Iterator[Metric]:
-    hub = binding.hub
-    assert hub is not None
+def _push_metrics(
+    hub: PushHub, counts: PushCounts, guard: ConnectionGuard | None
+) -> Iterator[Metric]:
     kinds: Tally[str] = Tally()
     depths = [0] * (len(OUTBOX_BUCKETS) + 1)
     queued = 0
@@ -576,9 +591,6 @@ def _push_metrics(binding: HTTPBinding, guard: ConnectionGuard | None) -> Iterat
         buckets=buckets,
         gsum_value=queued,
     )
-    counts = hub.counts
-    if counts is None:
-        return
     overflows = CounterMetricFamily(
         "field_outbox_overflows",
         "Push connections ended for falling behind (then close 4008 or an overflow event), "
@@ -639,9 +651,7 @@ def _bucket(value: int, bounds: tuple[int, ...]) -> int:
     return len(bounds)
 
 
-def _delivery_metrics(binding: HTTPBinding) -> Iterator[Metric]:
-    engine = binding.deliveries
-    assert engine is not None
+def _delivery_metrics(engine: DeliveryEngine) -> Iterator[Metric]:
     states: Tally[tuple[str, str]] = Tally(
         (sink.kind, sink.state) for sink in engine.sinks.values()
     )

@@ -77,10 +77,12 @@ from ..core.validation import MAX_URL_CHARS
 from ..engine.egress import check_destination
 from ..subscriptions.delivery import RapCall, Verdict, verdict
 from .access import access_of
-from .http import HTTPBinding, bearer_token, error_response, read_json
+from .web import bearer_token, error_response, read_json
 
 if TYPE_CHECKING:
     from ..core.state import AgentRecord
+    from .door import FrontDoor
+    from .runtime import Runtime
 
 logger = logging.getLogger("field.rap")
 
@@ -272,10 +274,15 @@ def run_invocation(field: Field, call: Invocation, token: str | None) -> Outcome
 
 
 class RapBinding:
-    """The RAP endpoints of one Field (beside its HTTP binding, whose service they use)."""
+    """The RAP endpoints of one Field."""
 
-    def __init__(self, http: HTTPBinding, *, limits: Limits, max_running: int) -> None:
-        self.http = http
+    def __init__(
+        self, runtime: Runtime, door: FrontDoor, *, limits: Limits, max_running: int
+    ) -> None:
+        #: the Field's parts, while it runs
+        self._runtime = runtime
+        #: the way in of every operation, whatever its transport
+        self.door = door
         self.limits = limits
         #: invocations run at once, past which one is refused
         self.max_running = max_running
@@ -305,9 +312,9 @@ class RapBinding:
         access = access_of(request.scope)
         try:
             token = bearer_token(request)
-            service = self.http.running()
+            service = self._runtime.running().service
             agent = service.field.authenticate(token)
-            self.http.door.admit(token, None)  # an invocation is one of the agent's operations
+            self.door.admit(token, None)  # an invocation is one of the agent's operations
             call = parse_invocation(await read_json(request, self.limits))
             operation = call.operation
             if access is not None:
@@ -344,7 +351,7 @@ class RapBinding:
         token = bearer_token(request)
         reason = "cancelled by the RAP runtime" if with_call else "the RAP thread was closed"
         try:
-            service = self.http.running()
+            service = self._runtime.running().service
             service.field.authenticate(token)
             try:
                 thread, call = parse_thread(
@@ -377,7 +384,7 @@ class RapBinding:
     ) -> None:
         """Run the invocation and answer it (``request_id``: its request's, which the
         operation's line in the access log names)."""
-        door = self.http.door
+        door = self.door
         error: FieldError | None = None
         with door.visit("rap", call.operation, request_id=request_id) as visit:
             try:
@@ -403,9 +410,10 @@ class RapBinding:
         ``webhook-id``. The result lives in memory only, and so does its id: made for it
         once, at random (nothing in the log names it; an invocation sent again is another
         message, answered with another id)."""
-        engine = self.http.deliveries
-        if engine is None:
+        running = self._runtime.current
+        if running is None:
             return  # stopping
+        engine = running.deliveries
         message = tool_result(call, body, is_error=is_error)
         headers = {"webhook-id": f"result-{secrets.token_hex(16)}"}
         for attempt in range(1, RESULT_ATTEMPTS + 1):

@@ -34,10 +34,10 @@ from ..core.field import Field
 from ..engine.admission import Work
 from ..engine.service import FieldService
 from .documents import decode_document
-from .http import bearer_token, error_response, json_response, read_body, read_json
+from .web import bearer_token, error_response, json_response, read_body, read_json
 
 if TYPE_CHECKING:
-    from .http import HTTPBinding
+    from .runtime import Runtime
 
 logger = logging.getLogger("field.sources")
 
@@ -51,8 +51,9 @@ _PRIVATE_HEADERS = frozenset({"authorization", "cookie", "proxy-authorization"})
 class SourcesBinding:
     """The endpoints of inbound event sources, and their in-memory counts."""
 
-    def __init__(self, binding: HTTPBinding, *, tolerance: float) -> None:
-        self._binding = binding
+    def __init__(self, runtime: Runtime, *, tolerance: float) -> None:
+        #: the Field's parts, while it runs
+        self._runtime = runtime
         #: seconds a Standard Webhooks timestamp may be from the Field's time
         self.tolerance = tolerance
         #: per source name: events filtered out and refused, since start-up
@@ -74,7 +75,7 @@ class SourcesBinding:
     async def define(self, request: Request) -> Response:
         token = bearer_token(request)
         try:
-            service = self._binding.running()
+            service = self._runtime.running().service
             body = await read_json(request, service.field.limits)
             outcome = await service.execute(lambda field: field.define_source(token, body))
         except FieldError as error:
@@ -90,7 +91,7 @@ class SourcesBinding:
         token = bearer_token(request)
         name = request.path_params["name"]
         try:
-            outcome = await self._binding.running().execute(
+            outcome = await self._runtime.running().service.execute(
                 lambda field: field.remove_source(token, name)
             )
         except FieldError as error:
@@ -115,7 +116,7 @@ class SourcesBinding:
             return Outcome({"status": "ok", "sources": shown, "epoch": field.epoch})
 
         try:
-            outcome = await self._binding.running().execute(listing)
+            outcome = await self._runtime.running().service.execute(listing)
         except FieldError as error:
             return error_response(error)
         return json_response(outcome.response)
@@ -143,7 +144,7 @@ class SourcesBinding:
     async def event(self, request: Request) -> Response:
         name = request.path_params["name"]
         try:
-            service = self._binding.running()
+            service = self._runtime.running().service
             source = sources.source_of(service.field.state, name)
         except FieldError as error:
             return error_response(error)

@@ -24,24 +24,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from sse_starlette import ServerSentEvent
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from ..contract.errors import FieldError, internal_error
+from ..contract.errors import Code, FieldError, internal_error
 from ..core.context import Outcome
 from ..core.field import Field
 from ..engine.consumer import consume
 from ..engine.push import Connection, PushHub
 from ..engine.router import SHUTDOWN, Frame
 from .access import access_of
-from .streaming import SEND_TIMEOUT_SECONDS, token_of
+from .eventstream import Departure, sse_event
+from .web import SEND_TIMEOUT_SECONDS, error_response, token_of
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 logger = logging.getLogger("field.sse")
 
@@ -65,19 +67,22 @@ _START = {"type": "http.response.start", "status": 200, "headers": _HEAD}
 _END = {"type": "http.response.body", "body": b"", "more_body": False}
 
 
-def subscription_of(path: str) -> str | None:
-    """The subscription named by ``/v1/subscriptions/<id>/events``, or None for any other
-    path (the route's ``{subscription_id}``: one segment, not empty)."""
-    prefix, suffix = "/v1/subscriptions/", "/events"
-    if not (path.startswith(prefix) and path.endswith(suffix)):
-        return None
-    subscription_id = path[len(prefix) : -len(suffix)]
-    return subscription_id if subscription_id and "/" not in subscription_id else None
+class SSEBinding:
+    """``GET /v1/subscriptions/{subscription_id}/events`` of one Field."""
+
+    def __init__(self, runtime: Runtime) -> None:
+        self._runtime = runtime
+
+    async def events(self, request: Request) -> ASGIApp:
+        """The stream of the subscription the path names, or the error response that
+        refuses it (``OVERLOADED`` while the Field is starting or stopping)."""
+        running = self._runtime.current
+        if running is None:
+            return error_response(FieldError("the Field is starting", code=Code.OVERLOADED))
+        return await sse_endpoint(request, running.hub)
 
 
-async def sse_endpoint(
-    request: Request, hub: PushHub, error_response: Callable[[FieldError], Response]
-) -> ASGIApp:
+async def sse_endpoint(request: Request, hub: PushHub) -> ASGIApp:
     """The stream of one subscription, or the error response that refuses it."""
     subscription_id = request.path_params["subscription_id"]
     token = token_of(request.headers, request.query_params)
@@ -273,79 +278,3 @@ def _resume_point(frames: list[Frame]) -> str | None:
             start = frame.control.get("from")
             return start if isinstance(start, str) else None
     return None
-
-
-def sse_event(frame: Frame) -> bytes:
-    """``ServerSentEvent(data=body, event=kind, id=cursor).encode()``, by concatenation.
-
-    Frame bodies are JSON from orjson (no raw line breaks, so one ``data:``
-    line); anything else goes through sse-starlette's encoder.
-    """
-    body = frame.body
-    if b"\n" in body or b"\r" in body:
-        event = ServerSentEvent(data=body.decode(), event=frame.kind, id=frame.cursor)
-        return event.encode()
-    head = b"event: " + frame.kind.encode() + b"\r\ndata: "
-    if frame.cursor is not None:
-        head = b"id: " + frame.cursor.encode() + b"\r\n" + head
-    return head + body + b"\r\n\r\n"
-
-
-class Departure:
-    """Calls ``gone()`` once the client has gone away, with no task of its own.
-
-    Once the request's (empty) body has been read, the server's ``receive()``
-    waits until the client disconnects. A task awaiting it would be a second
-    task per stream; instead the coroutine is stepped by hand, as a task
-    would step it: each step runs it until it awaits a future, whose
-    completion steps it again. A ``receive()`` that awaits anything else
-    than an asyncio future (a bare yield) is stepped again on the next turn
-    of the loop.
-    """
-
-    __slots__ = ("_receive", "_gone", "_coro")
-
-    def __init__(self, receive: Receive, gone: Callable[[], None]) -> None:
-        self._receive = receive
-        self._gone: Callable[[], None] | None = gone
-        self._coro: Coroutine[Any, Any, Any] | None = None
-        self._listen()
-
-    def _listen(self) -> None:
-        self._coro = self._receive()  # type: ignore[assignment]
-        self._step(None)
-
-    def _step(self, _: object) -> None:
-        coro = self._coro
-        if coro is None:
-            return
-        try:
-            awaited = coro.send(None)
-        except StopIteration as stop:
-            message = stop.value
-            if isinstance(message, dict) and message.get("type") == "http.request":
-                self._listen()  # the request's body: read on
-            else:
-                self._depart()
-            return
-        except Exception:
-            logger.exception("watching an SSE client failed")
-            self._depart()
-            return
-        if asyncio.isfuture(awaited):
-            awaited._asyncio_future_blocking = False
-            awaited.add_done_callback(self._step)
-        else:
-            asyncio.get_running_loop().call_soon(self._step, None)
-
-    def _depart(self) -> None:
-        self._coro = None
-        gone, self._gone = self._gone, None
-        if gone is not None:
-            gone()
-
-    def close(self) -> None:
-        """Stop watching (the response has ended)."""
-        coro, self._coro, self._gone = self._coro, None, None
-        if coro is not None:
-            coro.close()

@@ -1,8 +1,8 @@
-"""WebSocket (``/v1/ws``), and what Server-Sent Events (``sse.py``) share with it.
+"""WebSocket (``/v1/ws``): envelopes in, responses and pushed frames out.
 
-Both are thin: authenticate, make a hub connection, attach subscriptions
-with the client's cursors, then copy frames from the connection's outbox
-to the socket until one side ends. The framing is in
+Thin, as Server-Sent Events (``sse.py``) are: authenticate, make a hub connection,
+attach subscriptions with the client's cursors, then copy frames from the connection's
+outbox to the socket until one side ends. The framing is in
 ``protocol/README.md`` ("Push").
 
 WebSocket close codes: 4401 authentication failed, 4429 the agent holds as
@@ -26,7 +26,7 @@ import orjson
 from starlette.types import Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from ..contract.errors import FieldError, internal_error
+from ..contract.errors import FieldError, Overloaded, internal_error
 from ..contract.model import OPERATIONS
 from ..core.context import Outcome
 from ..core.field import Field
@@ -35,26 +35,17 @@ from ..engine.push import Connection, PushHub
 from ..engine.router import Frame
 from .access import access_of
 from .documents import decode_document
+from .web import SEND_TIMEOUT_SECONDS, absolute_urls, deny_websocket, token_of
 from .wsprotocol import BATCH_EXTENSION, SHUTDOWN_CLOSE, SHUTDOWN_EXTENSION, STALL_EXTENSION
 
 if TYPE_CHECKING:
     from .door import FrontDoor
+    from .runtime import Runtime
 
 logger = logging.getLogger("field.streaming")
 
-#: Seconds a send may block before the consumer is considered dead.
-SEND_TIMEOUT_SECONDS = 30
 #: Most frames the WebSocket sender writes per wake-up.
 SEND_BATCH = 256
-
-
-def token_of(headers: Any, query: Any) -> str | None:
-    """The bearer token from ``Authorization`` or, for browsers, the ``token`` query parameter."""
-    scheme, _, token = headers.get("authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and token.strip():
-        return str(token.strip())
-    value = query.get("token")
-    return str(value) if value else None
 
 
 def since_cursors(values: list[str]) -> tuple[str | None, dict[str, str]]:
@@ -71,6 +62,22 @@ def since_cursors(values: list[str]) -> tuple[str | None, dict[str, str]]:
 
 
 # -- WebSocket --------------------------------------------------------------------
+
+
+class WebSocketBinding:
+    """``/v1/ws`` of one Field: an ASGI app for a handshake the app has let through (its
+    path, its origin), which refuses it while the Field is starting or stopping."""
+
+    def __init__(self, runtime: Runtime, door: FrontDoor) -> None:
+        self._runtime = runtime
+        self._door = door
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        running = self._runtime.current
+        if running is None:  # starting or stopping: try again
+            await deny_websocket(scope, send, Overloaded("the Field is not running"))
+            return
+        await ws_endpoint(scope, receive, send, running.hub, self._door)
 
 
 async def ws_endpoint(
@@ -142,19 +149,6 @@ async def _refuse(websocket: WebSocket, error: FieldError, code: int) -> None:
     error code)."""
     await websocket.send_text(_frame("error", error.to_response()).decode())
     await websocket.close(code=code, reason=error.code)
-
-
-async def deny_websocket(scope: Scope, send: Send, error: FieldError) -> None:
-    """Answer a WebSocket handshake with an HTTP error response instead of accepting it
-    (the ASGI denial response; a server without it answers 403)."""
-    if "websocket.http.response" not in scope.get("extensions", {}):
-        await send({"type": "websocket.close", "code": 1008, "reason": error.code})
-        return
-    body = orjson.dumps(error.to_response())
-    headers = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
-    start = {"type": "websocket.http.response.start", "status": error.http_status}
-    await send({**start, "headers": headers})
-    await send({"type": "websocket.http.response.body", "body": body})
 
 
 async def _ws_reader(
@@ -236,15 +230,6 @@ def _echoed_id(value: Any) -> str | None:
 def _known_operation(value: Any) -> str | None:
     """The envelope's operation if it names one (it is logged): never a raw client value."""
     return value if isinstance(value, str) and value in OPERATIONS else None
-
-
-def absolute_urls(response: dict[str, Any], base_http: str) -> dict[str, Any]:
-    """SUBSCRIBE's ``ws_url`` and ``sse_url`` made absolute for the client's host."""
-    if "ws_url" in response:
-        base_ws = "ws" + base_http[len("http") :]
-        response["ws_url"] = base_ws + response["ws_url"]
-        response["sse_url"] = base_http + response["sse_url"]
-    return response
 
 
 async def _ws_sender(

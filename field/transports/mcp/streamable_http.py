@@ -62,7 +62,7 @@ import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -107,11 +107,14 @@ from ...core.field import Field
 from ...engine.admission import Work
 from ..access import access_of
 from ..connections import client_key
-from ..door import Visit
-from ..http import HTTPBinding, bearer_token, error_response, read_body
 from ..index import MCP_PATH
-from ..streaming import absolute_urls
+from ..web import absolute_urls, bearer_token, error_response, read_body
 from . import resources
+
+if TYPE_CHECKING:
+    from ...engine.service import FieldService
+    from ..door import FrontDoor, Visit
+    from ..runtime import Runtime
 
 logger = logging.getLogger("field.mcp")
 
@@ -210,7 +213,8 @@ class McpHttpBinding:
 
     def __init__(
         self,
-        http: HTTPBinding,
+        runtime: Runtime,
+        door: FrontDoor,
         *,
         limits: Limits,
         max_sessions: int,
@@ -218,7 +222,10 @@ class McpHttpBinding:
         max_per_client: int,
         idle_timeout: float,
     ) -> None:
-        self.http = http
+        #: the Field's parts, while it runs
+        self._runtime = runtime
+        #: the way in of every operation, whatever its transport
+        self.door = door
         self.limits = limits
         self.max_sessions = max_sessions
         self.max_per_agent = max_per_agent
@@ -237,8 +244,10 @@ class McpHttpBinding:
 
     # -- lifetime ----------------------------------------------------------------------
 
-    async def start(self) -> None:
-        """Start serving (in the app's lifespan, after the service and the hub)."""
+    async def start(self, service: FieldService) -> None:
+        """Start serving (in the app's lifespan, once ``service`` and the hub have
+        started): the sessions' task group, and the entity watches told of every batch
+        ``service`` commits."""
         self.stateless = StreamableHTTPSessionManager(
             self.server,
             stateless=True,
@@ -248,7 +257,7 @@ class McpHttpBinding:
         ready = asyncio.get_running_loop().create_future()
         self._runner = asyncio.create_task(self._serve(ready), name="field-mcp")
         await ready
-        self.http.running().listeners.add(self.published)
+        service.listeners.add(self.published)
 
     async def _serve(self, ready: asyncio.Future[None]) -> None:
         """Hold the task group of the sessions (and the stateless requests') until stopped:
@@ -330,7 +339,8 @@ class McpHttpBinding:
         if self._group is None or self._group.cancel_scope.cancel_called:
             raise Overloaded("the Field is not running")
         token = bearer_token(request)
-        agent = self.http.running().field.authenticate(token)  # 401 without a valid token
+        service = self._runtime.running().service
+        agent = service.field.authenticate(token)  # 401 without a valid token
         assert token is not None
         access = access_of(scope)
         if access is not None:
@@ -363,7 +373,7 @@ class McpHttpBinding:
         if request.method != "POST":
             raise _not_allowed(request.method, "without an Mcp-Session-Id")
         if _is_initialize(body) and _of_sessions(version):  # else the SDK's to answer
-            self.http.door.admit(token, None)  # a session costs what an operation does
+            self.door.admit(token, None)  # a session costs what an operation does
             client = None if request.client is None else request.client.host
             address = None if agent.id == OPERATOR_ID else client_key(client)
             session = await self._open(agent.id, address)
@@ -610,7 +620,7 @@ class McpHttpBinding:
         self, caller: Caller, name: str, operation: str, args: dict[str, Any]
     ) -> dict[str, Any]:
         """A tool call through the front door: admitted, run and observed (refusals too)."""
-        with self.http.door.visit("mcp", operation) as visit:
+        with self.door.visit("mcp", operation) as visit:
             return await self._tool_call(visit, caller, name, operation, args)
 
     async def _tool_call(
@@ -627,7 +637,7 @@ class McpHttpBinding:
                 "token. Connect with another agent's token to act for it.",
             )
         session = caller.session
-        self.http.door.admit(caller.token, operation)
+        self.door.admit(caller.token, operation)
         session_id = None
         if name in SESSION_TOOLS:
             default = session.field_session if session is not None else None
@@ -660,7 +670,7 @@ class McpHttpBinding:
         # the envelope as far as the transport knows it: its webhook, if any, is checked
         # before the writer, as every transport's is
         visit.body = {"operation": operation, "payload": args}
-        visit.result = outcome = await self.http.door.run(job, operation, visit.body)
+        visit.result = outcome = await self.door.run(job, operation, visit.body)
         response = outcome.response
         if session is not None:
             self._follow(session, operation, args, response, poll)
@@ -693,13 +703,13 @@ class McpHttpBinding:
 
     async def _reading(self, caller: Caller, job: Callable[..., Outcome]) -> dict[str, Any]:
         """A read job as the caller's agent: rate-limited and admitted like a GET list."""
-        self.http.door.admit(caller.token, None)
+        self.door.admit(caller.token, None)
         token = caller.token
 
         def authenticated(field: Field) -> Outcome:
             return job(field, field.authenticate(token))
 
-        outcome = await self.http.running().execute(authenticated, work=Work.READ)
+        outcome = await self._runtime.running().service.execute(authenticated, work=Work.READ)
         return outcome.response
 
     async def resource_list(self, caller: Caller) -> list[types.Resource]:
@@ -731,7 +741,7 @@ class McpHttpBinding:
             if session is None:
                 raise _needs_session("reading a subscription resource")
             feed = await self._feed(caller, session, ident)
-            self.http.door.admit(caller.token, None)
+            self.door.admit(caller.token, None)
             return await feed.read(resources.READ_PAGE, self.limits.max_response_bytes // 2)
         body = await self._reading(
             caller, lambda field, agent: resources.read_entity(field, agent, kind, ident)
@@ -754,12 +764,13 @@ class McpHttpBinding:
             field.active_subscription(subscription_id, agent.id)
             return Outcome({}, agent_id=agent.id)
 
-        await self.http.running().execute(check, work=Work.READ)
+        await self._runtime.running().service.execute(check, work=Work.READ)
         feed = session.feeds.get(subscription_id)  # made meanwhile by another request
         if feed is None:
-            hub = self.http.hub
-            if hub is None:
+            running = self._runtime.current
+            if running is None:
                 raise Overloaded("the Field is not running")
+            hub = running.hub
             feed = resources.SubscriptionFeed(
                 hub, caller.agent_id, subscription_id, lambda f: session.updated(f.uri)
             )
