@@ -82,12 +82,6 @@ class RegisterLimit:
             self.refused += 1
             raise rate_limited(wait)
 
-    def check_envelope(self, field: Field, body: Any, token: str | None, host: str | None) -> None:
-        """:meth:`check` for a decoded envelope of any operation (a WebSocket's): only a
-        REGISTER is counted."""
-        if isinstance(body, dict) and body.get("operation") == "REGISTER":
-            self.check(field, token, host)
-
 
 def rate_limited(wait: float) -> FieldError:
     """The refusal of a REGISTER over its client's rate (:func:`.ratelimits.too_fast`)."""
