@@ -53,14 +53,19 @@ class FastPaths:
     mcp: ASGIApp | None = None
 
 
+def _segment(path: str, prefix: str, suffix: str) -> str | None:
+    """The one path segment between ``prefix`` and ``suffix`` (not empty, no ``/``), or
+    None when ``path`` is not of that shape (a route's single ``{parameter}``)."""
+    if not (path.startswith(prefix) and path.endswith(suffix)):
+        return None
+    segment = path[len(prefix) : -len(suffix)]
+    return segment if segment and "/" not in segment else None
+
+
 def subscription_of(path: str) -> str | None:
     """The subscription named by ``/v1/subscriptions/<id>/events``, or None for any other
     path (the route's ``{subscription_id}``: one segment, not empty)."""
-    prefix, suffix = "/v1/subscriptions/", "/events"
-    if not (path.startswith(prefix) and path.endswith(suffix)):
-        return None
-    subscription_id = path[len(prefix) : -len(suffix)]
-    return subscription_id if subscription_id and "/" not in subscription_id else None
+    return _segment(path, "/v1/subscriptions/", "/events")
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:
@@ -117,10 +122,7 @@ def _not_a_handshake() -> FieldError:
 
 def _event_source(path: str) -> str | None:
     """The source named by ``/v1/sources/<name>/events``, or None for any other path."""
-    if not (path.startswith("/v1/sources/") and path.endswith("/events")):
-        return None
-    name = path[len("/v1/sources/") : -len("/events")]
-    return name if name and "/" not in name else None
+    return _segment(path, "/v1/sources/", "/events")
 
 
 class _FieldApp(Starlette):
