@@ -424,11 +424,11 @@ class ConsoleStream:
                     {"type": "http.response.start", "status": 200, "headers": _STREAM_HEADERS}
                 )
             await consume(self.hub, self.connection, write, most=_BATCH)
-            last = Frame(b"", "")  # the body ends
+            last = b""  # the body ends
             if self.connection.ended == SHUTDOWN:  # the server stops: say so, as SSE does
-                last = Frame(orjson.dumps({"reason": SHUTDOWN[1]}), "shutdown")
+                last = sse_event(Frame(orjson.dumps({"reason": SHUTDOWN[1]}), "shutdown"))
             async with asyncio.timeout(SEND_TIMEOUT_SECONDS):
-                await send(_event(last, more=False))
+                await send({"type": "http.response.body", "body": last, "more_body": False})
         except TimeoutError:
             logger.warning("a console stream of %s stopped reading", self.viewer.id)
         finally:
@@ -509,12 +509,6 @@ class Meter:
 
 
 # -- the parts of a snapshot ------------------------------------------------------------
-
-
-def _event(frame: Frame, *, more: bool) -> dict[str, Any]:
-    """An ASGI body message holding ``frame`` as an SSE event (no event if it has no kind)."""
-    body = sse_event(frame) if frame.kind else b""
-    return {"type": "http.response.body", "body": body, "more_body": more}
 
 
 def _inner(body: dict[str, Any]) -> bytes:
