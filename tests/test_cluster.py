@@ -269,3 +269,85 @@ async def test_an_agent_connected_to_one_node_is_live_on_every_node(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+
+
+async def test_pollers_on_every_node_see_every_unit_once(
+    server_process: SpawnServer, tmp_path: Path, database: str
+) -> None:
+    """Polling is exact across nodes (protocol/README.md, "Polling with since_epoch"):
+    writers on three nodes, and on every node a poller that stays there and one that moves
+    to the next node at each poll, each following the documented rule (``since_epoch`` =
+    the previous response's ``epoch``, ``envelope.epoch`` = the highest epoch seen). One
+    node is SIGKILLed mid-load and started again. Each poller sees every unit once."""
+    names = "abc"
+    nodes = {n: server_process(tmp_path / n, "--log", database, "--node-id", n) for n in names}
+    clients = {n: FieldClient(node.url) for n, node in nodes.items()}
+    pollers: dict[str, list[str]] = {}
+    gone: list[FieldClient] = []
+    try:
+        writers = {n: await clients[n].register(f"writer-{n}", "analyst") for n in names}
+        readers = {}
+        for n in names:
+            readers[f"stay-{n}"] = (await clients[n].register(f"stay-{n}", "lead"), n)
+            readers[f"move-{n}"] = (await clients[n].register(f"move-{n}", "lead"), n)
+        acked: dict[str, list[str]] = {n: [] for n in names}
+        down = asyncio.Event()  # node b is down: its writer goes through c
+        writing_done = asyncio.Event()
+
+        async def write(n: str) -> None:
+            through = writers[n]
+            for i in range(PER_WRITER):
+                if n == "b" and i == KILL_AFTER:
+                    await down.wait()
+                    through = _agent(clients["c"], through.id, through.token, "analyst")
+                unit = await _record(through, "finding", f"fact {i} via {n}", purpose="poll")
+                acked[n].append(unit["memory_unit_id"])
+
+        async def poll(name: str) -> None:
+            agent, home = readers[name]
+            seen: list[str] = pollers.setdefault(name, [])
+            since, highest, turn = 0, agent.epoch, names.index(home)
+            quiet = 0
+            while quiet < 3:  # three polls that found nothing after the writers finished
+                node = home if name.startswith("stay") else names[turn % 3]
+                turn += 1
+                handle = _agent(clients[node], agent.id, agent.token, "lead")
+                handle.epoch = highest
+                try:
+                    page = await handle.attune(
+                        max_units=7, since_epoch=since, relevance_threshold=0.0
+                    )
+                except (aiohttp.ClientError, FieldClientError):
+                    await asyncio.sleep(0.05)  # a node killed or restarting: ask again
+                    continue
+                got = [item["memory_unit"]["id"] for item in page["record"]]
+                seen.extend(got)
+                since = page["epoch"]
+                highest = max(highest, handle.epoch, since)
+                quiet = quiet + 1 if not got and writing_done.is_set() else 0
+                await asyncio.sleep(0.01)
+
+        writing = [asyncio.ensure_future(write(n)) for n in names]
+        polling = [asyncio.ensure_future(poll(name)) for name in readers]
+        while len(acked["b"]) < KILL_AFTER:
+            await asyncio.sleep(0.05)
+        nodes["b"].stop(signal.SIGKILL)  # b's writer waits: no write of b's is in flight
+        down.set()
+        nodes["b"] = server_process(tmp_path / "b-again", "--log", database, "--node-id", "b")
+        gone.append(clients["b"])  # closed at the end: a poll may still be using it
+        clients["b"] = FieldClient(nodes["b"].url)
+        await asyncio.gather(*writing)
+        writing_done.set()
+        async with asyncio.timeout(60):
+            await asyncio.gather(*polling)
+
+        units = [u for _, _, u in await asyncio.to_thread(_log_units, database)]
+        assert sorted(units) == sorted(sum(acked.values(), [])) and len(units) == 3 * PER_WRITER
+        for name, seen in pollers.items():
+            missing = [u for u in units if u not in seen]
+            repeated = sorted({u for u in seen if seen.count(u) > 1})
+            assert not missing and not repeated, (name, missing, repeated)
+    finally:
+        for client in [*clients.values(), *gone]:
+            with contextlib.suppress(FieldClientError, aiohttp.ClientError):
+                await client.close()

@@ -354,5 +354,7 @@ async def test_the_envelope_is_never_the_callers_business(field_server: Threaded
         start = alice.epoch
         written = await bob.record("finding", "x", purpose="p", confidence=0.5, reasoning="r")
         assert alice.epoch == start  # alice has not heard of it yet
-        polled = await alice.attune()
-        assert alice.epoch == polled["epoch"] > written["epoch"]  # Lamport: max, then +1
+        polled = await alice.attune()  # its epoch: the newest unit it holds
+        assert alice.epoch == polled["epoch"] == written["epoch"]
+        detected = await alice.detect()
+        assert alice.epoch == detected["epoch"] > written["epoch"]  # Lamport: max, then +1

@@ -22,11 +22,12 @@ oldest new units, listed by relevance.
 first unit (so polling cannot stall), and the byte bound never leaves a
 page empty: one unit is far smaller than the bound. Because a poll's
 page is a prefix of the oldest new units, its ``epoch`` (that of the
-newest unit taken, when some were left out) lets the next poll continue
-with nothing lost or repeated, whichever bound cut the page. Units not
+newest unit taken, when some were left out; else of the newest unit held:
+:func:`as_of`) lets the next poll continue with nothing lost or repeated,
+whichever bound cut the page, and whichever node answers it. Units not
 embedded yet (a sentence model embeds after the commit:
-:attr:`~field.ranking.relevance.UnitIndex.scorable`) are no candidates, and a
-poll's ``epoch`` stays below the first of them.
+:attr:`~field.ranking.relevance.UnitIndex.scorable`) are no candidates, and an
+ATTUNE's ``epoch`` stays below the first of them.
 
 Sizes are measured, not guessed: each item is encoded once as it is
 taken, and the rest of the body with the largest values its fields can
@@ -102,11 +103,8 @@ def attune(field: Field, ctx: Context) -> Outcome:
         "record": [],
         "conflicts": _conflicts_for(state, agent, limits),
         "context_budget": budget,
-        "epoch": ctx.epoch,
+        "epoch": as_of(index, query.since_epoch),
     }
-    if polling and index.scorable < len(index):
-        # units not embedded yet were left out: the next poll starts with the first
-        response["epoch"] = min(ctx.epoch, int(index.epoch.view[index.scorable]) - 1)
     query.look_up(rows)
     row_list = rows.tolist()
     page = _Page(
@@ -126,6 +124,21 @@ def attune(field: Field, ctx: Context) -> Outcome:
     for _ in page.steps(index):
         pass
     return Outcome(response)
+
+
+def as_of(index: relevance.UnitIndex, since_epoch: int | None) -> int:
+    """The ``epoch`` of an ATTUNE: the newest unit its answer could hold, and for a poll
+    never below ``since_epoch`` (a page cut short says the newest unit it took instead).
+
+    Not the clock's reading: an epoch backed by the log. Units ascend by epoch in the
+    index as in the log, and a unit recorded later, on any node, has a greater epoch than
+    every unit before it (its writer applied them first), so a poll from this epoch gets
+    every unit the answer could not hold, once. Units not embedded yet (a sentence model
+    embeds after the commit) are not held yet: the epoch stays below the first of them.
+    """
+    scorable = index.scorable
+    newest = int(index.epoch.view[scorable - 1]) if scorable else 0
+    return newest if since_epoch is None else max(newest, since_epoch)
 
 
 def _query(scope: dict[str, Any], agent: AgentRecord, state: FieldState) -> relevance.Query:
