@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from field.contract.errors import FieldError
+from field.contract.errors import FieldError, LogUnavailable
 from field.contract.model import StoredEntry
 from field.core.field import Field
 from field.engine.service import FieldService
@@ -228,3 +228,36 @@ async def _refused(call: Any) -> FieldError:
     except FieldError as error:
         return error
     raise AssertionError("the write was accepted")
+
+
+async def test_a_batch_stored_though_its_commit_failed_is_published(nodes: list[Node]) -> None:
+    """A commit whose outcome is unknown (the connection lost as it committed) is
+    answered LOG_UNAVAILABLE and the state rebuilt from the log; when the batch was stored
+    all the same, the node publishes it after the rebuild, as it publishes what other
+    nodes append: its streams and deliveries do not go on past it."""
+    a, b, _ = nodes
+    token = await a.register("frank")
+    log = a.service.log
+    append = log.append
+    failed: list[list[int]] = []
+
+    def stored_then_lost(entries: Any) -> list[int]:
+        if failed:
+            return append(entries)
+        failed.append(append(entries))  # committed...
+        raise LogUnavailable("the connection was lost during COMMIT")  # ...as far as we know
+
+    log.append = stored_then_lost  # type: ignore[method-assign]
+    error = await _refused(a.record("frank", token, "stored, though the node cannot know it"))
+    assert error.code == "LOG_UNAVAILABLE"
+    [positions] = failed
+    unit = next(u for u in a.state.units.values() if u["content"].startswith("stored, though"))
+    for node in (a, b):
+        await node.wait_for(positions[-1])
+        recorded = [
+            e for e in node.published if e.kind == "memory.recorded" and e.position in positions
+        ]
+        assert [e.data["unit"]["id"] for e in recorded] == [unit["id"]], node.service.node_id
+    # published once, in log order, with nothing before it left out
+    mine = [e.position for e in a.published]
+    assert mine == sorted(set(mine)) and mine[-1] >= positions[-1]

@@ -225,6 +225,9 @@ class FieldService:
         self.rebuilds = 0
         #: the newest log position known to exist (other nodes' appends included)
         self.log_head = self.field.state.last_position
+        #: the newest position handed to the listeners (or held for them): what the log
+        #: holds after it is published after a rebuild (:meth:`_publish_missed`)
+        self.published = self.field.state.last_position
         #: whether this writer holds the shared log's lock (between lock and append)
         self._locked = False
         self._follower: asyncio.Task[None] | None = None
@@ -282,6 +285,36 @@ class FieldService:
         self.field = field
         if self.embeddings is not None:
             self.embeddings.replaced()
+        await self._publish_missed()
+
+    async def _publish_missed(self) -> None:
+        """Publish, in log order, what the state holds past :attr:`published`.
+
+        Only a rebuild leaves such entries: those other nodes appended while this
+        node's state was broken, and a batch whose commit failed with its outcome
+        unknown but which was stored. The state holds them, so they are published as
+        another node's entries are; without this, every stream, delivery and console of
+        this node would go on past them. A read that fails is tried again before the
+        next batch (:meth:`_run`)."""
+        state = self.field.state
+        while self.published < state.last_position:
+            page = min(CATCH_UP_PAGE, state.last_position - self.published)
+            try:
+                if self._blocking_log:
+                    entries = await asyncio.to_thread(self.log.read, self.published, page)
+                else:
+                    entries = self.log.read(self.published, page)
+            except FieldError as error:
+                logger.warning(
+                    "publishing the entries after %d (rebuilt from the log) waits: %s",
+                    self.published,
+                    error.message,
+                )
+                return
+            entries = [e for e in entries if e.position <= state.last_position]
+            if not entries:
+                return
+            await self._publish_in_slices(entries)
 
     def _read_entries(
         self, positions: Sequence[int], *, max_bytes: int | None = None
@@ -446,6 +479,8 @@ class FieldService:
                     await self.embeddings.room()  # full: writes wait, admission refuses more
                 if self.field.broken:
                     await self._rebuild()
+                elif self.published < self.field.state.last_position:
+                    await self._publish_missed()  # after a rebuild whose read failed
                 if not self.field.broken:
                     await self._prepare(batch)
                 if self.field.broken:
@@ -582,7 +617,10 @@ class FieldService:
 
     def _publish(self, stored: list[StoredEntry]) -> None:
         """Publish ``stored`` to every listener at once (entries the writer did not write)."""
-        if not stored or self._hold(stored):
+        if not stored:
+            return
+        self.published = max(self.published, stored[-1].position)
+        if self._hold(stored):
             return
         for listener in self.listeners.ordered:
             try:
@@ -595,7 +633,10 @@ class FieldService:
     async def _publish_in_slices(self, stored: list[StoredEntry]) -> None:
         """Publish ``stored``, letting the loop run every :data:`PUBLISH_SLICE` seconds:
         a batch's fan-out may take long, and requests are read (and refused) meanwhile."""
-        if not stored or self._hold(stored):
+        if not stored:
+            return
+        self.published = max(self.published, stored[-1].position)
+        if self._hold(stored):
             return
         await self._publish_now(stored)
 
