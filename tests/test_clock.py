@@ -106,18 +106,18 @@ def test_the_field_refuses_a_jump_past_its_age_and_changes_nothing() -> None:
     h.register("alice", "analyst")
     before = h.field.epoch
     assert before > 0
-    attune = {"scope": {"role": "analyst", "max_units": 5}}
+    detect = {"mode": "list"}  # a read, answered with its own epoch
     # within one request's skew of the clock, but past the ceiling of a new Field (1000)
     with pytest.raises(FieldError) as info:
-        h.send("ATTUNE", "alice", attune, epoch=1001)
+        h.send("DETECT", "alice", detect, epoch=1001)
     assert info.value.code == Code.INVALID_EPOCH
     assert "epochs per second" in info.value.message
     assert h.field.epoch == before
     h.time += 100  # 100 s later the ceiling is 1000 + 10 * 100
-    assert h.send("ATTUNE", "alice", attune, epoch=1000 + before)["epoch"] == 1001 + before
-    assert h.send("ATTUNE", "alice", attune, epoch=2000)["epoch"] == 2001
+    assert h.send("DETECT", "alice", detect, epoch=1000 + before)["epoch"] == 1001 + before
+    assert h.send("DETECT", "alice", detect, epoch=2000)["epoch"] == 2001
     with pytest.raises(FieldError):
-        h.send("ATTUNE", "alice", attune, epoch=2002)
+        h.send("DETECT", "alice", detect, epoch=2002)
 
 
 def test_while_writes_are_refused_reads_stay_within_the_reservation() -> None:
@@ -127,8 +127,7 @@ def test_while_writes_are_refused_reads_stay_within_the_reservation() -> None:
     h.field.writes_refused = lambda: LogUnavailable("the log is locked")
     reserved = h.field.state.clock.reserved
     epochs = [
-        h.send("ATTUNE", "alice", {"scope": {"role": "analyst", "max_units": 5}})["epoch"]
-        for _ in range(RESERVATION_BLOCK + 10)
+        h.send("DETECT", "alice", {"mode": "list"})["epoch"] for _ in range(RESERVATION_BLOCK + 10)
     ]
     assert epochs == sorted(epochs) and max(epochs) == reserved
     entries = len(h.entries)
