@@ -19,7 +19,7 @@ import pytest
 
 from field.contract.model import StoredEntry
 from field.core.field import Field
-from field.engine.router import Binding, Frame, PushCounts, PushLimits, Router
+from field.engine.router import BEHIND, Binding, Frame, PushCounts, PushLimits, Router
 from field.store.memory import MemoryEventLog
 from field.subscriptions.stream import parse_cursor
 
@@ -231,6 +231,45 @@ def test_attaching_behind_the_log_asks_for_a_replay_and_holds_live_ones_until_re
         "live",
         {"subscription_id": sid, "replayed": 1, "cursor": frames[-1][1]["cursor"]},
     )
+
+
+def test_a_cursor_from_a_node_further_on_starts_there_or_sends_the_client_back(
+    writer: Writer,
+) -> None:
+    """On a log several nodes append to, a node behind a client's cursor (which another
+    node handed out) neither replays what the client saw nor says the cursor is lost."""
+    sid = writer.subscribe("a")
+    behind = writer.field.state.last_position
+    writer.record("writer", "seen through the node further on")
+    cursor = writer.field.state.last_position
+    node = Field()  # another node, which has applied the log up to ``behind`` only
+    node.state.replay(writer.log.read(0, behind))
+    router: Router[Plain] = Router(lambda: node, Requests(), PushLimits())
+
+    queue = Plain()
+    sent_back = router.connect("a", "sse", queue)
+    router.attach(sent_back, sid, cursor, head=behind)  # the node knows of nothing further
+    assert sent_back.ended == BEHIND and queue.closed and queue.frames == []
+
+    connection = router.connect("a", "sse", queue := Plain())
+    router.attach(connection, sid, cursor, head=cursor)
+    frames = queue.take()
+    assert [kind for kind, _ in frames] == ["resume", "live"]
+    assert frames[0][1]["recovered"] is True
+    assert parse_cursor(frames[0][1]["from"], router.tag)[0] == cursor
+
+    def follow() -> None:  # the node applies and routes what the log holds past it
+        stored = writer.log.read(node.state.last_position, 100)
+        for entry in stored:
+            node.state.apply(entry)
+        for _ in router.route(stored):
+            pass
+
+    follow()
+    assert notified(queue.take()) == []  # the client saw those through the other node
+    after = writer.record("writer", "recorded after the cursor")
+    follow()
+    assert notified(queue.take()) == [after]
 
 
 def test_a_replaying_stream_that_holds_too_much_overflows_with_its_resume_cursor(

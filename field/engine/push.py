@@ -220,8 +220,10 @@ class PushHub:
         problem: str | None = None,
     ) -> None:
         """Start streaming a subscription to a connection from log position ``after``
-        (:meth:`Router.attach`)."""
-        self.router.attach(connection, subscription_id, after, problem=problem)
+        (:meth:`Router.attach`); on a shared log, a cursor ahead of this node is checked
+        against the newest position it knows the log to hold."""
+        head = self.service.log_head if self.service.log.shared else None
+        self.router.attach(connection, subscription_id, after, problem=problem, head=head)
 
     def detach(self, connection: Connection, subscription_id: str, reason: str) -> None:
         self.router.detach(connection, subscription_id, reason)

@@ -51,6 +51,9 @@ logger = logging.getLogger("field.push")
 
 #: ``Connection.ended`` of every connection when the server stops (close code, reason).
 SHUTDOWN = (1001, "server shutting down")
+#: ``Connection.ended`` of a connection whose cursor is ahead of every position this node
+#: knows the shared log to hold (WebSocket's "try again later"): resume later, or elsewhere.
+BEHIND = (1013, "this node has not reached the cursor yet: resume again")
 #: Default of ``--max-push-per-agent``.
 DEFAULT_MAX_PER_AGENT = 16
 
@@ -389,6 +392,7 @@ class Router(Generic[Q]):
         after: int | None,
         *,
         problem: str | None = None,
+        head: int | None = None,
     ) -> None:
         """Start streaming a subscription to a connection.
 
@@ -398,11 +402,25 @@ class Router(Generic[Q]):
         (a ``problem`` with the cursor it came as, or ahead of the log) starts the stream
         live and says why (``recovered: false``). The connection gets a ``resume`` frame
         first and a ``live`` frame where replay ends and live notifications begin.
+
+        ``head``: on a log other nodes append to, the newest position it is known to
+        hold (None: only this node appends). A cursor ahead of what this node applied
+        came from a node further on: up to ``head`` the stream starts live from it (what
+        this node applies up to it is not notified again); past ``head`` this node cannot
+        tell it from a cursor of a lost log, and ends the connection with
+        :data:`BEHIND`, for the client to resume later or on another node.
         """
+        if connection.ended is not None:
+            return  # an ended connection takes no stream (an earlier one sent it back)
         subscription = self.field.state.subscriptions[subscription_id]
         last = self.field.state.last_position
         report: dict[str, Any] = {"subscription_id": subscription_id, "recovered": True}
         resumed = after is not None or problem is not None
+        if after is not None and after > last and head is not None:
+            if after > head:
+                self.end(connection, *BEHIND, None)
+                return
+            last = after  # the stream starts here: nothing before it is owed
         if after is not None and after > last:
             shown = format_cursor(self.tag, after)
             problem = f"cursor {shown!r} is ahead of this Field's log (at {last})"
