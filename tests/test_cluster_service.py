@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -261,3 +262,38 @@ async def test_a_batch_stored_though_its_commit_failed_is_published(nodes: list[
     # published once, in log order, with nothing before it left out
     mine = [e.position for e in a.published]
     assert mine == sorted(set(mine)) and mine[-1] >= positions[-1]
+
+
+async def test_a_node_starting_while_the_log_is_locked_waits_for_it(
+    nodes: list[Node], database: str
+) -> None:
+    """A node that starts while ``field_log`` is locked elsewhere (``VACUUM FULL``,
+    ``LOCK TABLE``) says so and starts once it can read the log, from all of it."""
+    a = nodes[0]
+    token = await a.register("gina")
+    written = await a.record("gina", token, "before the lock")
+    waiting = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    class Told(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "cannot be read yet" in record.getMessage():
+                loop.call_soon_threadsafe(waiting.set)
+
+    told = Told()
+    logging.getLogger("field.service").addHandler(told)
+    try:
+        with psycopg.connect(database) as conn:
+            conn.execute("LOCK TABLE field_log IN ACCESS EXCLUSIVE MODE")
+            starting = asyncio.ensure_future(asyncio.to_thread(Node, database, "late"))
+            async with asyncio.timeout(30):
+                await waiting.wait()
+            conn.rollback()  # the lock goes
+        async with asyncio.timeout(30):
+            late = await starting
+    finally:
+        logging.getLogger("field.service").removeHandler(told)
+    try:
+        assert written["memory_unit_id"] in late.state.units
+    finally:
+        late.service.log.close()

@@ -124,6 +124,8 @@ _COMMUTING = frozenset({"clock.reserved"})
 #: Operations that read the units' embeddings: with embedding after the commit, they wait
 #: (a while) for the units recorded before them.
 _READ_EMBEDDINGS = frozenset({"ATTUNE", "DETECT"})
+#: Seconds a starting service waits for a log that cannot be read now (a lock elsewhere).
+START_WAIT = 300.0
 #: Seconds a stopping service waits for held batches to be embedded and published.
 DRAIN_SECONDS = 5.0
 
@@ -190,7 +192,7 @@ class FieldService:
         self._field_factory = field_factory
         #: entries of the batch being processed that are applied but not yet stored
         self._unstored: list[LogEntry] = []
-        self.field = self._load()
+        self.field = self._first_load()
         self._queue = _JobQueue(max_queue)
         #: refuses work while the delay stands above its target (field.engine.admission)
         self.admission = Admission(admission)
@@ -238,6 +240,31 @@ class FieldService:
         #: why the last rebuild could not read the log (None: it did, or it failed on a bug);
         #: while set (and the state broken), every job gets ``LOG_UNAVAILABLE`` saying it
         self.unreadable: str | None = None
+
+    def _first_load(self) -> Field:
+        """:meth:`_load` at start-up, waiting out a log that cannot be read for now (a
+        table locked elsewhere, a database restarting) for up to :data:`START_WAIT`
+        seconds: nothing is served before the state is built."""
+        deadline = time.monotonic() + START_WAIT
+        waited = False
+        while True:
+            try:
+                field = self._load()
+            except LogUnavailable as error:
+                if time.monotonic() >= deadline:
+                    raise
+                if not waited:
+                    logger.warning(
+                        "the event log cannot be read yet (%s); trying again every %g s",
+                        error.message,
+                        PROBE_SECONDS,
+                    )
+                    waited = True
+                time.sleep(PROBE_SECONDS)
+                continue
+            if waited:
+                logger.warning("the event log is read: starting")
+            return field
 
     def _load(self) -> Field:
         """A Field rebuilt from the log: from its newest usable snapshot, if it has one, and
