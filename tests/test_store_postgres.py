@@ -395,3 +395,46 @@ def test_a_lease_left_hanging_is_taken_back(database: str, monkeypatch: Any) -> 
     finally:
         hung.close()
         other.close()
+
+
+class _LostAtCommit:
+    """The writer's connection, whose COMMIT is cut off as it is sent: ``landed`` says
+    whether the database committed before the connection went."""
+
+    def __init__(self, conn: Any, url: str, landed: bool) -> None:
+        self._conn, self._url, self._landed = conn, url, landed
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._conn, name)
+
+    def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+        if query != "COMMIT":
+            return self._conn.execute(query, *args, **kwargs)
+        if self._landed:
+            self._conn.execute(query)
+        else:  # the session ends before the COMMIT reaches it: the transaction is lost
+            sql(self._url, "SELECT pg_terminate_backend(%s)", self._conn.info.backend_pid)
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+
+@pytest.mark.parametrize("landed", [True, False], ids=["committed", "lost"])
+def test_an_append_whose_commit_was_cut_off_says_what_the_database_holds(
+    opener: Callable[..., PostgresEventLog], database: str, landed: bool
+) -> None:
+    """A batch whose COMMIT failed with the connection was stored, or not: the log asks
+    the database which before it answers, so a write that was stored is acknowledged
+    (a client told LOG_UNAVAILABLE would send it again and store it twice) and one that
+    was not is refused."""
+    log = opener()
+    log.append([entry(1)])
+    writer = log._writer_conn()
+    log._writer_conn = lambda: _LostAtCommit(writer, database, landed)  # type: ignore[method-assign]
+    if landed:
+        assert log.append(batch(2, 3)) == [2, 3, 4]
+    else:
+        with pytest.raises(LogUnavailable):
+            log.append(batch(2, 3))
+    del log._writer_conn  # the real one again, reconnecting
+    stored = [e.position for e in log.read(0, 10)]
+    assert stored == ([1, 2, 3, 4] if landed else [1])
+    assert log.append([entry(9)]) == [stored[-1] + 1]

@@ -62,9 +62,13 @@ lock wait that times out make ``append`` raise
 :class:`~field.contract.errors.LogUnavailable`; a full disk (SQLSTATE 53100),
 :class:`~field.contract.errors.StorageFull`. The connection is opened again on the
 next call, so the Field's probe resumes writes by itself once the database
-is back. When the connection is lost during ``COMMIT`` the outcome is
-unknown: the append reports ``LOG_UNAVAILABLE`` (nothing was acknowledged)
-and the Field rebuilds its state from what the log holds.
+is back. When the connection is lost during ``COMMIT`` the database alone
+knows whether it committed: the append asks it on a new connection (the
+batch's positions were the node's alone while it held the head row, so they
+hold exactly its data if it committed) and returns the positions if so,
+else reports ``LOG_UNAVAILABLE``; when the database cannot be asked within
+:data:`SETTLE_SECONDS`, it reports ``LOG_UNAVAILABLE`` saying the outcome is
+unknown, and the Field rebuilds its state from what the log holds.
 
 The interface is synchronous, as SQLite's is: the Field calls ``append``
 and ``lock`` in a worker thread and reads from its threads and its event
@@ -79,6 +83,7 @@ import concurrent.futures
 import contextlib
 import logging
 import threading
+import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -154,6 +159,8 @@ STATEMENT_TIMEOUT_MS = 30000
 #: append (ms): the database ends a session idle that long in its transaction, so a node
 #: that hangs or is cut off while holding the lease holds up the others no longer than this.
 LEASE_TIMEOUT_MS = 5000
+#: Seconds to find out whether a batch whose ``COMMIT`` failed was stored (see ``_settle``).
+SETTLE_SECONDS = 5.0
 #: Advisory lock key of creating or migrating the schema.
 _SCHEMA_LOCK = 0x6669656C6401
 #: Connections that read a snapshot's chunks at once (see ``snapshot_read``).
@@ -424,6 +431,7 @@ class PostgresEventLog(EventLog):
         )
         count = len(entries)
         with self._write_lock:
+            committing = False
             try:
                 conn = self._writer_conn()
                 if self._locked is None:
@@ -438,12 +446,54 @@ class PostgresEventLog(EventLog):
                     for row in zip(range(first, last + 1), *columns, strict=True):
                         copy.write_row(row)
                 conn.execute(_NOTIFY, (str(last),))
+                committing = True
                 conn.execute("COMMIT")
             except psycopg.Error as exc:
-                raise self._write_failed(exc) from exc
+                error = self._write_failed(exc)
+                if not committing:
+                    raise error from exc
+                stored = self._settle(first, blobs)
+                if stored is None and isinstance(error, LogUnavailable):
+                    raise LogUnavailable(
+                        f"{error.message} (whether the last write was stored is unknown)",
+                        suggested_action=error.suggested_action,
+                    ) from exc
+                if not stored:
+                    raise error from exc
+                logger.warning(
+                    "the event log %s: the commit of positions %d-%d failed (%s), yet they "
+                    "are stored",
+                    self.where,
+                    first,
+                    last,
+                    reason(exc),
+                )
             self._locked = None
             self._last = max(self._last, last)
         return list(range(first, last + 1))
+
+    def _settle(self, first: int, blobs: list[bytes]) -> bool | None:
+        """Whether a batch whose ``COMMIT`` failed was stored all the same (the connection
+        was lost as it committed: the outcome is the database's to tell). Its positions
+        were this node's alone while it held the head row, so they hold exactly its data
+        if it committed, and something else or nothing if not. Asked on new connections
+        for up to :data:`SETTLE_SECONDS`; None: the database could not be asked."""
+        deadline = time.monotonic() + SETTLE_SECONDS
+        while True:
+            conn = None
+            try:
+                conn = self._connect()
+                rows = conn.execute(
+                    "SELECT data FROM field_log WHERE position BETWEEN %s AND %s ORDER BY position",
+                    (first, first + len(blobs) - 1),
+                ).fetchall()
+                return [bytes(data) for (data,) in rows] == blobs
+            except psycopg.Error:
+                if time.monotonic() >= deadline:
+                    return None
+                time.sleep(0.2)
+            finally:
+                self._drop(conn)
 
     def lock(self, after: int) -> list[StoredEntry]:
         """Begin the next append: hold the head row, and return the entries after
