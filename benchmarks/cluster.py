@@ -1,9 +1,10 @@
 """Several nodes on one PostgreSQL log: writes through the cluster, push across nodes, failover.
 
     python benchmarks/cluster.py [--url postgresql://postgres@127.0.0.1:5432/test]
-                                 [--cases throughput delivery failover] [--seconds 10]
+                                 [--cases throughput delivery failover takeover] [--seconds 10]
                                  [--rounds 1] [--clients 32] [--subscribers 1000] [--rate 20]
                                  [--procs 2] [--failover-subscribers 100] [--failover-rate 10]
+                                 [--pause 10]
 
 Every case starts real ``field serve --log postgresql://... --node-id X`` processes on
 loopback, all on one fresh database created on ``--url``'s server and dropped afterwards
@@ -39,6 +40,23 @@ every client here connects from 127.0.0.1.
   At the end every subscriber's stream must be exactly the log's units, in log order, each
   once, its cursors strictly increasing; and the writer must have had every RECORD
   acknowledged.
+* **takeover**: webhook deliveries through the loss of the node that sends them. Three
+  nodes sharing one webhook key, at the default ``--cluster-interval`` (1 s); a reader's
+  webhook subscription to ``memory.recorded`` delivered to a receiver in this process; a
+  writer RECORDs through a node that does not send the deliveries, at ``--failover-rate``
+  (10/s) open loop. After ``--seconds / 2`` the sending node (the one whose status says
+  ``delivery_owner``) is SIGKILLed (**kill**), or SIGSTOPped for ``--pause`` seconds (10)
+  and then let run again (**pause**); the load goes on ``--seconds / 2`` after that. Prints,
+  from the signal: **resume**, when the first webhook of a unit sent after the signal
+  arrived (the next sender claimed the deliveries and resumed them); **owner**, when
+  another node's status first said it sends them; and the longest any unit waited from
+  its RECORD's acknowledgement to its webhook. A RECORD refused ``503 LOG_UNAVAILABLE``
+  (a node paused amid a batch holds the log's write lock until the database ends its
+  session) is counted and sent again. At the end the receiver must have had every unit of
+  the log, first deliveries in log order, repeats only with the same ``webhook-id``
+  (counted); every delivery entry of the log must carry the newest term before it (the
+  paused node, run again, wrote nothing under its old term); and in pause mode the paused
+  node's status must say it no longer sends.
 
 A request refused (``503 OVERLOADED``: admission control, on by default, refuses writes
 while a node's event loop runs late; ``429 RATE_LIMITED``) is counted and shown, and is not a
@@ -76,6 +94,7 @@ import psycopg
 from _common import bracketed, envelope, pct
 from _refusals import Refusals
 from _refusals import post as post_retried
+from aiohttp import web
 from fanout import CONNECT_TIMEOUT, ONE_CLIENT_ADDRESS, ClientPool, raise_nofile
 from pglog import Database
 from writes import FieldServer, Run, count_logged_units, new_loop, record_payload, register
@@ -85,6 +104,8 @@ from writes import writer as closed_loop_writer
 COLLECT_TIMEOUT = 60.0
 #: Seconds to wait for the failover subscribers' first ``live`` on node B.
 LIVE_TIMEOUT = 60.0
+#: Seconds to wait for a node to send the deliveries, and for the last webhooks.
+TAKEOVER_TIMEOUT = 60.0
 NODE_NAMES = "abc"
 
 
@@ -157,15 +178,22 @@ class Meter:
 
 
 @contextlib.contextmanager
-def cluster(url: str, count: int, backend: str = "postgresql") -> Iterator[list[FieldServer]]:
+def cluster(
+    url: str, count: int, backend: str = "postgresql", *, webhooks: bool = False
+) -> Iterator[list[FieldServer]]:
     """``count`` nodes on one fresh database (``backend`` "sqlite": one node on the
-    default SQLite log); stopped, and the database dropped, when the block ends."""
+    default SQLite log); stopped, and the database dropped, when the block ends. With
+    ``webhooks``, they deliver to loopback and share one webhook key (any node may send
+    what another sealed)."""
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="field-cluster-")))
         if backend == "sqlite":
             log = ["--sync", "full"]
         else:
             log = ["--log", stack.enter_context(Database(url))]
+        if webhooks:
+            log += ["--webhook-allow-net", "127.0.0.0/8"]
+            log += ["--webhook-key-file", str(tmp / "webhook.key")]
         nodes: list[FieldServer] = []
         stack.callback(lambda: [node.stop() for node in nodes])
         for name in NODE_NAMES[:count]:
@@ -652,6 +680,285 @@ def failover_case(args: argparse.Namespace) -> Failover:
             loop.close()
 
 
+# -- takeover: webhook deliveries when their sender dies or hangs -----------------------
+
+
+@dataclass
+class Hook:
+    """One POST the receiver got: when (``time.time()``), its webhook-id, its unit."""
+
+    at: float
+    message_id: str
+    cursor: str
+    unit: str
+
+
+class Hooks:
+    """A webhook receiver on loopback: every POST is noted and answered 200 at once."""
+
+    def __init__(self) -> None:
+        self.got: list[Hook] = []
+        self.url = ""
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_post("/hook", self._hook)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, "127.0.0.1", 0)
+        await site.start()
+        self.url = f"http://127.0.0.1:{self._runner.addresses[0][1]}/hook"
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+
+    async def _hook(self, request: web.Request) -> web.Response:
+        body = orjson.loads(await request.read())
+        message_id = request.headers.get("webhook-id", "")
+        self.got.append(Hook(time.time(), message_id, body["cursor"], body["memory_unit_id"]))
+        return web.Response(status=200)
+
+
+@dataclass
+class Takeover:
+    how: str
+    sent: list[Sent]
+    #: when the sender was signalled (time.time()), and when another node said it sends
+    signalled: float
+    owner_at: float | None
+    hooks: list[Hook]
+    #: (position, unit id) of every unit the log holds
+    units: list[tuple[int, str]]
+    refused: Refusals = field(default_factory=Refusals)
+    problems: list[str] = field(default_factory=list)
+
+    def _first(self) -> dict[str, Hook]:
+        first: dict[str, Hook] = {}
+        for hook in self.hooks:
+            first.setdefault(hook.unit, hook)
+        return first
+
+    @property
+    def resume(self) -> float:
+        """Seconds from the signal to the first webhook of a unit sent after it."""
+        after = {s.unit for s in self.sent if s.unit is not None and s.sent > self.signalled}
+        times = [h.at for h in self.hooks if h.unit in after]
+        return min(times) - self.signalled if times else float("nan")
+
+    @property
+    def owner(self) -> float:
+        return float("nan") if self.owner_at is None else self.owner_at - self.signalled
+
+    @property
+    def longest_wait(self) -> float:
+        """Seconds, the longest from a RECORD's acknowledgement to its unit's webhook."""
+        first = self._first()
+        waits = [
+            first[s.unit].at - s.answered
+            for s in self.sent
+            if s.unit is not None and s.unit in first
+        ]
+        return max(waits, default=float("nan"))
+
+    @property
+    def duplicates(self) -> int:
+        return len(self.hooks) - len({h.message_id for h in self.hooks})
+
+    @property
+    def exact(self) -> bool:
+        """Every unit of the log delivered, first deliveries in log order, each repeat with
+        its first's webhook-id."""
+        first = list(self._first().values())
+        return [position_of(h.cursor) for h in first] == [p for p, _ in self.units] and all(
+            h.message_id == h.cursor for h in self.hooks
+        )
+
+    @property
+    def errors(self) -> int:
+        return sum(1 for s in self.sent if s.unit is None)
+
+
+async def steady_writer(
+    url: str,
+    rate: float,
+    seconds: float,
+    signals: list[tuple[float, Callable[[], None]]],
+    refused: Refusals,
+) -> list[Sent]:
+    """Register a writer on ``url``, then RECORD at ``rate`` a second for ``seconds``, open
+    loop; each of ``signals`` (seconds from the start, what to call) is called at its time.
+    A RECORD refused for now is sent again, counted in ``refused``: ``503 OVERLOADED`` and
+    ``429 RATE_LIMITED`` after their Retry-After, ``503 LOG_UNAVAILABLE`` (nothing written:
+    the log's write lock is held elsewhere) after 0.1 s."""
+    connector = aiohttp.TCPConnector(limit=32)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        token, epoch = await register(session, url, "writer", refused)
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        rng = random.Random(7)
+
+        async def one(n: int) -> Sent:
+            body = orjson.dumps(envelope("RECORD", "writer", record_payload(rng, n), epoch))
+            sent = time.time()
+            deadline = time.monotonic() + TAKEOVER_TIMEOUT
+            try:
+                while True:
+                    reply = await post_retried(session, url + "/v1/record", body, headers, refused)
+                    answer = reply.answer if isinstance(reply.answer, dict) else {}
+                    code = answer.get("code")
+                    if reply.status != 503 or code != "LOG_UNAVAILABLE":
+                        break
+                    if time.monotonic() > deadline:
+                        break
+                    refused.note("503 LOG_UNAVAILABLE", 0.1)
+                    await asyncio.sleep(0.1)
+            except (aiohttp.ClientError, OSError) as exc:
+                return Sent(n, sent, time.time(), None, f"{type(exc).__name__}: {exc}")
+            if reply.status != 200:
+                return Sent(n, reply.sent_at, time.time(), None, f"{reply.status} {code}")
+            return Sent(n, reply.sent_at, time.time(), reply.answer["memory_unit_id"])
+
+        loop = asyncio.get_running_loop()
+        start = loop.time() + 0.05
+        for at, call in signals:
+            loop.call_at(start + at, call)
+        tasks = []
+        for n in range(round(rate * seconds)):
+            delay = start + n / rate - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(n)))
+        return list(await asyncio.gather(*tasks))
+
+
+async def delivery_owner(
+    session: aiohttp.ClientSession, nodes: list[FieldServer]
+) -> FieldServer | None:
+    """The one node of ``nodes`` whose status says it sends the deliveries, if any."""
+    owners = [
+        node
+        for node in nodes
+        if (await get_json(session, node.url + "/v1/field/status"))["node"]["delivery_owner"]
+    ]
+    return owners[0] if len(owners) == 1 else None
+
+
+def delivery_entries(database: str) -> list[tuple[str, dict[str, Any]]]:
+    """(kind, data) of every ``delivery.*`` entry of a log, in log order."""
+    with psycopg.connect(database) as conn:
+        rows = conn.execute(
+            "SELECT kind, data FROM field_log WHERE kind LIKE 'delivery.%' ORDER BY position"
+        ).fetchall()
+    return [(kind, orjson.loads(bytes(data))) for kind, data in rows]
+
+
+def stale_entries(entries: list[tuple[str, dict[str, Any]]]) -> int:
+    """Delivery entries written under a term below the newest claimed before them."""
+    newest, stale = 0, 0
+    for kind, data in entries:
+        if kind == "delivery.term":
+            newest = max(newest, data["term"])
+        elif data.get("term", newest) < newest:
+            stale += 1
+    return stale
+
+
+async def takeover_run(nodes: list[FieldServer], args: argparse.Namespace, how: str) -> Takeover:
+    hooks = Hooks()
+    await hooks.start()
+    refused = Refusals()
+    paused: list[int] = []  # the pid of a node stopped and not yet let run again
+    session = aiohttp.ClientSession()
+    try:
+        token, epoch = await register(session, nodes[0].url, "reader", refused)
+        subscription = {
+            "events": ["memory.recorded"],
+            "delivery": {"type": "webhook", "url": hooks.url},
+        }
+        body = orjson.dumps(
+            envelope(
+                "SUBSCRIBE", "reader", {"action": "subscribe", "subscription": subscription}, epoch
+            )
+        )
+        headers = {"Content-Type": "application/json", "Authorization": f"Bearer {token}"}
+        reply = await post_retried(session, nodes[0].url + "/v1/subscribe", body, headers, refused)
+        if reply.status != 200:
+            raise RuntimeError(f"SUBSCRIBE: {reply.status} {reply.answer}")
+        deadline = time.monotonic() + TAKEOVER_TIMEOUT
+        while (owner := await delivery_owner(session, nodes)) is None:
+            if time.monotonic() > deadline:
+                raise RuntimeError("no node sends the deliveries")
+            await asyncio.sleep(0.05)
+        others = [node for node in nodes if node is not owner]
+        signalled = [0.0]
+        owner_at: list[float | None] = [None]
+
+        async def watch() -> None:
+            while owner_at[0] is None:
+                found = await delivery_owner(session, others)
+                if found is not None:
+                    owner_at[0] = time.time()
+                await asyncio.sleep(0.02)
+
+        watcher: list[asyncio.Task[None]] = []
+
+        def signal_owner() -> None:
+            signalled[0] = time.time()
+            if how == "pause":
+                os.kill(owner.pid, signal.SIGSTOP)
+                paused.append(owner.pid)
+            else:
+                os.kill(owner.pid, signal.SIGKILL)
+            watcher.append(asyncio.create_task(watch()))
+
+        def resume_owner() -> None:
+            os.kill(paused.pop(), signal.SIGCONT)
+
+        half = args.seconds / 2
+        signals = [(half, signal_owner)]
+        if how == "pause":
+            signals.append((half + args.pause, resume_owner))
+        seconds = args.seconds + (args.pause if how == "pause" else 0)
+        print(f"  takeover ({how}): {seconds:g} s ...", file=sys.stderr, flush=True)
+        sent = await steady_writer(others[0].url, args.failover_rate, seconds, signals, refused)
+        database = database_of(others[0])
+        units = await asyncio.to_thread(logged_units, database)
+        wanted = {unit for _, unit in units}
+        deadline = time.monotonic() + TAKEOVER_TIMEOUT
+        while time.monotonic() < deadline and not wanted <= {h.unit for h in hooks.got}:
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.5)  # anything more (a repeat) would arrive by now
+        for task in watcher:
+            task.cancel()
+        result = Takeover(how, sent, signalled[0], owner_at[0], list(hooks.got), units, refused)
+        acknowledged = {s.unit for s in sent if s.unit is not None}
+        if not acknowledged <= wanted:
+            result.problems.append("acknowledged units are missing from the log")
+        stale = stale_entries(await asyncio.to_thread(delivery_entries, database))
+        if stale:
+            result.problems.append(f"{stale} delivery entries under a term older than the log's")
+        if how == "pause":
+            status = await get_json(session, owner.url + "/v1/field/status")
+            if status["node"]["delivery_owner"]:
+                result.problems.append("the paused node, run again, still says it sends")
+        return result
+    finally:
+        for pid in paused:
+            os.kill(pid, signal.SIGCONT)
+        await session.close()
+        await hooks.stop()
+
+
+def takeover_case(args: argparse.Namespace, how: str) -> Takeover:
+    with cluster(args.url, 3, webhooks=True) as nodes:
+        loop, _ = new_loop()
+        try:
+            return loop.run_until_complete(takeover_run(nodes, args, how))
+        finally:
+            loop.close()
+
+
 # -- report ---------------------------------------------------------------------------
 
 
@@ -815,14 +1122,52 @@ def report_failover(rows: list[Failover], args: argparse.Namespace) -> None:
     )
 
 
+def report_takeover(rows: list[Takeover], args: argparse.Namespace) -> None:
+    print(
+        f"\nTakeover: three nodes (--cluster-interval 1), one webhook subscription, "
+        f"{args.failover_rate:g} RECORD/s through a node that does not send the deliveries; "
+        f"after {args.seconds / 2:g} s the sending node is SIGKILLed (kill) or SIGSTOPped for "
+        f"{args.pause:g} s (pause). Seconds from the signal: resume = the first webhook of a "
+        "unit sent after it; owner = another node's status says it sends; longest = the "
+        "longest a unit waited from its RECORD's acknowledgement to its webhook"
+    )
+    print(
+        f"{'mode':<7}{'resume s':>10}{'owner s':>9}{'longest s':>11}{'RECORDs':>9}"
+        f"{'refused':>9}{'repeats':>9}{'exact':>7}"
+    )
+    for r in rows:
+        print(
+            f"{r.how:<7}{r.resume:>10.2f}{r.owner:>9.2f}{r.longest_wait:>11.2f}{len(r.sent):>9}"
+            f"{r.refused.total:>9}{r.duplicates:>9}{'yes' if r.exact else 'NO':>7}"
+        )
+        if r.refused:
+            print(f"  refused {r.refused.describe()}")
+        if r.errors:
+            print(f"  ! RECORDs not acknowledged: {refusals(r.sent)}")
+        for problem in r.problems:
+            print(f"  ! {problem}")
+    for how in dict.fromkeys(r.how for r in rows):
+        runs = [r for r in rows if r.how == how]
+        resumes = [r.resume for r in runs]
+        print(
+            f"over {len(runs)} run{'s' * (len(runs) > 1)}, {how}: resume "
+            f"p50 {pct(resumes, 0.5):.2f} s, max {max(resumes):.2f} s; longest wait "
+            f"max {max(r.longest_wait for r in runs):.2f} s"
+        )
+    print(
+        "exact: every unit of the log reached the receiver, first deliveries in log order, "
+        "repeats with the same webhook-id; target: resume <= 2.5 s (2.5 intervals)"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--url", default="postgresql://postgres@127.0.0.1:5432/test")
     parser.add_argument(
         "--cases",
         nargs="+",
-        choices=["throughput", "delivery", "failover"],
-        default=["throughput", "delivery", "failover"],
+        choices=["throughput", "delivery", "failover", "takeover"],
+        default=["throughput", "delivery", "failover", "takeover"],
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="load per run (10)")
     parser.add_argument("--warmup", type=float, default=1.0, help="throughput lead-in (1)")
@@ -833,6 +1178,7 @@ def main() -> None:
     parser.add_argument("--procs", type=int, default=2, help="delivery client processes (2)")
     parser.add_argument("--failover-subscribers", type=int, default=100)
     parser.add_argument("--failover-rate", type=float, default=10, help="RECORD/s (10)")
+    parser.add_argument("--pause", type=float, default=10, help="takeover: SIGSTOP s (10)")
     args = parser.parse_args()
     if not 1 <= args.rounds <= 10 or not 1 <= args.clients <= 256:
         parser.error("--rounds must be in [1, 10] and --clients in [1, 256]")
@@ -842,6 +1188,8 @@ def main() -> None:
         parser.error("--subscribers must be in [1, 10000], --failover-subscribers [1, 1000]")
     if not 0 < args.rate <= 1000 or not 0 < args.failover_rate <= 1000:
         parser.error("--rate and --failover-rate must be in (0, 1000]")
+    if not 0 < args.pause <= 120:
+        parser.error("--pause must be in (0, 120]")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the nodes on the way out
     limit = raise_nofile()
     if limit < args.subscribers + 200:
@@ -857,6 +1205,7 @@ def main() -> None:
     throughput: list[Throughput] = []
     delivery: list[Delivery] = []
     failover: list[Failover] = []
+    takeover: list[Takeover] = []
     configs = [("sqlite", 1), ("postgresql", 1), ("postgresql", 2), ("postgresql", 3)]
     for round_ in range(args.rounds):
         if "throughput" in args.cases:
@@ -868,6 +1217,9 @@ def main() -> None:
                 delivery.append(delivery_case(args, count))
         if "failover" in args.cases:
             failover.append(failover_case(args))
+        if "takeover" in args.cases:
+            for how in ("kill", "pause") if round_ % 2 == 0 else ("pause", "kill"):
+                takeover.append(takeover_case(args, how))
 
     order = {"1 node, SQLite": 0, "1 node, PG": 1, "2 nodes, PG": 2, "3 nodes, PG": 3}
     if throughput:
@@ -876,10 +1228,13 @@ def main() -> None:
         report_delivery(sorted(delivery, key=lambda r: r.config), args)
     if failover:
         report_failover(failover, args)
+    if takeover:
+        report_takeover(sorted(takeover, key=lambda r: r.how), args)
     failed = (
         any(not r.durable for r in throughput)
         or any(not r.exact for r in delivery)
         or any(r.exact != r.subscribers or r.problems for r in failover)
+        or any(not r.exact or r.problems or r.errors for r in takeover)
     )
     if failed:
         print("! some runs lost or duplicated something: see the lines marked !")

@@ -14,24 +14,29 @@ Runs on a fresh database (created from ``--url``'s server, dropped afterwards).
 * **lookup**: :meth:`Presence.presence` for every agent (what
   :meth:`Liveness.due` asks for each agent not connected locally), per second.
 * **takeover**: two :class:`field.store.lease.Lease` objects on the deliveries'
-  key; the holder's session is ended (``pg_terminate_backend``, as when its
-  process dies) and the time until the other holds the lease is measured,
-  ``--takeovers`` times. Then the same for a clean stop of the holder.
+  lease, the holder's on an event loop of its own in a thread; that loop is
+  held (the holder renews nothing, as when its process dies or is paused) and
+  the time until the other holds the lease is measured, ``--takeovers`` times.
+  Then the same for a clean stop of the holder (it lets go of the lease).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import _common  # noqa: F401 - puts the repository on sys.path
 import psycopg
 
 from field.store.lease import DELIVERY_LEASE, Lease
 from field.store.presence import Presence, Report
+
+T = TypeVar("T")
 
 
 def pct(samples: list[float], q: float) -> float:
@@ -89,52 +94,68 @@ async def flushes(url: str, args: argparse.Namespace) -> None:
         await node.stop()
 
 
-async def takeovers(url: str, args: argparse.Namespace) -> None:
-    def holder() -> int:
-        with psycopg.connect(url, autocommit=True) as conn:
-            row = conn.execute(
-                "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted"
-                " AND classid = %s::oid AND objid = %s::oid",
-                (DELIVERY_LEASE >> 32, DELIVERY_LEASE & 0xFFFFFFFF),
-            ).fetchone()
-        return int(row[0])
+class OwnLoop:
+    """An event loop in a thread of its own: a node whose every task can be held at once."""
 
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    async def run(self, work: Coroutine[Any, Any, T]) -> T:
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(work, self.loop))
+
+    def hold(self) -> threading.Event:
+        """Hold the loop (nothing of it runs) until the event returned is set."""
+        gate = threading.Event()
+        self.loop.call_soon_threadsafe(gate.wait)
+        return gate
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join()
+        self.loop.close()
+
+
+async def takeovers(url: str, args: argparse.Namespace) -> None:
     async def until(check: Callable[[], bool]) -> None:
         while not check():
             await asyncio.sleep(0.005)
 
-    for how in ("killed", "stopped"):
+    def lease(who: str) -> Lease:
+        return Lease(
+            url,
+            name=DELIVERY_LEASE,
+            holder=who,
+            gained=lambda term: None,
+            lost=lambda: None,
+            interval=args.interval,
+        )
+
+    async def started(who: str) -> Lease:
+        made = lease(who)
+        made.start()
+        return made
+
+    for how in ("hung", "stopped"):
         moved: list[float] = []
         for _ in range(args.takeovers):
-            a = Lease(
-                url,
-                key=DELIVERY_LEASE,
-                name="a",
-                gained=lambda: None,
-                lost=lambda: None,
-                interval=args.interval,
-            )
-            b = Lease(
-                url,
-                key=DELIVERY_LEASE,
-                name="b",
-                gained=lambda: None,
-                lost=lambda: None,
-                interval=args.interval,
-            )
-            a.start()
+            own = OwnLoop()
+            a = await own.run(started("a"))
             await until(lambda a=a: a.holding)
+            b = lease("b")
             b.start()
             await asyncio.sleep(args.interval)  # b settles into its tries
             began = time.perf_counter()
-            if how == "killed":
-                with psycopg.connect(url, autocommit=True) as conn:
-                    conn.execute("SELECT pg_terminate_backend(%s)", (holder(),))
-            else:
-                await a.stop()
+            gate = own.hold() if how == "hung" else None
+            if gate is None:
+                await own.run(a.stop())
             await until(lambda b=b: b.holding)
             moved.append(time.perf_counter() - began)
-            await a.stop()
+            if gate is not None:
+                gate.set()
+            await own.run(a.stop())
+            own.close()
             await b.stop()
         print(
             f"takeover, holder {how} (interval {args.interval:g} s): "

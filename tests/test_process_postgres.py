@@ -147,6 +147,7 @@ async def test_a_second_server_on_the_same_database_joins_the_field(
 LOCKED_TABLES = {
     "field_log": True,
     "field_log_head": True,
+    "field_leases": False,
     "field_nodes": False,
     "field_presence": False,
     "field_snapshots": False,

@@ -247,8 +247,9 @@ def _serve_parser(commands: Any) -> None:
         "--cluster-interval",
         type=float,
         help="with several servers on one --log database: seconds between a server's "
-        "presence flushes and delivery-lease tries (1); deliveries move off a dead server "
-        "within about twice this",
+        "presence flushes (1); the delivery lease lasts twice this and is renewed or tried "
+        "four times as often, so deliveries move off a dead or hung server within 2.5 times "
+        "this",
     )
     storage.add_argument(
         "--node-id",

@@ -620,17 +620,41 @@ class Field:
         cancelled after the cursor (it owes what came before its end)."""
         return subscribe.streamable_subscription(self, subscription_id, agent_id, cursor)
 
-    def ack_deliveries(self, positions: dict[str, int]) -> Outcome:
-        """Deliveries acknowledged up to ``positions`` (by subscription): one entry for all."""
-        return self.system(lambda epoch, now: subscribe.ack_entries(self, positions, epoch, now))
+    # What the sender of the deliveries writes. ``term``: the term under which it holds the
+    # deliveries' lease, with several nodes (None: a Field of one node, nothing to check).
+    # A sender whose term is below the newest the log holds is answered ``superseded``
+    # and nothing is written: another node took the deliveries over after it.
 
-    def change_delivery(self, subscription_id: str, action: str, reason: str | None) -> Outcome:
+    def claim_deliveries(self, term: int, node: str) -> Outcome:
+        """``node`` took the deliveries' lease under ``term``: a ``delivery.term`` entry,
+        written before it sends anything (``unchanged`` if the log holds it already)."""
+        return self._superseded(term) or self.system(
+            lambda epoch, now: subscribe.term_entries(self, term, node, epoch, now)
+        )
+
+    def ack_deliveries(self, positions: dict[str, int], term: int | None = None) -> Outcome:
+        """Deliveries acknowledged up to ``positions`` (by subscription): one entry for all."""
+        return self._superseded(term) or self.system(
+            lambda epoch, now: subscribe.ack_entries(self, positions, epoch, now, term)
+        )
+
+    def change_delivery(
+        self, subscription_id: str, action: str, reason: str | None, term: int | None = None
+    ) -> Outcome:
         """Move a durable delivery's state (``fail``, ``recover``, ``suspend``, ``end``)."""
-        return self.system(
+        return self._superseded(term) or self.system(
             lambda epoch, now: subscribe.change_entries(
-                self, subscription_id, action, reason, epoch, now
+                self, subscription_id, action, reason, epoch, now, term
             )
         )
+
+    def _superseded(self, term: int | None) -> Outcome | None:
+        """The answer to a sender whose ``term`` is below the log's newest (None: it may
+        write)."""
+        newest = self.state.delivery_term
+        if term is None or term >= newest:
+            return None
+        return Outcome({"status": "superseded", "term": newest})
 
     def cancel_rap(
         self, agent_id: str, group_id: str, tool_call_id: str | None, reason: str
@@ -643,11 +667,12 @@ class Field:
             )
         )
 
-    def forget_rap(self, subscription_id: str, reason: str) -> Outcome:
-        """A RAP runtime no longer knows a subscription: cancel it, end its delivery."""
-        return self.system(
+    def forget_rap(self, subscription_id: str, reason: str, term: int | None = None) -> Outcome:
+        """A RAP runtime no longer knows a subscription: cancel it, end its delivery (the
+        sender's report, fenced by its ``term`` as :meth:`ack_deliveries` is)."""
+        return self._superseded(term) or self.system(
             lambda epoch, now: subscribe.forgotten_entries(
-                self, subscription_id, reason, epoch, now
+                self, subscription_id, reason, epoch, now, term
             )
         )
 

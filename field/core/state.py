@@ -22,9 +22,12 @@ Entry kinds and their ``data``:
 ``subscription.created``   ``{subscription}`` (+ ``delivery``: a durable delivery's record)
 ``subscription.cancelled`` ``{subscription_id, reason}``
 ``delivery.acked``    ``{cursors: {subscription_id: position}}``: deliveries acknowledged
-                      up to those cursors
+                      up to those cursors (+ ``term``: the sender's, with several nodes)
 ``delivery.changed``  ``{subscription_id, action, reason}``: a delivery's state moved
-                      (see :mod:`field.subscriptions.delivery`)
+                      (see :mod:`field.subscriptions.delivery`; + ``term`` as above when
+                      the sender wrote it)
+``delivery.term``     ``{term, node}``: ``node`` took the deliveries' lease under ``term``
+                      and sends from here on (several nodes on one log)
 ``memory.archived``   ``{memory_unit_id, reason}`` (COMPACT)
 ``memory.purged``     ``{memory_unit_id, reason, purged_at}`` (COMPACT)
 ``session.*``         ``{session, ...}``: see :mod:`field.core.sessions`
@@ -52,6 +55,17 @@ tombstone (id, type, source, task, epoch) for readers of old entries;
 ``known_units`` looks in both.
 
 The conflict lifecycle and what MERGE writes are in :mod:`field.core.conflicts`.
+
+**The deliveries' term.** With several nodes on one log, one sends the
+durable deliveries, the holder of a lease whose every grant has a new,
+higher number (:mod:`field.store.lease`). A node that gains the lease
+writes ``delivery.term`` before it sends anything, and every entry it
+writes as the sender carries that term; ``delivery_term`` is the newest
+term the log holds, and the Field writes nothing for a sender whose term is
+below it (``Field.ack_deliveries`` and the others answer ``superseded``).
+The check is made when the entry is written, never when it is applied: an
+entry the log holds is applied whatever its term, and entries of logs
+written before terms existed have none.
 
 Deregistering an agent cancels its subscriptions too, and retires its id:
 ``retired`` keeps the hash of the id's last token until the id is
@@ -166,6 +180,10 @@ class FieldState:
     active_subscriptions: dict[str, set[str]] = field(default_factory=dict)
     #: the durable deliveries (webhook, RAP) by subscription: record, cursor, state
     deliveries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: the newest term of the deliveries' lease the log holds, and the node that took it
+    #: (0 and None until a node of several claims the deliveries: see the module docstring)
+    delivery_term: int = 0
+    delivery_node: str | None = None
     registry: SubscriptionRegistry = field(init=False)
     #: inbound event sources by name (see :mod:`field.core.sources`)
     sources: dict[str, sources.Source] = field(default_factory=dict)
@@ -470,6 +488,11 @@ class FieldState:
         record["state"] = delivery.TRANSITIONS[record["state"]][data["action"]]
         record["reason"] = data.get("reason")
 
+    def _delivery_term(self, data: dict[str, Any]) -> None:
+        if data["term"] > self.delivery_term:
+            self.delivery_term = data["term"]
+            self.delivery_node = data["node"]
+
 
 _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "field.created": FieldState._field_created,
@@ -486,6 +509,7 @@ _APPLY: dict[str, Callable[[FieldState, dict[str, Any]], None]] = {
     "subscription.cancelled": FieldState._subscription_cancelled,
     "delivery.acked": FieldState._delivery_acked,
     "delivery.changed": FieldState._delivery_changed,
+    "delivery.term": FieldState._delivery_term,
     "memory.archived": FieldState._memory_archived,
     "memory.purged": FieldState._memory_purged,
     **dict.fromkeys(sessions.ENTRY_KIND.values(), sessions.apply_session),

@@ -11,8 +11,12 @@ RAP call it answers. The delivery's progress is in the log too:
 up to, many per entry) and ``delivery.changed`` entries (its state).
 
 The delivery engine (``field/engine/delivery.py``) reports progress
-through :func:`ack_deliveries` and :func:`change_delivery`, which write
-those entries like any operation: durable before they count.
+through :func:`ack_entries` and :func:`change_entries`, which write
+those entries like any operation: durable before they count. With several
+nodes on one log, the sender's entries carry the term under which it holds
+the deliveries' lease, claimed first by a ``delivery.term`` entry
+(:func:`term_entries`); the Field refuses an entry whose term the log holds
+a newer one than (:meth:`Field.ack_deliveries <field.core.field.Field.ack_deliveries>`).
 """
 
 from __future__ import annotations
@@ -429,9 +433,20 @@ def _with_filter(subscription: dict[str, Any], status: dict[str, Any] | None) ->
 # -- what the delivery engine reports (no envelope: the server decides these) ----------
 
 
-def ack_entries(field: Field, positions: dict[str, int], epoch: int, now: float) -> list[LogEntry]:
+def term_entries(field: Field, term: int, node: str, epoch: int, now: float) -> list[LogEntry]:
+    """A ``delivery.term`` entry: ``node`` sends the deliveries under ``term`` from here on
+    (none if the log holds that term already: a claim written twice)."""
+    if term <= field.state.delivery_term:
+        return []
+    return [LogEntry(epoch, "delivery.term", {"term": term, "node": node}, None, now)]
+
+
+def ack_entries(
+    field: Field, positions: dict[str, int], epoch: int, now: float, term: int | None = None
+) -> list[LogEntry]:
     """A ``delivery.acked`` entry for the deliveries ``positions`` moves forward, if any
-    (the entry's ``cursors`` key is the log's format, kept as written)."""
+    (the entry's ``cursors`` key is the log's format, kept as written), with the sender's
+    ``term`` (None: a Field of one node)."""
     records = field.state.deliveries
     moved = {
         subscription_id: position
@@ -442,19 +457,33 @@ def ack_entries(field: Field, positions: dict[str, int], epoch: int, now: float)
     }
     if not moved:
         return []
-    return [LogEntry(epoch, "delivery.acked", {"cursors": moved}, None, now)]
+    return [LogEntry(epoch, "delivery.acked", _termed({"cursors": moved}, term), None, now)]
 
 
 def change_entries(
-    field: Field, subscription_id: str, action: str, reason: str | None, epoch: int, now: float
+    field: Field,
+    subscription_id: str,
+    action: str,
+    reason: str | None,
+    epoch: int,
+    now: float,
+    term: int | None = None,
 ) -> list[LogEntry]:
-    """A ``delivery.changed`` entry moving the delivery by ``action`` (none if it is gone)."""
+    """A ``delivery.changed`` entry moving the delivery by ``action`` (none if it is gone),
+    with the sender's ``term``."""
     record = field.state.deliveries.get(subscription_id)
     if record is None:
         return []
     deliveries.step(record["state"], action, subscription_id)
     data = {"subscription_id": subscription_id, "action": action, "reason": reason}
-    return [LogEntry(epoch, "delivery.changed", data, None, now)]
+    return [LogEntry(epoch, "delivery.changed", _termed(data, term), None, now)]
+
+
+def _termed(data: dict[str, Any], term: int | None) -> dict[str, Any]:
+    """``data`` with the sender's ``term``, if it has one."""
+    if term is not None:
+        data["term"] = term
+    return data
 
 
 def cancel_entries(
@@ -482,18 +511,30 @@ def cancel_entries(
 
 
 def forgotten_entries(
-    field: Field, subscription_id: str, reason: str, epoch: int, now: float
+    field: Field,
+    subscription_id: str,
+    reason: str,
+    epoch: int,
+    now: float,
+    term: int | None = None,
 ) -> list[LogEntry]:
     """A RAP runtime refused a message of a subscription (a 4xx: it no longer knows it):
-    the subscription is cancelled, if it is still active, and its delivery ends."""
+    the subscription is cancelled, if it is still active, and its delivery ends (the
+    ``delivery.changed`` entry with the sender's ``term``)."""
     record = field.state.deliveries.get(subscription_id)
     if record is None or record["type"] != "rap" or record["state"] == "ended":
         return []
-    return _let_go(field, subscription_id, record["agent_id"], reason, epoch, now)
+    return _let_go(field, subscription_id, record["agent_id"], reason, epoch, now, term)
 
 
 def _let_go(
-    field: Field, subscription_id: str, agent_id: str, reason: str, epoch: int, now: float
+    field: Field,
+    subscription_id: str,
+    agent_id: str,
+    reason: str,
+    epoch: int,
+    now: float,
+    term: int | None = None,
 ) -> list[LogEntry]:
     """The RAP runtime let go of a subscription: it is cancelled (if it is still active)
     and, in the same write, its delivery ends. RAP forbids a tool to send anything after the
@@ -506,5 +547,5 @@ def _let_go(
         entries.append(LogEntry(epoch, "subscription.cancelled", data, agent_id, now))
     deliveries.step(state.deliveries[subscription_id]["state"], "end", subscription_id)
     ended = {"subscription_id": subscription_id, "action": "end", "reason": reason}
-    entries.append(LogEntry(epoch, "delivery.changed", ended, agent_id, now))
+    entries.append(LogEntry(epoch, "delivery.changed", _termed(ended, term), agent_id, now))
     return entries

@@ -33,12 +33,18 @@ and cursors.
   :class:`Poster` says how, and what a prompt receiver can count on.
 
 * **One sender.** When several nodes serve one Field, one of them owns
-  the deliveries (:meth:`DeliveryEngine.own`: a lease,
+  the deliveries (:meth:`DeliveryEngine.own`: a lease with a term,
   :mod:`field.store.lease`) and runs the sinks; the others follow the log
   like everyone else, their engines without a sink, until the lease moves
-  to them and they resume every delivery from its acknowledged position.
-  Losing the lease stops every sink at once (:meth:`DeliveryEngine.disown`),
-  and the lease is checked again before each POST (``sending``, given to
+  to them. A node that gains the lease first writes its term to the log
+  (``delivery.term``), then resumes every delivery from its acknowledged
+  position; every entry it writes as the sender (acknowledgements, state
+  changes) carries that term, and the Field refuses one whose term the log
+  holds a newer one than: a sender that outlived its lease (a pause, a
+  frozen machine) cannot move a cursor or a state once the next sender
+  claimed the deliveries. Losing the lease stops every sink at once
+  (:meth:`DeliveryEngine.disown`), and the lease is checked again when each
+  POST may go, after it waited for its slots (``sending``, given to
   :meth:`DeliveryEngine.start`).
 
 The RAP framing (:class:`RapFrames`) sends the subscribing call's
@@ -147,6 +153,8 @@ class Answer:
     def outcome(self) -> Outcome:
         if self.status is not None:
             return Outcome.ANSWERED
+        if not self.sent:
+            return Outcome.ABANDONED
         return Outcome.TIMED_OUT if self.timed_out else Outcome.FAILED
 
 
@@ -254,9 +262,18 @@ class Poster:
         none."""
         return await self.send(url, lambda: (body, headers), agent=agent)
 
-    async def send(self, url: str, compose: Compose, *, agent: str = "") -> Answer:
+    async def send(
+        self,
+        url: str,
+        compose: Compose,
+        *,
+        agent: str = "",
+        ready: Callable[[], bool] | None = None,
+    ) -> Answer:
         """POST what ``compose`` makes once the request may go (so that it is signed when
-        it is sent, not when it started to wait): the answer, or why there was none."""
+        it is sent, not when it started to wait): the answer, or why there was none.
+        ``ready``, asked then too: whether it may still be sent at all (False: it is not,
+        ``sent=False``)."""
         assert self._session is not None, "the poster is not started"
         target = URL(url)  # parsed once: aiohttp takes it as it is
         endpoint = str(target.origin())
@@ -269,13 +286,20 @@ class Poster:
                 return _deferred(endpoint, circuit, wait)
         outcome = Outcome.ABANDONED
         try:
-            answer = await self._queue(target, endpoint, agent, compose)
+            answer = await self._queue(target, endpoint, agent, compose, ready)
             outcome = answer.outcome
             return answer
         finally:
             self._record(key, outcome, probe)
 
-    async def _queue(self, target: URL, endpoint: str, agent: str, compose: Compose) -> Answer:
+    async def _queue(
+        self,
+        target: URL,
+        endpoint: str,
+        agent: str,
+        compose: Compose,
+        ready: Callable[[], bool] | None,
+    ) -> Answer:
         """The request, once it has its agent's share, its endpoint's slot and the client's
         (each taken at once when free: most requests never wait), among those under way
         (which :meth:`_shed` may cut short)."""
@@ -297,7 +321,7 @@ class Poster:
                         self._shed(waits=True)  # this request waits: make room if due
                         await everyone.wait(agent)
                     try:
-                        return await self._timed(target, compose)
+                        return await self._timed(target, compose, ready)
                     finally:
                         everyone.release(agent)
                 finally:
@@ -310,8 +334,12 @@ class Poster:
             if not share.users and self._agents.get(agent) is share:
                 del self._agents[agent]
 
-    async def _timed(self, target: URL, compose: Compose) -> Answer:
+    async def _timed(
+        self, target: URL, compose: Compose, ready: Callable[[], bool] | None
+    ) -> Answer:
         """The request, among those under way (which :meth:`_shed` may cut short)."""
+        if ready is not None and not ready():
+            return Answer(None, "not sent: this node no longer sends the deliveries", sent=False)
         ticket = next(self._tickets)
         task = asyncio.current_task()
         assert task is not None
@@ -780,10 +808,16 @@ class Sink:
             self.in_flight = True
             try:
                 answer = await engine.poster.send(
-                    self.frames.url, lambda: message(engine.clock()), agent=self.agent_id
+                    self.frames.url,
+                    lambda: message(engine.clock()),
+                    agent=self.agent_id,
+                    ready=engine.may_send,
                 )
             finally:
                 self.in_flight = False
+            if not answer.sent and not engine.may_send():
+                engine.disown()  # the lease ran out while the request waited for its slots
+                return False
             self.last_status = answer.status
             judged = verdict(answer.status)
             if answer.sent:  # a request its circuit held back is no POST
@@ -891,6 +925,8 @@ class DeliveryEngine:
         #: each delivery's rate of notifications
         self.rate = Rate(settings.rate, settings.burst)
         self._acks: dict[str, int] = {}
+        #: the term the pending acknowledgements were made under
+        self._acks_term: int | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._timers: set[asyncio.TimerHandle] = set()
         self._sweeper: asyncio.Task[None] | None = None
@@ -898,9 +934,15 @@ class DeliveryEngine:
         #: (``GET /metrics``)
         self.attempts: Counter[tuple[str, str]] = Counter()
         self.changes: Counter[tuple[str, str]] = Counter()
-        #: whether this node runs the sinks (several nodes: while it holds the lease)
+        #: whether this node runs the sinks (several nodes: while it holds the lease, once
+        #: its term is in the log)
         self.owner = False
-        #: whether the lease still allows sending (checked before each POST); None: one node
+        #: the term of the lease this node claims or owns the deliveries under (None: one
+        #: node, or not held); every entry the engine writes carries it
+        self.term: int | None = None
+        #: writes the claim of ``term`` to the log, then runs the sinks
+        self._claiming: asyncio.Task[None] | None = None
+        #: whether the lease still allows sending (checked at each POST); None: one node
         self._sending: Callable[[], bool] | None = None
 
     @property
@@ -910,9 +952,10 @@ class DeliveryEngine:
     async def start(self, *, own: bool = True, sending: Callable[[], bool] | None = None) -> None:
         """Follow the log from now on and, with ``own``, resume every delivery the log has
         not seen end (else they wait for :meth:`own`). ``sending``: whether the lease this
-        node owns the deliveries by still allows a POST, asked before each (None: one node,
-        no lease). It comes here rather than to the constructor because the lease is built
-        on the engine (it calls :meth:`own` and :meth:`disown`)."""
+        node owns the deliveries by still allows a POST, asked before each and again when it
+        may go, and before the sinks resume under a new term (None: one node, no lease). It
+        comes here rather than to the constructor because the lease is built on the engine
+        (it calls :meth:`own` and :meth:`disown`)."""
         self._sending = sending
         await self.poster.start()
         if own:
@@ -920,10 +963,43 @@ class DeliveryEngine:
         self.service.listeners.add(self.observe, Stage.DELIVERIES)
         self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
 
-    def own(self) -> None:
+    def own(self, term: int | None = None) -> None:
         """Run the sinks: resume every delivery the log holds and has not seen end, each
         from its acknowledged position (a delivery still being stored comes with its entry,
-        through :meth:`observe`)."""
+        through :meth:`observe`). With ``term`` (several nodes: the lease was taken under
+        it), first claim the deliveries in the log under it (:meth:`_claim`); they resume
+        once the claim is durable, if the lease still holds."""
+        if term is None:
+            self._resume()
+            return
+        if self.term == term:
+            return
+        self.disown()  # another term's sinks, if any, stop first
+        self.term = term
+        self._claiming = asyncio.get_running_loop().create_task(
+            self._claim(term), name=f"delivery-claim-{term}"
+        )
+
+    async def _claim(self, term: int) -> None:
+        """Write ``delivery.term`` (again after a refused write), then run the sinks; stop
+        if the lease is lost meanwhile, or the log holds a newer term."""
+        claim = functools.partial(Field.claim_deliveries, term=term, node=self.service.node_id)
+        while self.term == term:
+            try:
+                outcome = await self.service.execute(claim, operation="DELIVERY")
+            except FieldError as error:  # the log refuses writes, or is overloaded
+                logger.warning("claiming the deliveries (term %d) failed: %s", term, error.message)
+                await asyncio.sleep(ACK_RETRY_SECONDS)
+                continue
+            if (
+                not self._superseded(outcome.response, term)
+                and self.term == term
+                and self._may_act()
+            ):
+                self._resume()
+            return
+
+    def _resume(self) -> None:
         if self.owner:
             return
         self.owner = True
@@ -938,7 +1014,12 @@ class DeliveryEngine:
 
     def disown(self) -> None:
         """Stop every sink at once: another node sends from now on. Acknowledgements
-        already made are still written (they are true, and only ever move forward)."""
+        already made are still written under their term (they are true, and only ever move
+        forward; the log refuses them once a newer term is in it)."""
+        self.term = None
+        claiming, self._claiming = self._claiming, None
+        if claiming is not None and claiming is not asyncio.current_task():
+            claiming.cancel()
         if not self.owner:
             return
         self.owner = False
@@ -953,7 +1034,27 @@ class DeliveryEngine:
     def may_send(self) -> bool:
         """Whether a sink may POST now: this node owns the deliveries, and its lease (if
         any) is still valid."""
-        return self.owner and (self._sending is None or self._sending())
+        return self.owner and self._may_act()
+
+    def _may_act(self) -> bool:
+        return self._sending is None or self._sending()
+
+    def newest_term(self) -> int:
+        """The newest term of the deliveries' lease the log holds (0: none)."""
+        return self.field.state.delivery_term
+
+    def _superseded(self, response: dict[str, Any], term: int | None) -> bool:
+        """Whether the Field's ``response`` to a write made under ``term`` refused it, the
+        log holding a newer term; then this node stops sending (if it still sends under
+        ``term``)."""
+        if response.get("status") != "superseded":
+            return False
+        logger.warning(
+            "the deliveries' term %s is over: the log holds term %s", term, response.get("term")
+        )
+        if self.term == term:
+            self.disown()
+        return True
 
     async def _sweep(self) -> None:
         """Every half ``rest_after``: deliveries idle and caught up since the last sweep
@@ -968,6 +1069,8 @@ class DeliveryEngine:
         self.service.listeners.remove(self.observe)
         if self._sweeper is not None:
             self._sweeper.cancel()
+        if self._claiming is not None:
+            self._claiming.cancel()
         for timer in self._timers:
             timer.cancel()
         for sink in list(self.sinks.values()):
@@ -1039,6 +1142,10 @@ class DeliveryEngine:
 
     def ack(self, subscription_id: str, position: int) -> None:
         """``position`` was delivered: acknowledge it with the next write."""
+        if self._acks_term != self.term:
+            # made under an earlier term of this node's: the log, which holds this one
+            # already, would refuse them (the next sender resumes from the cursor it holds)
+            self._acks, self._acks_term = {}, self.term
         self._acks[subscription_id] = max(position, self._acks.get(subscription_id, 0))
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
@@ -1046,19 +1153,22 @@ class DeliveryEngine:
     async def _flush(self) -> None:
         try:
             while self._acks:
-                batch, self._acks = self._acks, {}
+                batch, term, self._acks = self._acks, self._acks_term, {}
                 try:
-                    await self.service.execute(
-                        functools.partial(Field.ack_deliveries, positions=batch),
+                    outcome = await self.service.execute(
+                        functools.partial(Field.ack_deliveries, positions=batch, term=term),
                         operation="DELIVERY",
                     )
                 except FieldError as error:  # the log refuses writes, or is overloaded
                     logger.warning("acknowledging deliveries failed: %s", error.message)
-                    for subscription_id, position in batch.items():
-                        self._acks[subscription_id] = max(
-                            position, self._acks.get(subscription_id, 0)
-                        )
+                    if self._acks_term == term:
+                        for subscription_id, position in batch.items():
+                            self._acks[subscription_id] = max(
+                                position, self._acks.get(subscription_id, 0)
+                            )
                     await asyncio.sleep(ACK_RETRY_SECONDS)
+                else:
+                    self._superseded(outcome.response, term)
         finally:
             self._flusher = None
 
@@ -1067,15 +1177,18 @@ class DeliveryEngine:
         after = {"fail": "failing", "recover": "active", "suspend": "suspended", "end": "ended"}
         sink.state = after.get(action, sink.state)
         self.changes[(sink.kind, action)] += 1
+        term = self.term
         try:
-            await self.service.execute(
-                lambda field: field.change_delivery(sink.subscription_id, action, reason),
+            outcome = await self.service.execute(
+                lambda field: field.change_delivery(sink.subscription_id, action, reason, term),
                 operation="DELIVERY",
             )
         except FieldError as error:
             logger.warning(
                 "recording that %s is %s failed: %s", sink.subscription_id, sink.state, error
             )
+        else:
+            self._superseded(outcome.response, term)
 
     async def cancel_gone(self, sink: Sink) -> None:
         """A RAP runtime no longer knows a subscription (it refused a message with a 4xx):
@@ -1085,10 +1198,13 @@ class DeliveryEngine:
         sink.close()
         self.forget(sink)
         reason = "the RAP runtime no longer knows the subscription"
+        term = self.term
         try:
-            await self.service.execute(
-                lambda field: field.forget_rap(sink.subscription_id, reason),
+            outcome = await self.service.execute(
+                lambda field: field.forget_rap(sink.subscription_id, reason, term),
                 operation="DELIVERY",
             )
         except FieldError as error:
             logger.warning("cancelling %s failed: %s", sink.subscription_id, error.message)
+        else:
+            self._superseded(outcome.response, term)

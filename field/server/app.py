@@ -90,17 +90,21 @@ def _shared_presence(log: EventLog, service: FieldService, config: Config) -> Pr
     )
 
 
-def _delivery_lease(log: EventLog, deliveries: DeliveryEngine, config: Config) -> Lease:
-    """The lease that makes this node the one sending the deliveries, not yet started."""
+def _delivery_lease(
+    log: EventLog, service: FieldService, deliveries: DeliveryEngine, config: Config
+) -> Lease:
+    """The lease that makes this node the one sending the deliveries, not yet started: its
+    terms go above the newest the log holds, and the engine claims each in the log."""
     from ..store.lease import DELIVERY_LEASE, Lease
 
     return Lease(
         log.url,  # type: ignore[attr-defined]
-        key=DELIVERY_LEASE,
-        name="deliveries",
+        name=DELIVERY_LEASE,
+        holder=service.node_id,
         gained=deliveries.own,
         lost=deliveries.disown,
         interval=config.cluster_interval,
+        newest=deliveries.newest_term,
     )
 
 
@@ -255,7 +259,7 @@ def create_app(
         )
         # several nodes: the lease is built on the engine (it owns and disowns the sinks),
         # so the engine is given the lease's check as it starts, and the lease starts after
-        lease = None if presence is None else _delivery_lease(log, deliveries, config)
+        lease = None if presence is None else _delivery_lease(log, service, deliveries, config)
         await deliveries.start(own=presence is None, sending=None if lease is None else lease.valid)
         if lease is not None:
             lease.start()

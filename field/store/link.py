@@ -5,7 +5,7 @@ each keep one synchronous psycopg connection beside the log's, as
 :mod:`field.store.postgres` does, but each in a single worker thread of
 its own rather than ``asyncio.to_thread``'s pool: calls on the connection
 run one at a time and in order, so a call the event loop stopped waiting
-for (a lease check past its deadline) is never raced by the next one, and
+for (a lease's renewal past its deadline) is never raced by the next one, and
 closing the connection queues behind it instead of pulling the socket
 from under it.
 
@@ -53,11 +53,6 @@ class Link:
         a :class:`psycopg.Error` propagates (the connection is dropped if it broke)."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._executor, functools.partial(self._call, work))
-
-    async def reset(self) -> None:
-        """Close the connection (a session's advisory locks go with it); the next call
-        opens a new one."""
-        await asyncio.get_running_loop().run_in_executor(self._executor, self._drop)
 
     async def close(self) -> None:
         """Close the connection after the calls queued, and end the thread (idempotent)."""

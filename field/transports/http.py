@@ -180,7 +180,9 @@ class HTTPBinding:
             "log_head": max(service.log_head, field.state.last_position),
             "lag": service.lag,
         }
-        body["node"]["delivery_owner"] = running.deliveries.owner
+        # asked of the lease: a node resumed from a pause finds it lost here, not later
+        body["node"]["delivery_owner"] = running.deliveries.may_send()
+        body["node"]["delivery_term"] = field.state.delivery_term
         snapshotter = running.snapshotter
         body["snapshot"] = None if snapshotter is None else snapshotter.status()
         return body
