@@ -686,3 +686,34 @@ async def test_a_caught_up_delivery_rests_and_a_match_or_its_end_wakes_it(
         await receiver.until(lambda: len(receiver.delivered) == 4, "the final POST")
         assert orjson.loads(receiver.delivered[-1].body)["final"] is True
         await until_dormant(server, sid, False)
+
+
+async def test_a_delivery_whose_stream_the_hub_ends_reads_on_from_the_log(
+    server: ThreadedServer, receivers: Callable[..., Any]
+) -> None:
+    """When a replay or catch-up cannot read the log, the hub ends the stream (1011) with
+    nothing more to say; the delivery reads on from what it delivered, and nothing owed is
+    lost (it stayed attached to the ended stream, delivering nothing more)."""
+    receiver = await receivers()
+    field_client, writer, reader = await agents(server.url)
+    async with field_client:
+        await webhook(reader, receiver.url)
+        units = [(await note(writer, "market 0"))["memory_unit_id"]]
+        await receiver.until(lambda: len(receiver.delivered) == 1, "the first delivery")
+        hub = server.app.state.push_hub
+        loop = server.app.state.service._writer.get_loop()
+        ended = asyncio.get_running_loop().create_future()
+
+        def end_the_sinks_stream() -> None:  # what PushHub._replay does when a read fails
+            sinks = [c for c in hub.router.connections if c.kind == "webhook"]
+            for connection in sinks:
+                hub.end(connection, 1011, "replay failed", None)
+            ended.get_loop().call_soon_threadsafe(ended.set_result, len(sinks))
+
+        loop.call_soon_threadsafe(end_the_sinks_stream)
+        assert await asyncio.wait_for(ended, TIMEOUT) == 1
+        for i in (1, 2):
+            units.append((await note(writer, f"market {i}"))["memory_unit_id"])
+        await receiver.until(lambda: len(receiver.delivered) == 3, "the deliveries after it")
+        assert [orjson.loads(r.body)["memory_unit_id"] for r in receiver.delivered] == units
+        in_order_without_loss(receiver, [r.cursor for r in receiver.delivered])

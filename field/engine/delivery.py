@@ -97,7 +97,7 @@ from .egress import PolicyConnector, check_destination, refusal_of
 from .listeners import Stage
 from .outbox import Outbox
 from .push import Connection, PushHub
-from .router import Frame
+from .router import SHUTDOWN, Frame
 from .service import FieldService
 from .slots import FairSlots, Slots
 
@@ -106,6 +106,9 @@ logger = logging.getLogger("field.delivery")
 USER_AGENT = f"akashik-field/{__version__} (webhook delivery)"
 #: Seconds before an acknowledgement the log refused is written again.
 ACK_RETRY_SECONDS = 1.0
+#: Seconds before a delivery whose stream the hub ended (a replay that could not read the
+#: log) reads on from the log.
+REOPEN_SECONDS = 1.0
 #: Circuits (agent, endpoint) that counted a timeout the client keeps; past it the one
 #: used least recently is forgotten (its endpoint starts over, closed).
 MAX_CIRCUITS = 10_000
@@ -635,6 +638,11 @@ class Sink:
         self.quiet = 0
         self.poke()
 
+    def _reopen(self) -> None:
+        """:meth:`open`, unless the delivery was opened (or woken) again meanwhile."""
+        if self.connection is None:
+            self.open()
+
     def awaken(self) -> Connection | None:
         """The hub matched an event for this dormant delivery, or its subscription ended:
         a connection, to which the hub binds the stream live (:meth:`PushHub.sleep`)."""
@@ -726,6 +734,17 @@ class Sink:
             while not self.closed and self.connection is not None:
                 frames = self.connection.outbox.drain_now(1)
                 if not frames:
+                    if self.connection.ended not in (None, SHUTDOWN):
+                        # the hub ended the stream with nothing more to say: its replay
+                        # or catch-up could not read the log. Read on from the log soon.
+                        logger.warning(
+                            "delivering %s: %s; reading on from the log in %g s",
+                            self.subscription_id,
+                            self.connection.ended[1],
+                            REOPEN_SECONDS,
+                        )
+                        self.let_go()
+                        self.engine.loop_later(REOPEN_SECONDS, self._reopen)
                     return
                 await self._handle(frames[0])
         except asyncio.CancelledError:
