@@ -431,6 +431,7 @@ OTHER_VARIABLES = frozenset(
         "FIELD_TOKEN",
         "FIELD_AGENT_DIR",
         "FIELD_TEST_POSTGRES",
+        "FIELD_FAULTS_SEED",
         "FIELD_ARTIFACTS",
         "FIELD_UPDATE_SCREENSHOTS",
     }
