@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import signal
 import time
@@ -46,6 +45,7 @@ from .core_util import Harness
 from .postgres_util import fresh_database
 from .schema_util import assert_valid
 from .test_process import _agent, _record
+from .test_service import operate
 from .test_webhooks import Receiver, in_order_without_loss, webhook
 
 SpawnServer = Callable[..., ServerProcess]
@@ -144,9 +144,6 @@ def test_a_field_of_one_node_is_never_fenced_and_entries_without_a_term_replay()
 # -- two services on one log ------------------------------------------------------------------
 
 
-_ids = itertools.count(1)
-
-
 @pytest.fixture
 def database() -> Iterator[str]:
     with fresh_database() as url:  # skips, naming the URL tried, without a server or psycopg
@@ -164,24 +161,10 @@ class Node:
         self.tokens: dict[str, str] = {}
 
     async def send(self, operation: str, agent: str, payload: dict[str, Any]) -> dict[str, Any]:
-        envelope = {
-            "protocol": "akashik",
-            "version": "0.1.0",
-            "id": f"msg-{next(_ids)}",
-            "operation": operation,
-            "agent_id": agent,
-            "session_id": None,
-            "epoch": 0,
-            "payload": payload,
-        }
-        token = self.tokens.get(agent)
-        outcome = await self.service.execute(
-            lambda field: field.handle(envelope, token=token, operation=operation),
-            operation=operation,
-        )
+        response = await operate(self.service, operation, agent, payload, self.tokens.get(agent))
         if operation == "REGISTER":
-            self.tokens[agent] = outcome.response["token"]
-        return outcome.response
+            self.tokens[agent] = response["token"]
+        return response
 
     async def run(self, job: Callable[[Field], Outcome]) -> dict[str, Any]:
         return (await self.service.execute(job, operation="DELIVERY")).response

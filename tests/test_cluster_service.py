@@ -23,12 +23,11 @@ from field.core.field import Field
 from field.engine.service import FieldService
 
 from .postgres_util import fresh_database
+from .test_service import operate
 
 psycopg = pytest.importorskip("psycopg", reason="SKIPPED PostgreSQL tests: psycopg missing")
 
 from field.store.postgres import PostgresEventLog  # noqa: E402
-
-_ids = itertools.count(1)
 
 
 class Node:
@@ -48,21 +47,7 @@ class Node:
     async def send(
         self, operation: str, agent: str, payload: dict[str, Any], token: str | None = None
     ) -> dict[str, Any]:
-        envelope = {
-            "protocol": "akashik",
-            "version": "0.1.0",
-            "id": f"msg-{next(_ids)}",
-            "operation": operation,
-            "agent_id": agent,
-            "session_id": None,
-            "epoch": 0,
-            "payload": payload,
-        }
-        outcome = await self.service.execute(
-            lambda field: field.handle(envelope, token=token, operation=operation),
-            operation=operation,
-        )
-        return outcome.response
+        return await operate(self.service, operation, agent, payload, token)
 
     async def register(self, agent: str) -> str:
         response = await self.send("REGISTER", agent, {"id": agent, "role": "researcher"})

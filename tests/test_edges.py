@@ -188,7 +188,7 @@ async def test_an_outbox_overflow_behind_a_full_socket_still_ends_with_overflow(
     # a longer ping timeout, so that the small outbox surely overflows first
     server = server_factory(
         ws_ping_interval=PING,
-        ws_ping_timeout=8 * PING,
+        ws_ping_timeout=40 * PING,  # 12 s: a loaded machine records slowly
         push=PushLimits(outbox_frames=20, outbox_bytes=1 << 16),
         limits=Limits(max_response_bytes=1 << 16),
     )

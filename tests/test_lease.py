@@ -38,6 +38,7 @@ from field.store.memory import MemoryEventLog
 from field.subscriptions.stream import parse_cursor
 
 from .postgres_util import fresh_database
+from .test_service import operate
 from .test_webhooks import Receiver, in_order_without_loss
 
 psycopg = pytest.importorskip("psycopg", reason="SKIPPED PostgreSQL tests: psycopg missing")
@@ -358,22 +359,7 @@ class Shared:
         self.service.listeners.add(lambda _: self.published.set())
 
     async def send(self, operation: str, agent: str, payload: dict[str, Any]) -> dict[str, Any]:
-        envelope = {
-            "protocol": "akashik",
-            "version": "0.1.0",
-            "id": f"msg-{secrets.token_hex(4)}",
-            "operation": operation,
-            "agent_id": agent,
-            "session_id": None,
-            "epoch": 0,
-            "payload": payload,
-        }
-        token = self.tokens.get(agent)
-        outcome = await self.service.execute(
-            lambda field: field.handle(envelope, token=token, operation=operation),
-            operation=operation,
-        )
-        return outcome.response
+        return await operate(self.service, operation, agent, payload, self.tokens.get(agent))
 
     async def start(self, receiver_url: str) -> str:
         """Two agents, and the reader's webhook subscription (its id)."""

@@ -57,6 +57,22 @@ def envelope(operation: str, agent_id: str, payload: dict[str, Any]) -> dict[str
     }
 
 
+async def operate(
+    service: FieldService,
+    operation: str,
+    agent_id: str,
+    payload: dict[str, Any],
+    token: str | None = None,
+) -> dict[str, Any]:
+    """One operation through the service's writer, as a transport runs it: its response."""
+    message = envelope(operation, agent_id, payload)
+    outcome = await service.execute(
+        lambda field: field.handle(message, token=token, operation=operation),
+        operation=operation,
+    )
+    return dict(outcome.response)
+
+
 class Client:
     def __init__(self, service: FieldService) -> None:
         self.service = service
