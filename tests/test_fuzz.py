@@ -127,8 +127,12 @@ documents = (
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[ThreadedServer]:
-    # no rate limit: the fuzzer's one agent sends thousands of bodies, and each must be read
-    running = ThreadedServer(Config(data_dir=None, log_level="critical", agent_rate=0)).start()
+    # no rate limit: the fuzzer's one agent sends thousands of bodies, and each must be read.
+    # No keepalive pings either, on either side: websockets makes their payloads with the
+    # random module, and Hypothesis fails a draw during which the random module was used
+    # (the server runs in this process; on a slow machine the fuzzing outlasts a ping).
+    config = Config(data_dir=None, log_level="critical", agent_rate=0, ws_ping_interval=3600.0)
+    running = ThreadedServer(config).start()
     yield running
     running.stop()
 
@@ -199,7 +203,8 @@ def test_http_inputs(
 @pytest.fixture(scope="module")
 def websocket(server: ThreadedServer, token: str) -> Iterator[ClientConnection]:
     url = f"ws://127.0.0.1:{server.port}/v1/ws"
-    with connect(url, additional_headers={"Authorization": f"Bearer {token}"}) as ws:
+    headers = {"Authorization": f"Bearer {token}"}
+    with connect(url, additional_headers=headers, ping_interval=None) as ws:
         yield ws
 
 
