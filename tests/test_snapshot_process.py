@@ -96,7 +96,9 @@ async def test_a_restarted_server_starts_from_its_snapshot(
         status = await field.status()
         assert_valid("field-status.response", status)
         assert status["snapshot"]["started_from"] == position == written["position"]
-        assert status["log"]["last_position"] == last
+        # on PostgreSQL the restarted node, the only one, claims the deliveries' lease in
+        # the log (delivery.term, with a clock reservation if its epoch needs one)
+        assert last <= status["log"]["last_position"] <= last + 2
         reader = _agent(field, "reader", tokens[1], "strategist")
         assert await _reads(reader) == before
         writer = _agent(field, "writer", tokens[0], "market_researcher")
