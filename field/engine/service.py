@@ -644,10 +644,7 @@ class FieldService:
 
     def _publish(self, stored: list[StoredEntry]) -> None:
         """Publish ``stored`` to every listener at once (entries the writer did not write)."""
-        if not stored:
-            return
-        self.published = max(self.published, stored[-1].position)
-        if self._hold(stored):
+        if not self._due(stored):
             return
         for listener in self.listeners.ordered:
             try:
@@ -660,12 +657,16 @@ class FieldService:
     async def _publish_in_slices(self, stored: list[StoredEntry]) -> None:
         """Publish ``stored``, letting the loop run every :data:`PUBLISH_SLICE` seconds:
         a batch's fan-out may take long, and requests are read (and refused) meanwhile."""
+        if self._due(stored):
+            await self._publish_now(stored)
+
+    def _due(self, stored: list[StoredEntry]) -> bool:
+        """Hand ``stored`` to the listeners' side (:attr:`published` passes it); whether it
+        is published now, or waits for its units' embeddings (:meth:`_hold`)."""
         if not stored:
-            return
+            return False
         self.published = max(self.published, stored[-1].position)
-        if self._hold(stored):
-            return
-        await self._publish_now(stored)
+        return not self._hold(stored)
 
     async def _publish_now(self, stored: list[StoredEntry]) -> None:
         loop = asyncio.get_running_loop()
