@@ -113,7 +113,10 @@ class HTTPBinding:
             except ClientDisconnect:
                 # the client left before its body arrived: nothing ran, no one to answer
                 return Response(status_code=400)
-        return json_response(absolute_urls(outcome.response, str(request.base_url).rstrip("/")))
+        response = outcome.response
+        if "ws_url" in response:  # SUBSCRIBE's: built from the Host header, for it alone
+            response = absolute_urls(response, str(request.base_url).rstrip("/"))
+        return json_response(response)
 
     async def _read(
         self, request: Request, job: Callable[[Field, AgentRecord], dict[str, Any]]
