@@ -2,6 +2,8 @@
 
     python benchmarks/fanout.py [--subscribers 1000 10000] [--sse 1000] [--procs 3]
                                 [--units N] [--rate 50000] [--deflate] [--no-redis]
+                                [--no-jetstream] [--jetstream-sync always|default]
+                                [--nats-server PATH]
                                 [--metrics on off] [--rounds 2] [--no-admission]
 
 For each subscriber count S, starts ``field serve --in-memory`` as a child
@@ -32,6 +34,25 @@ with S subscriber connections (same client processes) SUBSCRIBEd to one
 channel, and a publisher PUBLISHing the same number of messages of the
 size of a real notification, in the same two phases (the acknowledgement
 is PUBLISH's reply).
+
+The durable peer, in the same run: NATS JetStream (a private ``nats-server -js``
+on a free loopback port, see ``_jetstream.py``), one stream on file storage
+(``--jetstream-sync always``, the default: an fsync after every write, before
+the publish is acknowledged; ``default``: the server's, an fsync every two
+minutes), S subscribers in the same client processes, each with its own NATS
+connection and its own ordered push consumer on the stream (see
+``JetStreamSubscriber`` for why that kind), and a publisher publishing the same
+messages as Redis's in the same two phases, each awaiting its acknowledgement
+(``js.publish``); the latency counts from that acknowledgement, as the Field's
+from the RECORD's. ``--no-jetstream`` skips it; without nats-py or a
+``nats-server`` (both in the ``bench`` extra) it is skipped with a line saying
+so. The Field itself runs ``--in-memory`` here, as before: its durable writes
+are ``writes.py``'s.
+
+Every Redis and JetStream subscriber checks that each message is the one after
+the last it received (the publisher numbers them): a gap is counted as lost, a
+number not above the last as repeated or out of order. For every transport,
+the delivered count must equal units x subscribers.
 
 The clients are deliberately lean (raw asyncio protocols: WebSocket
 frames, chunked SSE and RESP parsed by hand, one ``orjson.loads`` per
@@ -85,6 +106,7 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any
 
+import _jetstream
 import aiohttp
 import orjson
 from _common import (
@@ -112,6 +134,11 @@ CONNECT_CONCURRENCY = 64
 #: HTTP requests a client process has in flight while registering.
 SETUP_CONCURRENCY = 16
 CHANNEL = b"fanout"
+#: The JetStream peer's stream and its one subject.
+JS_STREAM = "fanout"
+JS_SUBJECT = "fanout.notifications"
+#: Client kinds that are a broker peer: no agents to register, numbered copies.
+BROKERS = ("redis", "jetstream")
 #: Requests of this process that the Field refused for now (see ``_post``).
 REFUSALS = Refusals()
 
@@ -257,13 +284,27 @@ class Sink:
     anomalies: collections.Counter[str] = field(default_factory=collections.Counter)
     sample: bytes | None = None
 
-    def notified(self, client: Any, notification: bytes, now: float) -> None:
+    def notified(self, client: Any, notification: bytes, now: float) -> str:
+        """Count a notification received by ``client``; its memory_unit_id."""
         data = orjson.loads(notification)
-        self.receipts[data["memory_unit_id"]].append(now)
+        unit: str = data["memory_unit_id"]
+        self.receipts[unit].append(now)
         self.total += 1
         client.received += 1
         if self.sample is None:
             self.sample = bytes(notification)
+        return unit
+
+    def in_sequence(self, client: Any, unit: str) -> None:
+        """A broker peer's message must be the one after the last that ``client`` received:
+        its publisher numbers the copies 1, 2, 3... (``mem-<serial in hex>``) across both
+        phases, so a gap is a loss, and a number not above the last a repeat or a reordering."""
+        serial = int(unit[4:], 16)
+        if serial > client.last + 1:
+            self.anomalies["gap (lost)"] += 1
+        elif serial <= client.last:
+            self.anomalies["repeated or out of order"] += 1
+        client.last = max(client.last, serial)
 
     def take(self) -> dict[str, list[float]]:
         receipts, self.receipts = self.receipts, collections.defaultdict(list)
@@ -277,6 +318,8 @@ class _Client(asyncio.Protocol):
         self.sink = sink
         self.ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.received = 0
+        #: the last serial received from a broker peer's publisher (see Sink.in_sequence)
+        self.last = 0
         self.buf = bytearray()
         self.transport: Any = None
 
@@ -519,7 +562,7 @@ class RedisSubscriber(_Client):
                 break
             items, pos = parsed
             if items[0] == b"message":
-                self.sink.notified(self, items[2], now)
+                self.sink.in_sequence(self, self.sink.notified(self, items[2], now))
             elif items[0] == b"subscribe":
                 if not self.ready.done():
                     self.ready.set_result(None)
@@ -553,6 +596,64 @@ def _resp_array(buf: bytearray, pos: int) -> tuple[list[Any], int] | None:
         else:
             items.append(value)
     return items, pos
+
+
+class JetStreamSubscriber:
+    """One subscriber of the JetStream peer: its own NATS connection (nats-py) and its own
+    ordered push consumer on the stream, created when it connects.
+
+    An ordered push consumer is what a JetStream deployment gives each of many independent
+    readers that all want every message: ephemeral, in the server's memory, no
+    acknowledgement per message, flow control and idle heartbeats, and the client checks the
+    consumer's sequence and recreates the consumer from the last message it had on a gap
+    (so it neither loses nor repeats). That is the closest peer to a Field subscriber, which
+    acknowledges no notification either and resumes from its cursor. The receive time is
+    taken when nats-py has parsed the message off the socket and queues it for the callback
+    (:meth:`_stamp`), as the hand-parsed clients take it on the socket read: not after the
+    queue's hop to the callback's task, which a loaded client process would add to the
+    latency.
+    """
+
+    def __init__(self, sink: Sink) -> None:
+        self.sink = sink
+        self.received = 0
+        self.last = 0
+        self.nc: Any = None
+
+    async def open(self, url: str) -> None:
+        self.nc = await _jetstream.connect(url)
+        js = self.nc.jetstream(timeout=CONNECT_TIMEOUT)
+        sub = await js.subscribe(
+            JS_SUBJECT, stream=JS_STREAM, cb=self._message, ordered_consumer=True
+        )
+        self._stamp(sub)
+        await self.nc.flush()  # the SUB has reached the server
+
+    @staticmethod
+    def _stamp(sub: Any) -> None:
+        """Stamp each message with the time nats-py queues it for the callback (its read
+        loop, right after parsing it). Without that queue (another nats-py than the pinned
+        one) :meth:`_message` takes the time itself."""
+        queue = getattr(sub, "_pending_queue", None)
+        if queue is None:
+            return
+        put = queue.put_nowait
+
+        def stamped(msg: Any) -> None:
+            msg.received_at = time.time()
+            put(msg)
+
+        queue.put_nowait = stamped
+
+    async def _message(self, msg: Any) -> None:
+        now = getattr(msg, "received_at", None) or time.time()
+        self.sink.in_sequence(self, self.sink.notified(self, msg.data, now))
+
+    async def aclose(self) -> None:
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+            self.nc = None
 
 
 # -- the client process -----------------------------------------------------------
@@ -612,11 +713,30 @@ async def _setup(spec: dict[str, Any], counter: Any) -> list[tuple[str, str, str
 
 async def _connect(
     spec: dict[str, Any], agents: list[tuple[str, str, str]], sink: Sink, counter: Any
-) -> tuple[list[_Client], int]:
-    """Open one connection per subscriber; wait for each one's ``live`` (or subscribe)."""
+) -> tuple[list[Any], int]:
+    """Open one connection per subscriber; wait for each one's ``live`` (or subscribe, or
+    the JetStream consumer's creation)."""
     loop = asyncio.get_running_loop()
     gate = asyncio.Semaphore(CONNECT_CONCURRENCY)
     kind, port = spec["kind"], spec["port"]
+
+    async def subscriber() -> JetStreamSubscriber | None:
+        async with gate:
+            client = JetStreamSubscriber(sink)
+            try:
+                await asyncio.wait_for(client.open(f"nats://{HOST}:{port}"), CONNECT_TIMEOUT)
+            except Exception as exc:  # nats-py's errors, a timeout
+                sink.anomalies[f"connect: {type(exc).__name__} {exc}"] += 1
+                await client.aclose()
+                return None
+        with counter.get_lock():
+            counter.value += 1
+        return client
+
+    if kind == "jetstream":
+        subscribers = await asyncio.gather(*(subscriber() for _ in range(spec["count"])))
+        opened = [c for c in subscribers if c is not None]
+        return opened, spec["count"] - len(opened)
 
     def factory(agent: tuple[str, str, str] | None) -> _Client:
         if kind == "ws":
@@ -641,7 +761,7 @@ async def _connect(
             counter.value += 1
         return client
 
-    targets: list[Any] = list(agents) if kind != "redis" else [None] * spec["count"]
+    targets: list[Any] = list(agents) if kind not in BROKERS else [None] * spec["count"]
     opened = await asyncio.gather(*(one(a) for a in targets))
     clients = [c for c in opened if c is not None]
     return clients, len(targets) - len(clients)
@@ -651,12 +771,12 @@ async def _client(pipe: Any, spec: dict[str, Any], counter: Any) -> None:
     loop = asyncio.get_running_loop()
     sink = Sink()
     agents: list[tuple[str, str, str]] = []
-    clients: list[_Client] = []
+    clients: list[Any] = []  # _Client, or JetStreamSubscriber
     while True:
         command = await loop.run_in_executor(None, pipe.recv)
         op = command[0]
         if op == "setup":
-            if spec["kind"] != "redis":
+            if spec["kind"] not in BROKERS:
                 agents = await _setup(spec, counter)
             pipe.send(("ok", len(agents), REFUSALS.as_dict()))
             REFUSALS.counts.clear()
@@ -679,8 +799,11 @@ async def _client(pipe: Any, spec: dict[str, Any], counter: Any) -> None:
             }
             pipe.send(("ok", reply))
         elif op == "close":
-            for client in clients:
-                client.close()
+            if spec["kind"] == "jetstream":
+                await asyncio.gather(*(client.aclose() for client in clients))
+            else:
+                for client in clients:
+                    client.close()
             await asyncio.sleep(0.2)
             pipe.send(("ok",))
             return
@@ -871,6 +994,57 @@ class RedisPublisher:
             self.writer = None
 
 
+class JetStreamPublisher:
+    """Publishes copies of a notification with a fresh memory_unit_id each to the stream,
+    each awaiting its acknowledgement (``js.publish``: stored, and with ``sync_interval:
+    always`` flushed to disk); sent concurrently on one connection when paced."""
+
+    def __init__(self, port: int, sample: bytes) -> None:
+        self.url = f"nats://{HOST}:{port}"
+        unit = orjson.loads(sample)["memory_unit_id"].encode()
+        self.head, _, self.tail = sample.partition(unit)
+        self.serial = 0
+        self.sent: dict[str, float] = {}
+        self.refusals = Refusals()  # none: JetStream refuses nothing for load here
+        self.nc: Any = None
+        self.js: Any = None
+
+    async def start(self) -> None:
+        await self.close()
+        self.nc = await _jetstream.connect(self.url)
+        self.js = self.nc.jetstream(timeout=30)
+
+    async def one(self) -> tuple[str, float]:
+        self.serial += 1
+        unit = f"mem-{self.serial:020x}"
+        message = self.head + unit.encode() + self.tail
+        self.sent[unit] = time.time()
+        ack = await self.js.publish(JS_SUBJECT, message)
+        acked = time.time()
+        if ack.stream != JS_STREAM or ack.duplicate:
+            raise RuntimeError(f"publish not stored: {ack}")
+        return unit, acked
+
+    async def close(self) -> None:
+        if self.nc is not None:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
+            self.nc = self.js = None
+
+
+def start_jetstream(args: argparse.Namespace, clients: int) -> tuple[Any, int]:
+    """A private ``nats-server -js`` (file storage in a fresh directory, removed on stop)
+    with the stream created: (server, port)."""
+    server = _jetstream.JetStreamServer(args.nats_server, args.jetstream_sync, clients=clients)
+    server.start()
+    try:
+        asyncio.run(_jetstream.add_stream(server.url, JS_STREAM, JS_SUBJECT))
+    except BaseException:
+        server.stop()
+        raise
+    return server, server.port
+
+
 async def paced(writer: Any, units: int, per_second: float) -> dict[str, float]:
     """Send ``units`` at a steady rate, each at its time (open loop)."""
     loop = asyncio.get_running_loop()
@@ -970,9 +1144,12 @@ def run_case(
     metrics: str = "on",
 ) -> tuple[list[Row], bytes | None]:
     """Start a server and clients, run the paced and flat-out phases, stop everything."""
-    kind = {"websocket": "ws", "sse": "sse", "redis": "redis"}[transport]
+    kind = {"websocket": "ws", "sse": "sse", "redis": "redis", "jetstream": "jetstream"}[transport]
+    server: Any
     if kind == "redis":
         server, port = start_redis(subscribers)
+    elif kind == "jetstream":
+        server, port = start_jetstream(args, subscribers)
     else:
         flags = ["--ws-deflate"] if args.deflate else []
         flags += ["--no-metrics"] if metrics == "off" else []
@@ -984,7 +1161,7 @@ def run_case(
         pool = ClientPool(kind, subscribers, args.procs, port, deflate=args.deflate)
         label = f"{kind} {subscribers / 1000:g}k"
         setup_refused = Refusals()
-        for reply in pool.ask(("setup",), f"{label} setup" if kind != "redis" else None):
+        for reply in pool.ask(("setup",), f"{label} setup" if kind not in BROKERS else None):
             setup_refused.add(reply[2])
         replies = pool.ask(("connect",), f"{label} conn", timeout=CONNECT_TIMEOUT + 60)
         failed = sum(r[2] for r in replies)
@@ -995,6 +1172,9 @@ def run_case(
         if kind == "redis":
             assert sample is not None
             writer: Any = RedisPublisher(port, sample)
+        elif kind == "jetstream":
+            assert sample is not None
+            writer = JetStreamPublisher(port, sample)
         else:
             writer = FieldWriter(port)
 
@@ -1028,7 +1208,7 @@ def run_case(
                         per_conn,
                     )
                     sample = sample or found
-                    row.metrics = "" if kind == "redis" else metrics
+                    row.metrics = "" if kind in BROKERS else metrics
                     row.refused, row.setup_refused = writer.refusals, setup_refused
                     rows.append(row)
                     print(
@@ -1043,7 +1223,7 @@ def run_case(
         if pool is not None:
             pool.close()
         server.stop()
-        if server.process.returncode not in (0, None) and kind != "redis":
+        if server.process.returncode not in (0, None) and kind not in BROKERS:
             print("\n".join(server.lines), file=sys.stderr)
     return rows, sample
 
@@ -1063,6 +1243,19 @@ def main() -> None:
     )
     parser.add_argument("--deflate", action="store_true", help="offer permessage-deflate (WS)")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis baseline")
+    parser.add_argument("--no-jetstream", action="store_true", help="skip the NATS JetStream peer")
+    parser.add_argument(
+        "--nats-server",
+        metavar="PATH",
+        help="the nats-server binary (default: the one beside this Python, else on PATH)",
+    )
+    parser.add_argument(
+        "--jetstream-sync",
+        choices=_jetstream.SYNC_POLICIES,
+        default="always",
+        help="JetStream's file store: fsync every write before its acknowledgement (always, "
+        "server 2.10 and later) or the server's default (every 2 min)",
+    )
     parser.add_argument(
         "--metrics",
         nargs="+",
@@ -1088,6 +1281,20 @@ def main() -> None:
                 rows.extend(found)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop children on the way out
+    jetstream = not args.no_jetstream
+    if jetstream:
+        args.nats_server = _jetstream.find_server(args.nats_server)
+        skipped = _jetstream.skip_reason(args.nats_server)
+        if skipped is not None:
+            print(skipped, file=sys.stderr)
+            jetstream = False
+        elif args.jetstream_sync == "always" and not _jetstream.supports_always(args.nats_server):
+            print(
+                "this nats-server has no sync_interval: always (2.10 and later): JetStream runs "
+                "with its default sync",
+                file=sys.stderr,
+            )
+            args.jetstream_sync = "default"
     limit = raise_nofile()
     need = max([*args.subscribers, *args.sse]) + 200
     if limit < need:
@@ -1101,6 +1308,8 @@ def main() -> None:
             field_cases(transport, size, units)
         if not args.no_redis:
             rows.extend(run_case("redis", size, units, args, sample)[0])
+        if jetstream:
+            rows.extend(run_case("jetstream", size, units, args, sample)[0])
     for size in args.sse:  # SSE sizes not among --subscribers
         if size not in args.subscribers:
             units = args.units or (100 if size <= 1000 else 20)
@@ -1135,17 +1344,31 @@ def main() -> None:
             f"  ! {r.transport} {r.subscribers:,} {r.phase}: {r.delivered:,} of {r.expected:,} "
             f"delivered; {r.anomalies or ''}"
         )
-    baseline = {(r.subscribers, r.phase): r for r in rows if r.transport == "redis"}
-    for r in rows:
-        base = baseline.get((r.subscribers, r.phase))
-        if r.transport != "redis" and base is not None and base.throughput:
-            print(
-                f"{r.transport} {r.subscribers:,} {r.phase}: {r.throughput / base.throughput:.2f}x "
-                f"Redis's delivered msgs/s (p99 {r.p99:.1f} ms vs {base.p99:.1f} ms)"
-            )
+    for peer, name in (("redis", "Redis"), ("jetstream", "JetStream")):
+        baseline = {(r.subscribers, r.phase): r for r in rows if r.transport == peer}
+        for r in rows:
+            base = baseline.get((r.subscribers, r.phase))
+            if r.transport not in BROKERS and base is not None and base.throughput:
+                # a p99 at or below zero (received before the writer read its answer) has no ratio
+                p99 = f"{r.p99 / base.p99:.2f}x" if r.p99 > 0 and base.p99 > 0 else "no ratio"
+                print(
+                    f"{r.transport} {r.subscribers:,} {r.phase}: "
+                    f"{r.throughput / base.throughput:.2f}x {name}'s delivered msgs/s; p99 "
+                    f"{r.p99:.1f} ms vs {base.p99:.1f} ms ({p99})"
+                )
     if len(settings) == 2:
         compare_metrics(rows)
-    print("targets: >= 50,000 delivered notifications/s, p99 <= 50 ms with 1,000 subscribers")
+    if jetstream:
+        version = ".".join(map(str, _jetstream.server_version(args.nats_server)))
+        print(
+            f"JetStream: nats-server {version}, one stream on file storage with "
+            f"{_jetstream.describe_policy(args.jetstream_sync)};\n  one connection and one "
+            "ordered push consumer per subscriber; latency from the publish's acknowledgement"
+        )
+    print(
+        "targets: >= 50,000 delivered notifications/s, p99 <= 50 ms with 1,000 subscribers; "
+        "p99 paced at 20,000/s <= 2x Redis's"
+    )
 
 
 def compare_metrics(rows: list[Row]) -> None:

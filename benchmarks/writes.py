@@ -2,6 +2,7 @@
 
     python benchmarks/writes.py [--clients 32] [--seconds 8] [--sync full normal]
                                 [--metrics on off] [--rounds 3] [--no-baseline]
+                                [--no-jetstream] [--nats-server PATH]
     python benchmarks/writes.py --embedders hashing wordllama [--rounds 2] [--sync full]
 
 For each ``--sync`` mode, starts two ``field serve`` processes on loopback
@@ -13,7 +14,19 @@ RECORD after RECORD for ``--warmup`` + ``--seconds`` seconds:
 * the server as configured by default (group commit: up to 512 operations
   per transaction);
 * the baseline: the same server with a batch size of 1
-  (``FIELD_MAX_BATCH=1``: one transaction, one commit, per write).
+  (``FIELD_MAX_BATCH=1``: one transaction, one commit, per write);
+* the durable peer: NATS JetStream (a private ``nats-server -js``, see
+  ``_jetstream.py``), one stream on file storage, and ``--clients`` publishers,
+  each with its own NATS connection, publishing in the same closed loop and
+  awaiting each publish's acknowledgement (``js.publish``). Each message is the
+  JSON body of a RECORD like the Field's (about 350 bytes). With ``--sync full``
+  the server runs with ``sync_interval: always`` (an fsync after every write,
+  before the acknowledgement, as SQLite's FULL flushes each commit), with
+  ``--sync normal`` with its default (the write reaches the OS before the
+  acknowledgement, an fsync every two minutes: SQLite WAL's NORMAL). A server
+  older than 2.10 has no ``always``: it then runs with its default, and the
+  script says so. After the run the stream must hold exactly the acknowledged
+  publishes, before and after a restart of the server on the same store.
 
 A RECORD is acknowledged (200 ``accepted``) only once its log entry is
 committed. After each run the script checks that ``GET /v1/field/status``
@@ -23,11 +36,16 @@ many ``memory.recorded`` entries.
 Prints RECORD/s, p50/p99 latency (ms, over the measured window), the CPU
 the server and the load generator used, the requests the server refused
 (``503 OVERLOADED`` or ``429 RATE_LIMITED``), and the ratio group commit /
-one commit per write. A refused request (REGISTER or RECORD) is waited out
+one commit per write, and the Field's group commit / JetStream's acknowledged
+publishes. A refused request (REGISTER or RECORD) is waited out
 for its ``Retry-After`` and sent again, the same envelope: the Field changed
 nothing for it, so nothing is written twice; the ``refused`` column counts
 the refusals, and a line after the table names their kinds. A latency is the
 accepted attempt's, without the waits.
+
+``--no-jetstream`` skips the JetStream peer; without nats-py or a
+``nats-server`` (both in the ``bench`` extra) it is skipped with a line saying
+so. ``--nats-server PATH`` names the server binary.
 
 ``--metrics on off`` runs every case with the server's metrics on (the
 default) and off (``--no-metrics``), alternating, ``--rounds`` times each
@@ -58,6 +76,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import _jetstream
 import aiohttp
 import orjson
 from _common import LOAD_RATES, VOCABULARY, bracketed, envelope, pct, progress
@@ -301,6 +320,101 @@ def count_logged_units(data_dir: Path) -> int:
         conn.close()
 
 
+# -- the durable peer: NATS JetStream ---------------------------------------------------
+
+#: The stream and its one subject.
+STREAM = "writes"
+SUBJECT = "writes.record"
+
+
+async def publisher(
+    url: str, index: int, run: Run, start: asyncio.Event, ready: list[int], deadline: list[float]
+) -> None:
+    """One publisher: its own NATS connection; the JSON body of a RECORD, published in a closed
+    loop until the deadline, each awaiting its acknowledgement (stored in the stream)."""
+    nc = await _jetstream.connect(url)
+    try:
+        js = nc.jetstream()
+        agent = f"writer-{index:02d}"
+        rng = random.Random(index)
+        ready[0] += 1
+        await start.wait()
+        n = 0
+        while time.perf_counter() < deadline[0]:
+            body = orjson.dumps(envelope("RECORD", agent, record_payload(rng, n), 1))
+            n += 1
+            began = time.perf_counter()
+            try:
+                ack = await js.publish(SUBJECT, body, timeout=30)
+            except Exception as exc:  # a timeout or an error reply: counted, not retried
+                key = type(exc).__name__
+                run.errors[key] = run.errors.get(key, 0) + 1
+                continue
+            ended = time.perf_counter()
+            if ack.stream == STREAM and not ack.duplicate:
+                run.acknowledged += 1
+                run.samples.append((began, ended))
+            else:
+                run.errors["unexpected ack"] = run.errors.get("unexpected ack", 0) + 1
+    finally:
+        await nc.close()
+
+
+async def drive_jetstream(server: _jetstream.JetStreamServer, args: argparse.Namespace) -> Run:
+    run = Run()
+    await _jetstream.add_stream(server.url, STREAM, SUBJECT)
+    start = asyncio.Event()
+    ready = [0]
+    deadline = [float("inf")]
+    tasks = [
+        asyncio.create_task(publisher(server.url, i, run, start, ready, deadline))
+        for i in range(args.clients)
+    ]
+    while ready[0] < args.clients and not any(t.done() for t in tasks):  # all connected?
+        await asyncio.sleep(0.05)
+    now = time.perf_counter()
+    run.window = (now + args.warmup, now + args.warmup + args.seconds)
+    deadline[0] = run.window[1]
+    cpu0, client0 = server.cpu_seconds(), time.process_time()
+    start.set()
+    ticks = int((args.warmup + args.seconds) * 10)
+    label = f"js/{server.policy}"
+    for tick in range(ticks):
+        progress(tick, ticks, label)
+        if any(t.done() for t in tasks):
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.gather(*tasks)
+    progress(ticks, ticks, label)
+    run.server_cpu = server.cpu_seconds() - cpu0
+    run.client_cpu = time.process_time() - client0
+    run.status_units = await _jetstream.stream_messages(server.url, STREAM)
+    return run
+
+
+def jetstream_policy(args: argparse.Namespace, sync: str) -> str:
+    """JetStream's sync policy beside the Field's ``--sync``: ``always`` beside ``full`` when
+    the server has it, else its default."""
+    if sync == "full" and _jetstream.supports_always(args.nats_server):
+        return "always"
+    return "default"
+
+
+def run_jetstream(args: argparse.Namespace, sync: str) -> Run:
+    """JetStream beside ``--sync``; then the server restarted on the same store, whose
+    stream must still hold every acknowledged publish (``log_units``)."""
+    policy = jetstream_policy(args, sync)
+    with _jetstream.JetStreamServer(args.nats_server, policy, clients=args.clients) as server:
+        loop, _ = new_loop()
+        try:
+            run = loop.run_until_complete(drive_jetstream(server, args))
+            server.restart()
+            run.log_units = loop.run_until_complete(_jetstream.stream_messages(server.url, STREAM))
+            return run
+        finally:
+            loop.close()
+
+
 def run_case(
     args: argparse.Namespace,
     sync: str,
@@ -363,6 +477,14 @@ def mean_rate(runs: list[Run]) -> float:
     return sum(run.rate for run in runs) / len(runs)
 
 
+def cpu_per_ack(metered: list[tuple[str, str, str, Run]], sync: str, name: str) -> float:
+    """Microseconds of server CPU per acknowledged write, over the runs of ``sync`` whose
+    server's name starts with ``name``: on a shared machine, what each write costs whatever
+    share of the cores the server got."""
+    runs = [r for s, n, _, r in metered if s == sync and n.startswith(name)]
+    return sum(r.server_cpu for r in runs) / max(1, sum(r.acknowledged for r in runs)) * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=32)
@@ -383,6 +505,12 @@ def main() -> None:
     parser.add_argument(
         "--no-baseline", action="store_true", help="skip the one-commit-per-write server"
     )
+    parser.add_argument("--no-jetstream", action="store_true", help="skip the NATS JetStream peer")
+    parser.add_argument(
+        "--nats-server",
+        metavar="PATH",
+        help="the nats-server binary (default: the one beside this Python, else on PATH)",
+    )
     parser.add_argument(
         "--embedders",
         nargs="+",
@@ -401,6 +529,13 @@ def main() -> None:
     if args.embedders:
         compare_embedders(args)
         return
+    jetstream = not args.no_jetstream
+    if jetstream:
+        args.nats_server = _jetstream.find_server(args.nats_server)
+        skipped = _jetstream.skip_reason(args.nats_server)
+        if skipped is not None:
+            print(skipped, file=sys.stderr)
+            jetstream = False
     metered: list[tuple[str, str, str, Run]] = []
     cases = [("group commit", None)] + ([] if args.no_baseline else [("one commit per write", 1)])
     settings = list(dict.fromkeys(args.metrics))
@@ -414,6 +549,10 @@ def main() -> None:
                         label += f"/{metrics}{round_ + 1}"
                     run = run_case(args, sync, batch, label, metrics)
                     metered.append((sync, name, metrics, run))
+        if jetstream:
+            for _ in range(args.rounds):
+                name = f"JetStream ({jetstream_policy(args, sync)})"
+                metered.append((sync, name, "-", run_jetstream(args, sync)))
 
     _, loop_name = new_loop()
     print(
@@ -438,11 +577,23 @@ def main() -> None:
             f"{'yes' if durable else 'NO':>9}"
         )
     for sync in args.sync:
-        if args.no_baseline:
-            break
         group = mean_rate([r for s, n, _, r in metered if s == sync and n == "group commit"])
-        single = mean_rate([r for s, n, _, r in metered if s == sync and n != "group commit"])
-        print(f"--sync {sync}: group commit is {group / single:.1f}x one commit per write")
+        if not args.no_baseline:
+            single = [r for s, n, _, r in metered if s == sync and n == "one commit per write"]
+            ratio = group / mean_rate(single)
+            print(f"--sync {sync}: group commit is {ratio:.1f}x one commit per write")
+        if jetstream:
+            policy = jetstream_policy(args, sync)
+            peer = mean_rate(
+                [r for s, n, _, r in metered if s == sync and n.startswith("JetStream")]
+            )
+            print(
+                f"--sync {sync}: Field group commit {group:,.0f} RECORD/s is {group / peer:.2f}x "
+                f"JetStream's {peer:,.0f} acknowledged publishes/s\n  (JetStream with "
+                f"{_jetstream.describe_policy(policy)});\n  server CPU per acknowledged write: "
+                f"Field {cpu_per_ack(metered, sync, 'group commit'):,.0f} us, JetStream "
+                f"{cpu_per_ack(metered, sync, 'JetStream'):,.0f} us"
+            )
     if len(settings) == 2:
         for sync in args.sync:
             for name, _ in cases:
@@ -473,6 +624,19 @@ def main() -> None:
         "log, equal the acknowledged RECORDs;\nrefused: requests answered 503 OVERLOADED or "
         "429 RATE_LIMITED, each sent again after its Retry-After (not an error)"
     )
+    if jetstream:
+        version = ".".join(map(str, _jetstream.server_version(args.nats_server)))
+        print(
+            f"JetStream: nats-server {version}, one stream on file storage, {args.clients} "
+            "publishers with a connection each, every publish awaiting its acknowledgement; "
+            "durable: the stream holds\nexactly the acknowledged publishes, before and after "
+            "a restart of the server on the same store"
+        )
+        if "full" in args.sync and jetstream_policy(args, "full") != "always":
+            print(
+                f"  nats-server {version} has no sync_interval: always (2.10 and later): "
+                "beside --sync full JetStream ran with its default, a weaker durability"
+            )
     if failed:
         sys.exit(1)
 
