@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import itertools
+import os
+import sys
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -16,9 +19,11 @@ from typing import Any
 import aiohttp
 import numpy as np
 import pytest
+from threadpoolctl import ThreadpoolController
 
 from field.client import AgentClient, FieldClient, Notification
 from field.core import snapshot
+from field.engine import embedder as embedder_module
 from field.engine import service as service_module
 from field.engine.embedder import EmbeddingWorker
 from field.engine.service import FieldService
@@ -205,6 +210,124 @@ async def test_writes_wait_while_the_queue_is_full_and_go_on_as_it_drains() -> N
     finally:
         embedder.gate.set()
         await service.stop()
+
+
+class SteppedEmbedder:
+    """Hashing made heavy: each call of the model (in the worker's thread) says so to the
+    loop and waits until the test lets it through, one call per permit."""
+
+    heavy = True
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._inner = HashingEmbedder()
+        self._loop = loop
+        self.permits = threading.Semaphore(0)
+        #: the loop's queue of calls begun: (texts, the calling thread's niceness)
+        self.calls: asyncio.Queue[tuple[int, int | None]] = asyncio.Queue()
+
+    @property
+    def name(self) -> str:
+        return self._inner.name
+
+    @property
+    def dim(self) -> int:
+        return self._inner.dim
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if _NICE else None
+        self._loop.call_soon_threadsafe(self.calls.put_nowait, (len(texts), nice))
+        assert self.permits.acquire(timeout=TIMEOUT)
+        return self._inner.embed(texts)
+
+
+#: threads have priorities of their own (see field.engine.embedder._lower_priority)
+_NICE = sys.platform.startswith("linux")
+
+
+async def test_a_large_queue_is_supplied_a_step_at_a_time_with_the_loop_between() -> None:
+    """1,024 units queued at once reach the index in steps of at most ``STEP_UNITS``,
+    each its own turn of the loop: applying them in one piece on the loop (what stalled
+    every request for seconds with a sentence model) fails here."""
+    loop = asyncio.get_running_loop()
+    embedder = SteppedEmbedder(loop)
+    h = Harness(embedder=embedder)
+    h.field.state.index.deferred = True
+    h.register("a", "analyst")
+    for n in range(1024):
+        h.record("a", f"finding number {n} about prices")
+    index = h.field.state.index
+    assert (index.scorable, index.waiting) == (0, 1024)
+    worker = EmbeddingWorker(lambda: index, embedder)
+    supplied: list[int] = []
+    worker.on_progress = lambda: supplied.append(index.scorable)
+    worker.start()
+    try:
+        worker.wake()
+        steps = 0
+        while index.waiting:
+            count, _ = await asyncio.wait_for(embedder.calls.get(), TIMEOUT)
+            before = index.scorable
+            assert 1 <= count <= embedder_module.STEP_UNITS
+            embedder.permits.release()
+            await asyncio.wait_for(worker.progress(), TIMEOUT)
+            # the loop runs here, between two steps: this step's units and no more
+            assert index.scorable == before + count
+            steps += 1
+        assert steps >= 1024 // embedder_module.STEP_UNITS
+        assert supplied == sorted(supplied) and supplied[-1] == 1024
+        assert all(b - a <= embedder_module.STEP_UNITS for a, b in itertools.pairwise(supplied))
+    finally:
+        embedder.permits.release()
+        await worker.stop()
+
+
+@pytest.mark.skipif(not _NICE, reason="no per-thread priority on this platform")
+async def test_the_model_runs_in_a_thread_of_its_own_at_a_lower_priority() -> None:
+    loop = asyncio.get_running_loop()
+    embedder = SteppedEmbedder(loop)
+    h = Harness(embedder=embedder)
+    h.field.state.index.deferred = True
+    h.register("a", "analyst")
+    h.record("a", "a finding about prices")
+    index = h.field.state.index
+    own = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+    worker = EmbeddingWorker(lambda: index, embedder)
+    worker.start()
+    try:
+        worker.wake()
+        _, nice = await asyncio.wait_for(embedder.calls.get(), TIMEOUT)
+        assert nice == max(own, embedder_module.MODEL_NICENESS) and nice > 0
+        assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) == own
+        embedder.permits.release()
+        await asyncio.wait_for(worker.caught_up(1, None), TIMEOUT)
+    finally:
+        embedder.permits.release()
+        await worker.stop()
+
+
+def _blas_threads() -> list[int]:
+    return [i["num_threads"] for i in ThreadpoolController().info() if i["user_api"] == "blas"]
+
+
+async def test_blas_runs_on_one_thread_while_any_worker_runs_then_as_before() -> None:
+    """The loop's own products run beside the model: one BLAS thread from the first
+    worker's start to the last one's stop, then the count set before."""
+    before = _blas_threads()
+    if not before:
+        pytest.skip("NumPy reports no BLAS library")
+    index = Harness(embedder=HashingEmbedder()).field.state.index
+    first = EmbeddingWorker(lambda: index, HashingEmbedder())
+    second = EmbeddingWorker(lambda: index, HashingEmbedder())
+    with ThreadpoolController().limit(limits=2, user_api="blas"):
+        assert set(_blas_threads()) == {2}
+        first.start()
+        assert set(_blas_threads()) == {embedder_module.BLAS_THREADS}
+        second.start()
+        await first.stop()
+        assert set(_blas_threads()) == {embedder_module.BLAS_THREADS}  # the second runs
+        await second.stop()
+        assert set(_blas_threads()) == {2}
+    assert _blas_threads() == before
 
 
 # -- end to end ----------------------------------------------------------------------------

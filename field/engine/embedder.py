@@ -24,6 +24,18 @@ in a worker thread, after the units are committed:
   while it is full the writer takes no batch of writes, so they queue and
   admission control refuses them with ``OVERLOADED`` and ``Retry-After``.
 
+What the event loop does with the model's output is bounded by the step:
+taking one step's rows into the index (and its calibration sums) is a
+32-row product, well under a millisecond, and the loop runs between two
+steps. Two things keep the model from taking the loop's CPU instead: the
+model runs in a thread of its own at a lower priority
+(:data:`MODEL_NICENESS`, where the OS allows a thread one), so the loop and
+the log's appends get a core first and the model the rest; and BLAS runs
+on one thread (:data:`BLAS_THREADS`) while a worker runs, for the model and
+the loop alike: with a thread per core, the loop's small products waited
+for cores the model held (a 32-row product took 20 ms instead of 0.5, a
+few hundred at worst).
+
 ``field_embedding_queue_units`` in ``/metrics`` and ``embedding`` in
 ``/status`` show the depth. Nothing here is durable: after a restart the
 replay embeds every unit again, as it always has.
@@ -34,7 +46,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import sys
+import threading
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy.typing as npt
@@ -56,18 +72,58 @@ MAX_QUEUED_CHARS = 64 << 20
 READ_WAIT = 1.0
 #: Seconds before trying again after the model failed on a step.
 RETRY_SECONDS = 1.0
-#: BLAS threads while the model runs.
+#: BLAS threads while a worker runs (the model's and the event loop's products alike).
 BLAS_THREADS = 1
+#: The model thread's niceness (0-19: higher yields the CPU sooner; see _lower_priority).
+MODEL_NICENESS = 10
 
 
-def _embedded(
-    embedder: Embedder, texts: Sequence[str], blas: ThreadpoolController
-) -> tuple[Vectors, npt.NDArray[Any]]:
-    # one BLAS thread while the model runs (OpenBLAS's count is the process's: matrix
-    # products on the event loop meanwhile take one too): on a machine of few cores a
-    # thread per core beside the loop made the model 4-10 times slower, not faster
-    with blas.limit(limits=BLAS_THREADS, user_api="blas"):
-        return quantize(embedder.embed(texts))
+class _OneBlasThread:
+    """BLAS (OpenBLAS's count is the process's) on one thread while any worker runs.
+
+    The model runs in its worker thread and the event loop runs the Field's
+    own products (calibration sums, ranking, matching) meanwhile; on a machine
+    of few cores a BLAS thread per core beside them is far slower, not faster:
+    the model took 4-10 times as long per text, and a 32-row product on the
+    loop took 20 ms instead of 0.5 ms (a few hundred ms at worst), its threads
+    waiting for cores the model and the connections held. Counted, so that
+    the first worker to start sets one thread and the last to stop restores
+    what was set before.
+    """
+
+    def __init__(self) -> None:
+        self._users = 0
+        self._limiter: Any = None
+
+    def hold(self) -> None:
+        if self._users == 0:
+            self._limiter = ThreadpoolController().limit(limits=BLAS_THREADS, user_api="blas")
+        self._users += 1
+
+    def release(self) -> None:
+        self._users -= 1
+        if self._users == 0 and self._limiter is not None:
+            self._limiter.restore_original_limits()
+            self._limiter = None
+
+
+_ONE_BLAS_THREAD = _OneBlasThread()
+
+
+def _embedded(embedder: Embedder, texts: Sequence[str]) -> tuple[Vectors, npt.NDArray[Any]]:
+    return quantize(embedder.embed(texts))
+
+
+def _lower_priority() -> None:
+    """Run the calling thread (the model's) at :data:`MODEL_NICENESS`: where the OS lets a
+    thread have its own priority (Linux, where a thread's id names it to setpriority), the
+    loop and the log's writes take a core first and the model the rest; elsewhere (a
+    thread's id there may be another process's), or if refused, the thread runs as it is."""
+    if not sys.platform.startswith("linux"):
+        return
+    with contextlib.suppress(AttributeError, OSError):
+        current = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), max(current, MODEL_NICENESS))
 
 
 class EmbeddingWorker:
@@ -93,7 +149,9 @@ class EmbeddingWorker:
         self._step = (step_units, step_chars)
         self._max = (max_units, max_chars)
         self._task: asyncio.Task[None] | None = None
-        self._blas = ThreadpoolController()
+        #: the model's own thread: never one of the loop's default executor, which the
+        #: log's appends use, and run at a lower priority than the loop's
+        self._thread: ThreadPoolExecutor | None = None
         self._work = asyncio.Event()
         #: set (and replaced) after every step: what waiters of progress wait for
         self._progress = asyncio.Event()
@@ -101,6 +159,10 @@ class EmbeddingWorker:
         self.on_progress: Callable[[], None] | None = None
 
     def start(self) -> None:
+        _ONE_BLAS_THREAD.hold()
+        self._thread = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix="field-embed", initializer=_lower_priority
+        )
         self._task = asyncio.create_task(self._run(), name="field-embeddings")
 
     async def stop(self) -> None:
@@ -109,6 +171,10 @@ class EmbeddingWorker:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        if self._thread is not None:
+            self._thread.shutdown(wait=False)  # a step under way ends on its own
+            self._thread = None
+            _ONE_BLAS_THREAD.release()
 
     def wake(self) -> None:
         """Units were queued: embed them."""
@@ -159,8 +225,8 @@ class EmbeddingWorker:
                 continue
             start, texts = index.queued(*self._step)
             try:
-                rows, squares = await asyncio.to_thread(
-                    _embedded, self._embedder, texts, self._blas
+                rows, squares = await asyncio.get_running_loop().run_in_executor(
+                    self._thread, _embedded, self._embedder, texts
                 )
             except Exception:
                 logger.exception(
