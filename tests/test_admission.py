@@ -5,8 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -26,7 +25,7 @@ from field.engine.admission import (
     WriteBudget,
     work_of,
 )
-from field.engine.service import PUBLISH_SLICE, FieldService
+from field.engine.service import FieldService
 from field.server.config import Config
 
 from .conftest import ThreadedServer
@@ -256,52 +255,6 @@ async def test_writes_past_the_budget_are_refused_before_the_queue_until_answere
     await asyncio.gather(first, second)
     assert service.admission.writes.in_flight == 0
     await client.record("admitted again")
-
-
-def _spin(seconds: float) -> None:
-    """Hold the event loop for ``seconds`` (work that does not yield)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-async def test_a_write_s_cost_is_its_own_publishing_not_what_the_loop_ran_between_slices(
-    held: Any,
-) -> None:
-    """The write budget is the writer's own work: while a batch's fan-out yields between
-    slices, the loop serves every other connection, and that time is theirs."""
-    service, _, client, _ = held
-    service.admission.writes = WriteBudget(0.1)  # measured afresh: this batch alone
-
-    publishing = asyncio.Event()
-
-    def listener(stored: Any) -> Iterator[None]:
-        publishing.set()
-        for _ in range(4):
-            _spin(PUBLISH_SLICE)  # a slice of fan-out each: the writer yields after each
-            yield
-        publishing.clear()
-
-    service.listeners.add(listener)
-    hogged = 0.0
-
-    async def hog() -> None:  # another connection's work while the batch is published
-        nonlocal hogged
-        await publishing.wait()
-        while publishing.is_set():
-            started = time.perf_counter()
-            _spin(0.02)
-            hogged += time.perf_counter() - started
-            await asyncio.sleep(0)
-
-    hogging = asyncio.ensure_future(hog())
-    await client.record("fanned out in four slices")
-    await hogging
-    budget = service.admission.writes
-    assert hogged >= 0.04  # the loop ran it between the slices, twice at least
-    assert budget.per_write is not None and budget.fixed is not None
-    # four slices of its own (20 ms, and what a slow machine adds), not the other 40+ ms
-    assert budget.per_write + budget.fixed < 4 * PUBLISH_SLICE + hogged / 2
 
 
 # -- over HTTP ---------------------------------------------------------------------------

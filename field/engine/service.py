@@ -211,11 +211,8 @@ class FieldService:
         #: order; a listener may return its work as steps (an iterator), which the writer
         #: runs a slice of :data:`PUBLISH_SLICE` seconds at a time, the loop running between
         self.listeners = Listeners()
-        #: seconds the current batch has spent publishing so far, and the seconds its
-        #: publishing gave the rest of the loop between slices (the write budget counts
-        #: a batch's own work, not what the loop ran meanwhile)
+        #: seconds the current batch has spent publishing so far
         self._publishing = 0.0
-        self._yielded = 0.0
         #: what :meth:`when_answered` was given while the current batch was published
         self._after_answers: list[tuple[Callable[..., object], tuple[object, ...]]] = []
         #: called with the agent of every operation that succeeded (:meth:`tell_seen`)
@@ -502,7 +499,7 @@ class FieldService:
                 self._on_batch(len(batch))
             loop = asyncio.get_running_loop()
             started = loop.time()
-            self._publishing = self._yielded = 0.0
+            self._publishing = 0.0
             self.busy = True
             try:
                 if self.embeddings is not None and any(p.writes for p in batch):
@@ -531,7 +528,7 @@ class FieldService:
                 for _ in batch:
                     self._queue.task_done()
                 await self._release()
-                took = loop.time() - started - self._yielded
+                took = loop.time() - started
                 writes = sum(p.writes for p in batch)
                 self.admission.writes.measured(writes, self._publishing, took - self._publishing)
             # Let the connections run between batches: with a log that never
@@ -678,13 +675,9 @@ class FieldService:
         for listener in self.listeners.ordered:  # as it was: one may leave meanwhile
             try:
                 for _ in listener(stored) or ():
-                    if (now := loop.time()) >= due:
-                        # what the loop runs meanwhile is other work, not this batch's cost
-                        self._publishing += now - started
+                    if loop.time() >= due:
                         await asyncio.sleep(0)
-                        started = loop.time()
-                        self._yielded += started - now
-                        due = started + PUBLISH_SLICE
+                        due = loop.time() + PUBLISH_SLICE
             except Exception:  # a push failure must never undo or block a commit
                 logger.exception("publishing %d entries failed", len(stored))
         self._publishing += loop.time() - started
