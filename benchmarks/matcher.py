@@ -31,6 +31,21 @@ expressions and contexts, same run: once with the context converted on every
 call, once with it converted ahead (a ``cel.Context`` with ``event`` added once
 and the rest through a resolver, as the Field does; a ``celpy`` activation
 converted once).
+
+With ``--distinct N`` (e.g. 100000) the script measures matching at N distinct
+agent profiles instead: N agents, each with its own two interests (two words
+each from the words of the labelled set, ``benchmarks/data/relevance.json``),
+hold one subscription each (memory.recorded and two other names, thresholds
+and debounce as above), so the registry holds N distinct profiles and three
+interest rows per profile (two interests and the two joined). Per embedder
+(``--embedder hashing wordllama``) it records ``2 * --events`` units and times
+the last ``--events`` (all at one calibration checkpoint, reached once before
+timing): one event at a time with a kept scope ("single", the push hub's way)
+and all of them in one call ("batch"), beside the raw cost of what matching must
+read: NumPy's product of the registry's (interest rows x dim) float32 matrix, as
+the Field stores it, by the event's unit vector (single) or by all the events'
+vectors at once (batch). ``--before TREE`` also times the matcher of another tree
+of this project on the same Field, in alternate rounds.
 """
 
 from __future__ import annotations
@@ -38,13 +53,16 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import math
+import os
 import random
+import re
 import statistics
+import sys
 import time
 from typing import Any
 
 import numpy as np
-from _common import ROLES, VOCABULARY, bracketed, envelope, progress
+from _common import ROLES, ROOT, VOCABULARY, bracketed, envelope, progress
 
 from field.contract.model import TYPE_IMPORTANCE, Limits, StoredEntry
 from field.core.field import Field, Ids
@@ -222,6 +240,167 @@ def measure(
     }
 
 
+def interest_words() -> list[str]:
+    """The words distinct interests are made of: those of the labelled set's texts (4
+    letters or more, about 1,800), then the benchmark's vocabulary."""
+    text = (ROOT / "benchmarks" / "data" / "relevance.json").read_text().lower()
+    found = sorted(set(re.findall(r"[a-z]{4,}", text)) - set(VOCABULARY))
+    return [*found, *VOCABULARY]
+
+
+def build_distinct(agents: int, units: int, embedder: str, rng: random.Random) -> Field:
+    """A Field of ``agents`` agents, each with its own two interests and one subscription,
+    and ``units`` recorded units."""
+    counter = iter(range(1, 10**9))
+    field = Field(
+        limits=Limits(max_subscriptions_per_agent=10),
+        ids=Ids(suffix=lambda: f"{next(counter):020x}"),
+        embedder=load_embedder(embedder),
+    )
+    list(field.genesis())
+    words = interest_words()
+    seen: set[tuple[str, ...]] = set()
+    for i in range(agents):
+        progress(i + 1, agents, "agents")
+        interests = (" ".join(rng.sample(words, 2)), " ".join(rng.sample(words, 2)))
+        while interests in seen:  # each agent its own pair of interests
+            interests = (" ".join(rng.sample(words, 2)), " ".join(rng.sample(words, 2)))
+        seen.add(interests)
+        payload = {
+            "id": f"a{i}",
+            "role": ROLES[i % len(ROLES)],
+            "interests": list(interests),
+            "current_task_id": f"task-{i % 50}",
+        }
+        outcome = field.handle(envelope("REGISTER", f"a{i}", payload), token=None)
+        if i == 0:
+            token = outcome.response["token"]  # a0 records the units
+        others = rng.sample([name for name in EVENT_CHOICES if name != "memory.recorded"], 2)
+        sub = {
+            "events": ["memory.recorded", *others],
+            "min_relevance": rng.choice([0.0, 0.3, 0.5, 0.7]),
+            "debounce_ms": rng.choice([0, 0, 100, 1000]),
+        }
+        payload = {"action": "subscribe", "subscription": sub}
+        field.handle(envelope("SUBSCRIBE", f"a{i}", payload), token=outcome.response["token"])
+    for n in range(units):
+        payload = {
+            "type": rng.choice(["finding", "decision", "observation"]),
+            "content": " ".join(rng.choices(words, k=12)),
+            "intent": {"purpose": "benchmark", "task_id": f"task-{n % 50}"},
+            "confidence": {"score": rng.random(), "reasoning": "generated"},
+        }
+        field.handle(envelope("RECORD", "a0", payload), token=token)
+    return field
+
+
+def tree_matcher(tree: str) -> Any:
+    """The Matcher class of another tree of this project (its ``field`` package loaded
+    under another name), to time on the same Field: it reads the registry's columns."""
+    name = "field_" + re.sub(r"\W", "_", os.path.basename(os.path.abspath(tree)))
+    package = os.path.join(tree, "field")
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(package, "__init__.py"), submodule_search_locations=[package]
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return importlib.import_module(f"{name}.subscriptions.matcher").Matcher
+
+
+def measure_distinct(
+    agents: int, events: int, embedder: str, rounds: int, before: str | None
+) -> dict[str, Any]:
+    """ms per event at ``agents`` distinct profiles: this tree's matcher (and ``before``'s),
+    one event at a time and in one batch, and the raw products, in alternate rounds."""
+    field = build_distinct(agents, 2 * events, embedder, random.Random(7))
+    state = field.state
+    index, registry = state.index, state.registry
+    entries = [
+        StoredEntry(i, unit["epoch"], "memory.recorded", {"unit": unit}, "a0", "")
+        for i, unit in enumerate(list(state.units.values())[events - 1 : 2 * events - 1], 1)
+    ]
+    found = [event_of(entry, state.units) for entry in entries]
+    timed = [event for event in found if event is not None]
+    matchers = {"after": Matcher(registry, index, state.units)}
+    if before is not None:
+        matchers["before"] = tree_matcher(before)(registry, index, state.units)
+    scopes = {name: matcher.scope() for name, matcher in matchers.items()}
+    stored = registry.vectors.view  # (interest rows x dim) float32, as the Field holds it
+    rows = np.array([index.rows[event.memory_unit_id] for event in timed], dtype=np.intp)
+    units = np.ascontiguousarray(index.vectors[rows])
+    counts = {}
+    start = time.perf_counter()
+    for name, matcher in matchers.items():  # the checkpoint's scales, made once
+        counts[name] = sum(len(m.rows) for m in matcher.match(timed[:1], scope=scopes[name]))
+    warm = time.perf_counter() - start
+    times: dict[str, list[float]] = {}
+
+    def timing(label: str, call: Any, per: int) -> None:
+        start = time.perf_counter()
+        call()
+        times.setdefault(label, []).append((time.perf_counter() - start) / per)
+
+    for _ in range(rounds):
+        for row in units:
+            timing("raw single", lambda row=row: stored @ row, 1)
+        timing("raw batch", lambda: stored @ units.T, len(units))
+        for name, matcher in matchers.items():
+            scope = scopes[name]
+            for event in timed:
+                timing(
+                    f"{name} single", lambda e=event, m=matcher, s=scope: m.match([e], scope=s), 1
+                )
+            timing(f"{name} batch", lambda m=matcher, s=scope: m.match(timed, scope=s), len(timed))
+    agree = None
+    if before is not None:
+        got = {n: [(m.event.position, m.rows.tolist(), m.relevance.tolist())
+                   for m in matcher.match(timed, scope=scopes[n])]
+               for n, matcher in matchers.items()}  # fmt: skip
+        agree = got["after"] == got["before"]
+    notified = sum(len(m.rows) for m in matchers["after"].match(timed, scope=scopes["after"]))
+    return {
+        "embedder": embedder,
+        "profiles": registry.profile_count,
+        "rows": stored.shape,
+        "times": {label: statistics.median(values) for label, values in times.items()},
+        "notified": notified / len(timed),
+        "agree": agree,
+        "warm": warm,
+    }
+
+
+def print_distinct(results: list[dict[str, Any]], rounds: int) -> None:
+    with open("/proc/loadavg") as file:
+        load = " ".join(file.read().split()[:3])
+    print(f"\n{rounds} rounds, medians; load average {load}")
+    print(
+        f"{'embedder':<16} {'profiles':>9} {'rows x dim':>13} {'tree':>7} {'single ms/ev':>13} "
+        f"{'raw single':>11} {'ratio':>6} {'batch ms/ev':>12} {'raw batch':>10} {'ratio':>6} "
+        f"{'notified/ev':>12}"
+    )
+    for r in results:
+        t = r["times"]
+        for name in ("before", "after"):
+            if f"{name} single" not in t:
+                continue
+            single, batch = t[f"{name} single"], t[f"{name} batch"]
+            shape = "{} x {}".format(*r["rows"])
+            print(
+                f"{r['embedder']:<16} {r['profiles']:>9,} {shape:>13} {name:>7} "
+                f"{single * 1e3:>13.2f} {t['raw single'] * 1e3:>11.2f} "
+                f"{single / t['raw single']:>5.2f}x {batch * 1e3:>12.3f} "
+                f"{t['raw batch'] * 1e3:>10.3f} {batch / t['raw batch']:>5.2f}x "
+                f"{r['notified']:>12,.0f}"
+            )
+        if r["agree"] is not None:
+            print(
+                f"{'':<16} the two trees notified the same rows with the same relevance: "
+                f"{r['agree']}; first match (the checkpoint's scales) {r['warm'] * 1e3:.0f} ms"
+            )
+
+
 def compare_libraries(rounds: int = 3000) -> list[tuple[str, float, float, float, float]]:
     """µs per evaluation of each of FILTERS: cel and celpy, converting the context on
     every call, and with it converted ahead. Without celpy (cel-python, the ``bench``
@@ -300,11 +479,25 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--filtered", type=float, default=0.1, help="share with a filter")
-    parser.add_argument("--embedder", default="hashing", help="the Field's embedder (hashing)")
+    parser.add_argument(
+        "--embedder", nargs="+", default=["hashing"], help="the Field's embedder (hashing)"
+    )
+    parser.add_argument("--distinct", type=int, help="time N distinct agent profiles instead")
+    parser.add_argument("--rounds", type=int, default=5, help="rounds of --distinct's timings")
+    parser.add_argument("--before", help="with --distinct, also time this tree's matcher")
     args = parser.parse_args()
+    if args.distinct:
+        results = [
+            measure_distinct(args.distinct, args.events, name, args.rounds, args.before)
+            for name in args.embedder
+        ]
+        print_distinct(results, args.rounds)
+        return
     rows = []
     for size in args.subscriptions:
-        found = measure(size, args.events, random.Random(args.seed), args.filtered, args.embedder)
+        found = measure(
+            size, args.events, random.Random(args.seed), args.filtered, args.embedder[0]
+        )
         rows.append((size, found))
     print(
         f"\n{'subscriptions':>13} {'batch ms/ev':>12} {'single ms/ev':>13} {'kept ms/ev':>11} "

@@ -307,10 +307,11 @@ class Column:
 
 
 class Matrix:
-    """A growable float32 matrix of fixed width (amortized O(1) append of row blocks)."""
+    """A growable matrix of fixed width (amortized O(1) append of row blocks): float32,
+    or another ``dtype`` the rows are converted to as they are copied in."""
 
-    def __init__(self, width: int) -> None:
-        self._data = np.zeros((64, width), dtype=np.float32)
+    def __init__(self, width: int, dtype: npt.DTypeLike = np.float32) -> None:
+        self._data: npt.NDArray[Any] = np.zeros((64, width), dtype=dtype)
         self.size = 0
 
     @classmethod
@@ -324,18 +325,19 @@ class Matrix:
         matrix.size = count
         return matrix
 
-    def extend(self, rows: Vectors) -> None:
+    def extend(self, rows: npt.NDArray[Any]) -> None:
         needed = self.size + len(rows)
         if needed > len(self._data):
             capacity = max(needed, len(self._data) * 3 // 2)
-            grown = np.zeros((capacity, self._data.shape[1]), dtype=np.float32)
+            grown = np.zeros((capacity, self._data.shape[1]), dtype=self._data.dtype)
             grown[: self.size] = self._data[: self.size]
             self._data = grown
         self._data[self.size : needed] = rows
         self.size = needed
 
     @property
-    def view(self) -> Vectors:
+    def view(self) -> npt.NDArray[Any]:
+        """The rows (float32 unless the matrix was made with another ``dtype``)."""
         return self._data[: self.size]
 
 

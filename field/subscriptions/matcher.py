@@ -23,7 +23,7 @@ Relevance (documented in ``protocol/README.md``, "Relevance of events"):
   the event (:func:`field.ranking.relevance.combine`), its semantic factor
   the calibrated similarity of the subscriber's best interest with the
   unit's content (:mod:`field.ranking.calibration`; one (interests x units)
-  matrix product per batch);
+  matrix product per group of events, over the interest rows as int8);
   1.0 for ``memory.contested`` when the subscriber wrote the unit;
 * ``conflict.detected`` and ``conflict.resolved``: 1.0 when the
   subscriber wrote either unit, otherwise the better of the two units'
@@ -68,6 +68,13 @@ from .registry import FEW_ROWS, SubscriptionRegistry
 MATRIX_CELLS = 1 << 18
 #: Up to this many agent profiles, units are scored down the unit columns per profile.
 FEW_PROFILES = 4
+#: Interest rows converted from int8 to float32 at once for a product (a block that stays in
+#: the cache, 512 KB, while it is multiplied; a block this small is also multiplied on one
+#: thread: a threaded BLAS took 10-50 times as long for blocks of 2 MB on a busy machine)
+PRODUCT_BLOCK_CELLS = 1 << 17
+#: Largest (units x interest rows) product made at once (float32, 64 MB): the units of this
+#: many events' worth are multiplied in one pass over the rows, then scored in chunks
+PRODUCT_CELLS = 1 << 24
 RECENCY_WEIGHT = 0.25
 
 # reason flags
@@ -163,7 +170,8 @@ class _InterestRows:
 
     #: their rows in the registry (None: every row, in order: nothing was gathered)
     chosen: npt.NDArray[np.intp] | None
-    vectors: npt.NDArray[np.float32]
+    #: the rows as int8 where the registry has them (:func:`~.registry.packed`), else float32
+    vectors: npt.NDArray[Any]
     squares: npt.NDArray[np.float64]
     #: per profile: its rows compared for the best match, its rows of units judged not
     #: useful, its first row here and its joined row's (its first without one)
@@ -216,12 +224,14 @@ class Scope:
             counts = reg.interest_count.view[profiles]
             against = reg.against_count.view[profiles]
             spans = reg.interest_span.view[profiles]
+            # int8 rows: a quarter of the bytes to gather and to read for every product
+            rows = reg.vectors if reg.packed is None else reg.packed
             if len(profiles) == reg.profile_count:  # profiles is arange: no gather
                 chosen = None
-                vectors, squares = reg.vectors.view, reg.squares.view
+                vectors, squares = rows.view, reg.squares.view
             else:
                 chosen = ranges(reg.interest_start.view[profiles], spans)
-                vectors, squares = reg.vectors.view[chosen], reg.squares.view[chosen]
+                vectors, squares = rows.view[chosen], reg.squares.view[chosen]
             firsts = np.cumsum(spans) - spans
             joined = np.where(spans > counts + against, firsts + spans - 1, firsts)
             self._interests = _InterestRows(
@@ -301,9 +311,36 @@ class Matcher:
             raise ValueError("the scope was made before the registry changed")
         step = max(1, MATRIX_CELLS // max(1, len(scope.profiles)))
         matches: list[Match] = []
-        for start in range(0, len(events), step):
-            matches.extend(self._match_chunk(events[start : start + step], scope))
+        if len(scope.profiles) <= FEW_PROFILES:
+            for start in range(0, len(events), step):
+                matches.extend(self._match_chunk(events[start : start + step], scope, {}))
+            return matches if self.screen is None else self.screen(matches)
+        # the interest rows are read once for a group of events, whose units are multiplied
+        # together; the group is then scored a chunk at a time
+        height = max(1, len(scope.interest_rows().squares))
+        group = max(step, PRODUCT_CELLS // height)
+        for first in range(0, len(events), group):
+            some = events[first : first + group]
+            dots = self._dots(some, scope)
+            for start in range(0, len(some), step):
+                matches.extend(self._match_chunk(some[start : start + step], scope, dots))
         return matches if self.screen is None else self.screen(matches)
+
+    def _dots(self, events: list[FieldEvent], scope: Scope) -> dict[str, npt.NDArray[np.float32]]:
+        """Each unit of ``events`` scored by units (not agents or topics), against every
+        interest row of the scope: its exact dot products, from one product."""
+        index = self.index
+        unit_ids: dict[str, None] = {}
+        for e in events:  # the units _match_chunk scores: of events some row may be told of
+            if e.agent is None and e.topic is None and e.units:
+                c = self._candidates(scope, e.name)
+                if len(c.rows) and c.oldest < e.epoch:
+                    unit_ids.update(dict.fromkeys(e.units))
+        if not unit_ids:
+            return {}
+        rows = np.array([index.rows[unit_id] for unit_id in unit_ids], dtype=np.intp)
+        found = products(scope.interest_rows().vectors, index.vectors[rows])
+        return {unit_id: found[:, k] for k, unit_id in enumerate(unit_ids)}
 
     # -- one chunk of events against the chosen rows ---------------------------
 
@@ -334,7 +371,12 @@ class Matcher:
             )
         return found
 
-    def _match_chunk(self, events: list[FieldEvent], scope: Scope) -> list[Match]:
+    def _match_chunk(
+        self,
+        events: list[FieldEvent],
+        scope: Scope,
+        dots: dict[str, npt.NDArray[np.float32]],
+    ) -> list[Match]:
         reg, profiles = self.registry, scope.profiles
         wanted: list[tuple[FieldEvent, _Candidates]] = []
         for event in events:
@@ -352,7 +394,7 @@ class Matcher:
         if len(profiles) <= FEW_PROFILES:  # e.g. replaying one stream: score across events
             scored = self._units_for_few_profiles(pairs, profiles)
         else:
-            scored = self._units_for_many_profiles(pairs, profiles, scope.interest_rows())
+            scored = self._units_for_many_profiles(pairs, profiles, scope.interest_rows(), dots)
         at = {pair: k for k, pair in enumerate(pairs)}
         matches: list[tuple[int, Match]] = []
         # events about one unit, by a few rows, for everyone: matched as one matrix per name
@@ -479,10 +521,14 @@ class Matcher:
         return matches
 
     def _semantic(
-        self, interests: _InterestRows, pairs: list[tuple[str, int]]
+        self,
+        interests: _InterestRows,
+        pairs: list[tuple[str, int]],
+        made: dict[str, npt.NDArray[np.float32]],
     ) -> npt.NDArray[np.float64]:
-        """The semantic factor of each (profile, pair of a unit and an epoch): one matrix
-        product.
+        """The semantic factor of each (profile, pair of a unit and an epoch), from the
+        units' dot products with the interest rows (``made`` by :meth:`_dots`, for the
+        group of events this chunk is part of).
 
         Every interest row of every profile (``interests``, a scope's) against
         every unit, each cosine standardized at the checkpoint of the pair's
@@ -500,11 +546,13 @@ class Matcher:
         column = {unit_id: k for k, unit_id in enumerate(unit_ids)}
         rows = np.array([index.rows[unit_id] for unit_id in unit_ids], dtype=np.intp)
         vectors, squares, chosen = interests.vectors, interests.squares, interests.chosen
-        # exact: integer-valued rows; one unit as a matrix-vector product (a one-column
-        # matrix product costs far more in a threaded BLAS)
-        units = index.vectors[rows]
-        dots = (vectors @ units[0])[:, None] if len(rows) == 1 else vectors @ units.T
-        dots = dots.astype(np.float64)
+        missing = [unit_id for unit_id in unit_ids if unit_id not in made]
+        if missing:  # not in the group's product (none are: the same events' units)
+            more = products(vectors, index.vectors[[index.rows[u] for u in missing]])
+            made = {**made, **{unit_id: more[:, k] for k, unit_id in enumerate(missing)}}
+        dots = np.empty((len(squares), len(unit_ids)), dtype=np.float64)
+        for k, unit_id in enumerate(unit_ids):
+            dots[:, k] = made[unit_id]
         if len(pairs) != len(unit_ids):  # a unit in events of several epochs
             taken = [column[unit_id] for unit_id, _ in pairs]
             dots, rows = dots[:, taken], rows[taken]
@@ -631,6 +679,7 @@ class Matcher:
         pairs: list[tuple[str, int]],
         profiles: npt.NDArray[np.intp],
         interests: _InterestRows,
+        dots: dict[str, npt.NDArray[np.float32]],
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.int64]]:
         """ATTUNE's score of each (unit, epoch) pair for each agent profile.
 
@@ -644,7 +693,7 @@ class Matcher:
         if not pairs:
             return np.empty((0, len(profiles))), np.empty((0, len(profiles)), dtype=np.int64)
         reg, index = self.registry, self.index
-        semantic = self._semantic(interests, pairs).T
+        semantic = self._semantic(interests, pairs, dots).T
         unit_rows = np.array([index.rows[unit_id] for unit_id, _ in pairs], dtype=np.intp)
         epochs = np.array([epoch for _, epoch in pairs], dtype=np.int64)
         row_list = unit_rows.tolist()
@@ -772,6 +821,37 @@ class Matcher:
             recency_weight=0.0,
         )
         return score, flags
+
+
+def products(rows: npt.NDArray[Any], units: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+    """``rows @ units.T``: the dot products of quantized interest rows (float32, or int8 as
+    the registry packs them) with quantized unit rows, exact, so the same bits either way.
+
+    Int8 rows are converted to float32 a block of :data:`PRODUCT_BLOCK_CELLS` at a time
+    and multiplied while the block is in the cache: the product reads a quarter of the
+    bytes of the float32 rows. One unit is a matrix-vector product (a one-column matrix
+    product costs far more in a threaded BLAS).
+    """
+    count, width = rows.shape
+    if rows.dtype == np.float32:
+        if len(units) == 1:
+            single: npt.NDArray[np.float32] = (rows @ units[0])[:, None]
+            return single
+        whole: npt.NDArray[np.float32] = rows @ units.T
+        return whole
+    out = np.empty((len(units), count), dtype=np.float32)  # transposed: each unit's row
+    step = max(1, PRODUCT_BLOCK_CELLS // max(1, width))
+    block = np.empty((min(step, count), width), dtype=np.float32)
+    across = np.ascontiguousarray(units.T)
+    for start in range(0, count, step):
+        part = rows[start : start + step]
+        converted = block[: len(part)]
+        np.copyto(converted, part, casting="unsafe")  # exact: integers of at most 127
+        if len(units) == 1:
+            np.dot(converted, units[0], out=out[0, start : start + len(part)])
+        else:
+            out[:, start : start + len(part)] = (converted @ across).T
+    return out.T
 
 
 def _flags(same_role: Any, role: Any, interest_hits: Any, task: Any) -> npt.NDArray[np.int64]:

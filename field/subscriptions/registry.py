@@ -104,6 +104,9 @@ class SubscriptionRegistry:
         #: squared norm
         self.vectors = Matrix(self.embedder.dim)
         self.squares = Column(np.float64)
+        #: the same rows as int8 (:func:`packed`): a quarter of the bytes the matcher's
+        #: product reads, the same dot products; None from the first row that does not fit
+        self.packed: Matrix | None = Matrix(self.embedder.dim, np.int8)
         #: checkpoint position -> each interest row's (scale, shift) there (:meth:`scales`)
         self._scales: dict[int, tuple[Column, Column]] = {}
         #: cancelled subscriptions :meth:`compact` dropped, each with the agent as its
@@ -192,6 +195,12 @@ class SubscriptionRegistry:
         start, span = int(self.interest_start.view[profile]), len(vectors)
         self.vectors.view[start : start + span] = vectors
         self.squares.view[start : start + span] = squares
+        if self.packed is not None:
+            small = packed(vectors)
+            if small is None:
+                self.packed = None
+            else:
+                self.packed.view[start : start + span] = small
         against = 0 if interests.against is None else len(interests.against)
         self.interest_count.view[profile] = len(interests.vectors)
         self.against_count.view[profile] = against
@@ -254,6 +263,12 @@ class SubscriptionRegistry:
         self.penalty.append(interests.penalty)
         self.vectors.extend(vectors)
         self.squares.extend(squares)
+        if self.packed is not None:
+            small = packed(vectors)
+            if small is None:
+                self.packed = None
+            else:
+                self.packed.extend(small)
         indexes = ((role_words, self.role_words), (interest_words, self.interest_words))
         for words, postings in indexes:
             for word in words:
@@ -342,6 +357,10 @@ class SubscriptionRegistry:
         vectors = Matrix(self.embedder.dim)
         vectors.extend(self.vectors.view[rows])
         self.vectors = vectors
+        if self.packed is not None:
+            small = Matrix(self.embedder.dim, np.int8)
+            small.extend(self.packed.view[rows])
+            self.packed = small
         self.squares = _taken(self.squares, rows)
         self.interest_start = Column(np.int64)
         self.interest_start.extend(np.cumsum(spans) - spans)
@@ -452,6 +471,21 @@ _PROFILE_COLUMNS = (
     "penalty",
 )
 _PROFILE_LISTS = ("profile_words", "profile_role", "profile_task", "profile_agent", "profile_keys")
+
+
+def packed(rows: npt.NDArray[np.float32]) -> npt.NDArray[np.int8] | None:
+    """``rows`` as int8, or None if one of their values is not an integer from -127 to 127.
+
+    Quantized rows (:func:`~field.ranking.embedding.quantize`) always are, so their
+    int8 form holds the same values: converted back to float32, a product with them
+    gives the same exact integer dot products, bit for bit.
+    """
+    if not len(rows):
+        return np.zeros(rows.shape, dtype=np.int8)
+    if not np.isfinite(rows).all() or np.abs(rows).max() > 127:
+        return None
+    small = rows.astype(np.int8)
+    return small if np.array_equal(small, rows) else None
 
 
 def _taken(column: Column, rows: npt.NDArray[np.intp]) -> Column:
