@@ -36,6 +36,8 @@ def first_sentence(text: str, limit: int) -> str:
 
 
 def _shortened(text: str, limit: int, *, sentence: bool) -> str:
+    if len(text) <= limit and _normal(text) and not (sentence and ". " in text):
+        return text  # already its own normal form, and short enough: most contents
     head = text[: limit + 1]
     if head.endswith(" "):
         head = text[: limit + 2]  # normal if a word follows the space
