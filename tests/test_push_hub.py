@@ -11,6 +11,7 @@ invalidate them.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ import orjson
 import pytest
 
 from field.core.field import Field
+from field.engine import push
 from field.engine.push import Connection, PushHub
 from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
@@ -172,3 +174,39 @@ async def test_an_sse_response_that_never_streams_lets_go_of_its_connection(hub:
         await response(scope, receive, send)
     assert connection not in hub.hub.connections
     assert hub.hub.router.by_subscription == {} and hub.hub.router.by_agent == {}
+
+
+async def test_a_replayed_page_is_offered_in_slices_with_the_loop_running_between(
+    hub: Hub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A page read from the log is matched and encoded a slice at a time: every other
+    connection runs between two slices, and the stream gets the same notifications."""
+    monkeypatch.setattr(push, "REPLAY_SLICE", 3)
+    subscription_id = await hub.subscribe("a", ["memory.recorded"])
+    recorded = [await hub.record("writer", f"finding {i}") for i in range(10)]
+    seen: list[object] = []  # in order: the sizes offered, and the other task's turns
+    offer = hub.hub.router.offer_entries
+
+    def offered(binding: Any, entries: list[Any], *args: Any) -> int:
+        seen.append(len(entries))
+        return offer(binding, entries, *args)
+
+    async def other_connection() -> None:
+        while True:
+            seen.append("turn")
+            await asyncio.sleep(0)
+
+    monkeypatch.setattr(hub.hub.router, "offer_entries", offered)
+    connection = hub.hub.connect("a", "sse")
+    hub.hub.attach_at(connection, subscription_id, 0)
+    other = asyncio.ensure_future(other_connection())
+    frames = [await connection.outbox.get()]
+    while frames[-1] is not None and frames[-1].kind != "live":
+        frames.append(await connection.outbox.get())
+    other.cancel()
+    assert [orjson.loads(f.body)["memory_unit_id"] for f in frames if f and f.cursor] == recorded
+    offers = [k for k, s in enumerate(seen) if s != "turn"]
+    assert sum(seen[k] for k in offers) >= len(recorded)  # type: ignore[misc]
+    assert max(seen[k] for k in offers) <= 3  # type: ignore[type-var]
+    # the other connection ran between every two slices
+    assert all("turn" in seen[i + 1 : j] for i, j in itertools.pairwise(offers))

@@ -47,6 +47,10 @@ Connection = router.Connection[Outbox]
 Binding = router.Binding[Outbox]
 
 REPLAY_PAGE = 2000
+#: Entries of a replayed page matched and encoded at once, the event loop running every
+#: other connection between two slices: a whole page held it for 130-140 ms on a 2-core
+#: machine (about 65 us an entry), a slice holds it for under 10 ms.
+REPLAY_SLICE = 128
 #: Longest a replay waiting for its agent's filter time sleeps before looking again.
 FILTER_TIME_POLL = 0.05
 
@@ -320,7 +324,13 @@ class PushHub:
                 await self._embedded(entries)
                 if binding.gone:
                     break
-                replayed += routes.offer_entries(binding, entries, row, names)
+                for first in range(0, len(entries), REPLAY_SLICE):
+                    if first:
+                        await asyncio.sleep(0)
+                        if binding.gone:
+                            break
+                    some = entries[first : first + REPLAY_SLICE]
+                    replayed += routes.offer_entries(binding, some, row, names)
             # the last page may have filled the outbox: make room for "live" (and what
             # was held) before going live, as for any page
             await outbox.wait_for_room()
