@@ -1,10 +1,16 @@
 """ATTUNE (spec 6.4): the units that matter to an agent, ranked, in a page of bounded size.
 
-Every candidate is scored at once over the index's columns
-(:mod:`field.ranking.relevance`); this module chooses the page and builds
-it. The page is walked in order, best first for a ranking and oldest
-first for a poll (``since_epoch``), and each unit is taken while three
-bounds allow it:
+A ranking is :class:`field.ranking.relevance.Ranking`'s: every candidate
+bounded over the index's columns, the matrix product only for the rows that
+may make the page, in bounded steps; a poll scores its few new rows at once.
+This module chooses the page and builds it; when the Field builds pages in
+steps (:attr:`field.core.field.Field.sliced_reads`), the ranking's steps come
+first, then the page's, and the Field may change between them: the ranking
+reads what never changes, and each unit is shown as it was when ranked.
+
+The page is walked in order, best first for a ranking and oldest first for
+a poll (``since_epoch``), and each unit is taken while three bounds allow
+it:
 
 * ``max_units``, the scope's page size;
 * ``max_tokens``, the scope's optional budget: a unit is taken in the
@@ -42,6 +48,8 @@ import math
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+import numpy.typing as npt
 import orjson
 
 from ..contract.model import Limits
@@ -75,25 +83,10 @@ def attune(field: Field, ctx: Context) -> Outcome:
     query = _query(scope, agent, state)
     index = state.index
     rows = relevance.candidates(index, query, visibility.row_mask(state, agent))
-    scores = relevance.score(index, query, rows)
-    polling = query.since_epoch is not None
-    threshold = scope["relevance_threshold"]
-    if polling:
-        keep = scores >= threshold
-        rows, scores = rows[keep], scores[keep]
-        available = len(rows)
-        # rows ascend by epoch: a prefix is the oldest new units, so the
-        # next poll can continue exactly where this page stops
-        rows, scores = rows[: scope["max_units"]], scores[: scope["max_units"]]
-    else:
-        best, scores, available = relevance.best_diversified(
-            index, rows, scores, count=scope["max_units"], threshold=threshold
-        )
-        rows = rows[best]
     limits = field.limits
     budget = {
         "units_returned": scope["max_units"],  # the largest values, to measure the room
-        "units_available": available,
+        "units_available": 0,
         "tokens_used": scope["max_tokens"],
         "tokens_budget": scope["max_tokens"],
         "limited_by": "max_response_bytes",
@@ -105,25 +98,113 @@ def attune(field: Field, ctx: Context) -> Outcome:
         "context_budget": budget,
         "epoch": as_of(index, query.since_epoch),
     }
+    threshold = scope["relevance_threshold"]
+    recorded = len(index)
+    if query.since_epoch is not None:
+        # a poll: few rows, scored at once
+        scores = relevance.score(index, query, rows)
+        keep = scores >= threshold
+        rows, scores = rows[keep], scores[keep]
+        available = len(rows)
+        # rows ascend by epoch: a prefix is the oldest new units, so the
+        # next poll can continue exactly where this page stops
+        rows, scores = rows[: scope["max_units"]], scores[: scope["max_units"]]
+        budget["units_available"] = available
+        room = pages.room(response, limits)
+        query.look_up(rows)
+        row_list = rows.tolist()
+        page = _Page(
+            response,
+            query,
+            scope,
+            rows=row_list,
+            scores=scores.tolist(),
+            # each unit's encoding as it is now (decoded only if the page takes it)
+            units=[state.units.encoded(index.ids[row]) for row in row_list],
+            recorded=recorded,
+            room=room,
+            available=available,
+        )
+        steps = page.steps(index)
+    else:
+        ranking = relevance.Ranking(
+            index, query, rows, count=scope["max_units"], threshold=threshold
+        )
+        # the statuses the ranking was made with: a unit's encoding is the unit as
+        # recorded with its status, the one thing of it that may change meanwhile
+        statuses = index.status.view.copy() if field.sliced_reads else None
+        steps = _ranked_page(
+            state, response, query, scope, ranking, rows, statuses, recorded=recorded, limits=limits
+        )
+    if field.sliced_reads:
+        return Outcome(response, rest=steps)
+    for _ in steps:
+        pass
+    return Outcome(response)
+
+
+def _ranked_page(
+    state: FieldState,
+    response: dict[str, Any],
+    query: relevance.Query,
+    scope: dict[str, Any],
+    ranking: relevance.Ranking,
+    candidates: npt.NDArray[np.intp],
+    statuses: npt.NDArray[np.int8] | None,
+    *,
+    recorded: int,
+    limits: Limits,
+) -> Iterator[None]:
+    """The ranking's steps, then the page's, of a full ATTUNE.
+
+    ``statuses`` (a copy of the units' status codes when the ranking was made, when the
+    steps may run while the Field changes) gives the units as they were then: a unit
+    whose status changed since is shown with its status of then, and one purged since
+    is left out (its content is no longer the Field's to give).
+    """
+    yield from ranking.steps()
+    index = state.index
+    rows = candidates[ranking.positions]
+    response["context_budget"]["units_available"] = ranking.available
+    room = pages.room(response, limits)
     query.look_up(rows)
     row_list = rows.tolist()
+    units = []
+    kept = []
+    for row, row_score in zip(row_list, ranking.scores.tolist(), strict=True):
+        encoded = _as_ranked(state, index, row, statuses)
+        if encoded is not None:
+            units.append(encoded)
+            kept.append((row, row_score))
     page = _Page(
         response,
         query,
         scope,
-        rows=row_list,
-        scores=scores.tolist(),
-        # each unit's encoding as it is now (decoded only if the page takes it)
-        units=[state.units.encoded(index.ids[row]) for row in row_list],
-        recorded=len(index),
-        room=pages.room(response, limits),
-        available=available,
+        rows=[row for row, _ in kept],
+        scores=[row_score for _, row_score in kept],
+        units=units,
+        recorded=recorded,
+        room=room,
+        available=ranking.available,
     )
-    if field.sliced_reads:
-        return Outcome(response, rest=page.steps(index))
-    for _ in page.steps(index):
-        pass
-    return Outcome(response)
+    yield from page.steps(index)
+
+
+def _as_ranked(
+    state: FieldState,
+    index: relevance.UnitIndex,
+    row: int,
+    statuses: npt.NDArray[np.int8] | None,
+) -> bytes | None:
+    """The encoding of the unit of ``row`` as it was when ranked (see :func:`_ranked_page`)."""
+    unit_id = index.ids[row]
+    if statuses is None or index.status.view[row] == statuses[row]:
+        return state.units.encoded(unit_id)
+    if unit_id not in state.units:
+        return None  # purged since
+    unit = state.units[unit_id]
+    unit["status"] = relevance.STATUS_NAMES[int(statuses[row])]
+    return orjson.dumps(unit)
 
 
 def as_of(index: relevance.UnitIndex, since_epoch: int | None) -> int:

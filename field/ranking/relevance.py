@@ -74,7 +74,8 @@ import functools
 import math
 import re
 import sys
-from collections.abc import Iterable
+import weakref
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
@@ -195,6 +196,12 @@ EMBED_BATCH_CHARS = 65536
 COMPARED_INTERESTS = 16
 #: Query texts whose embeddings the index keeps (see :meth:`UnitIndex.embed`).
 QUERY_TEXTS = 256
+#: A step of a :class:`Ranking` reads at most this many cells (rows x dimensions) of the
+#: unit matrix: 4 MB of float32, 4,096 rows of 256 dimensions, 2,730 of 384
+STEP_CELLS = 1 << 20
+#: A :class:`Ranking` first scores exactly this many rows beyond the page's (of the highest
+#: bounds), then eight times as many at each round
+FIRST_ROWS = 1024
 
 #: "purged" is no unit status: it marks the row a purged unit leaves behind (COMPACT)
 STATUS_CODE = {status: code for code, status in enumerate((*UNIT_STATUSES, "purged"))}
@@ -206,8 +213,17 @@ _HIDDEN_CODES = np.array(
     [STATUS_CODE["superseded"], STATUS_CODE["retracted"], STATUS_CODE["purged"]], dtype=np.int8
 )
 _ARCHIVED_CODE = STATUS_CODE["archived"]
+#: per status code, whether a unit of that status is shown (not among the hidden codes)
+_SHOWN = ~np.isin(np.arange(len(STATUS_CODE), dtype=np.int8), _HIDDEN_CODES)
 
 _WORD = re.compile(r"[a-z0-9]+")
+
+_Scales = tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]
+#: per calibration, the scales of query rows at a checkpoint (:meth:`UnitIndex._scales`):
+#: kept beside the index, not in it (a snapshot holds what the index is, not what it saw)
+_SCALED: weakref.WeakKeyDictionary[Calibration, dict[tuple[bytes, bytes, int], _Scales]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def ranges(starts: npt.NDArray[Any], lengths: npt.NDArray[Any]) -> npt.NDArray[np.intp]:
@@ -216,6 +232,18 @@ def ranges(starts: npt.NDArray[Any], lengths: npt.NDArray[Any]) -> npt.NDArray[n
     total = int(lengths.sum())
     shift = np.asarray(starts, dtype=np.intp) - (np.cumsum(lengths) - lengths)
     found: npt.NDArray[np.intp] = np.arange(total, dtype=np.intp) + np.repeat(shift, lengths)
+    return found
+
+
+def _product(block: Vectors, vectors: Vectors) -> Vectors:
+    """``block @ vectors.T`` on this thread: a BLAS call on several threads waits for a
+    busy core (milliseconds on a loaded machine) where a part of the matrix takes less.
+    Exact all the same: the rows are integers, and so is every partial sum."""
+    found: Vectors
+    if vectors.ndim == 1:
+        found = np.einsum("ij,j->i", block, vectors)
+    else:
+        found = np.einsum("ij,kj->ik", block, vectors)
     return found
 
 
@@ -425,6 +453,16 @@ def interest_factor(hits: Any, unit: Any, power: float) -> Any:
     return np.power(share, power)
 
 
+def _interest_of(hits: npt.NDArray[np.float64], unit: float, power: float) -> Any:
+    """:func:`interest_factor` of many rows' ``hits`` (whole numbers, few distinct ones):
+    computed once per distinct count and gathered, the same values."""
+    if len(hits) < 64:
+        return interest_factor(hits, unit, power)
+    counts = hits.astype(np.intp)
+    table = interest_factor(np.arange(int(counts.max()) + 1, dtype=np.float64), unit, power)
+    return np.asarray(table).take(counts)
+
+
 def role_alignment(
     role: str, words: frozenset[str], other: str, other_words: frozenset[str]
 ) -> float:
@@ -632,21 +670,34 @@ class UnitIndex:
             return cosine(self.vectors @ vector, self.squares, square)
         return cosine(self.dots(vector, rows), self.squares[rows], square)
 
-    def dots(self, vectors: Vectors, rows: npt.NDArray[np.intp]) -> Vectors:
+    def dots(
+        self, vectors: Vectors, rows: npt.NDArray[np.intp], matrix: Vectors | None = None
+    ) -> Vectors:
         """Exact dot products of ``rows`` with a quantized vector (or of each of ``vectors``:
         then one column per row of ``vectors``): a few rows gathered first, most multiplied
-        whole."""
-        matrix = self.vectors
-        if 4 * len(rows) < len(matrix):
-            found: Vectors = matrix[rows] @ vectors.T
-            return found
-        return (matrix @ vectors.T)[rows]
+        whole (the rows from the first to the last of ``rows``).
+
+        ``matrix`` is the unit rows to read (by default :attr:`vectors`): rows never change
+        once embedded, so a view taken earlier gives the same products.
+        """
+        if matrix is None:
+            matrix = self.vectors
+        if not len(rows):
+            return np.zeros((0, *vectors.shape[:-1]), dtype=np.float32)
+        low, high = int(rows.min()), int(rows.max()) + 1
+        if 4 * len(rows) < high - low:
+            return _product(matrix[rows], vectors)
+        if low == 0 and high == len(matrix):
+            return (matrix @ vectors.T)[rows]
+        return _product(matrix[low:high], vectors)[rows - low]
 
     def calibrated(
         self,
         interests: Interests,
         rows: npt.NDArray[np.intp],
         counts: Any = None,
+        *,
+        held: tuple[Vectors, npt.NDArray[np.float64]] | None = None,
     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.intp]]:
         """The semantic factor of ``rows`` for ``interests``, and which interest is the
         best for each row.
@@ -656,15 +707,25 @@ class UnitIndex:
         joined text's, is standardized against the Field's units at that
         count's checkpoint and made a percentile (:mod:`field.ranking.calibration`).
         Exact, so the same for one row or many.
+
+        ``held`` is the unit rows and their squared norms to read, views taken earlier
+        (with ``counts`` of that time): what rows hold never changes once embedded, so
+        the factors are those that would have been computed then.
         """
         if not len(rows):
             return np.empty(0, dtype=np.float64), np.empty(0, dtype=np.intp)
         vectors, squares = interests_rows(interests)
         # exact integer dot products; reading the rows embeds what is queued, so the
         # checkpoints are current
-        dots = self.dots(vectors, rows).T.astype(np.float64)
+        matrix, unit_squares = held if held is not None else (self.vectors, self.squares)
+        dots = self.dots(vectors, rows, matrix).T.astype(np.float64)
         at = self.calibration.at(self.scorable if counts is None else counts)
-        standard = self.standardized(dots, vectors, squares, rows, np.broadcast_to(at, rows.shape))
+        # one checkpoint for every row (a scalar count): no search for distinct ones
+        columns = at if np.ndim(at) == 0 else np.broadcast_to(at, rows.shape)
+        scales = functools.partial(self._scales, vectors, squares)
+        standard = self.standardized(
+            dots, vectors, squares, rows, columns, scales, unit_squares=unit_squares
+        )
         count = len(interests.texts)
         best = standard[:count].argmax(axis=0)
         top = standard[best, np.arange(len(rows))]
@@ -678,6 +739,24 @@ class UnitIndex:
         )
         return factor, best
 
+    def _scales(
+        self, vectors: Vectors, squares: npt.NDArray[np.float64], position: int
+    ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+        """:meth:`~field.ranking.calibration.Calibration.scales`, kept for the last
+        :data:`QUERY_TEXTS` (interest rows, checkpoint): a poller asks with the same
+        interests, and a checkpoint's sums never change once reached."""
+        kept = _SCALED.get(self.calibration)
+        if kept is None:
+            kept = _SCALED[self.calibration] = {}
+        key = (vectors.tobytes(), squares.tobytes(), position)
+        found = kept.pop(key, None)
+        if found is None:
+            found = self.calibration.scales(vectors, squares, position)
+            if len(kept) >= QUERY_TEXTS:
+                del kept[next(iter(kept))]  # the least recently used
+        kept[key] = found
+        return found
+
     def standardized(
         self,
         dots: npt.NDArray[Any],
@@ -686,17 +765,22 @@ class UnitIndex:
         rows: npt.NDArray[np.intp],
         at: npt.NDArray[np.intp],
         scales: Any = None,
+        *,
+        unit_squares: npt.NDArray[np.float64] | None = None,
     ) -> npt.NDArray[np.float64]:
         """``(cosine - mean) / sd`` of each (interest, unit of ``rows``) from their exact
         dot products, the mean and sd those of the interest's cosines at checkpoint
-        position ``at`` (one per column).
+        position ``at`` (one per column, or one for all).
 
         ``scales`` may map a checkpoint position to the interests' (scale, shift)
         (:meth:`~field.ranking.calibration.Calibration.scales`), computed earlier for
-        the same ``vectors``; otherwise they are computed here.
+        the same ``vectors``; otherwise they are computed here. ``unit_squares`` is the
+        units' squared norms to read (by default :attr:`squares`).
         """
-        unit_squares = self.squares[rows]
-        positions = np.unique(at)
+        unit_squares = (self.squares if unit_squares is None else unit_squares)[rows]
+        # one position for all (a number, or one repeated: a broadcast has stride 0)
+        single = np.ndim(at) == 0 or (at.ndim == 1 and at.strides[0] == 0)
+        positions = np.asarray(at).reshape(-1)[:1] if single else np.unique(at)
         if len(positions) == 1:
             position = int(positions[0])
             found = None if scales is None else scales(position)
@@ -978,22 +1062,30 @@ def candidates(
     embedded (:attr:`UnitIndex.scorable`).
 
     ``visible`` masks the rows the caller may see (session visibility);
-    None: all of them.
+    None: all of them. Rows ascend by epoch, so a poll (``since_epoch``) looks at
+    the rows after it alone: its work is that of the new units.
     """
-    n = len(index)
-    mask = ~np.isin(index.status.view, _HIDDEN_CODES)
+    scorable = index.scorable  # not embedded yet (a deferred index): no candidates
+    start = 0
+    if query.since_epoch is not None:
+        epochs = index.epoch.view[:scorable]
+        start = int(np.searchsorted(epochs, query.since_epoch, side="right"))
+    if start >= scorable:
+        return np.empty(0, dtype=np.intp)
+    status = index.status.view[start:scorable]
+    mask = _SHOWN.take(status)
     if visible is not None:
-        mask &= visible
+        mask &= visible[start:scorable]
     if not query.include_archived:
-        mask &= index.status.view != _ARCHIVED_CODE
+        mask &= status != _ARCHIVED_CODE
     if not query.include_own:
         own = index.agents.find(query.agent_id)
         if own >= 0:
-            mask &= index.agent.view != own
-    if query.since_epoch is not None:
-        mask &= index.epoch.view > query.since_epoch
-    mask[index.scorable :] = False  # not embedded yet (a deferred index)
-    return np.flatnonzero(mask) if n else np.empty(0, dtype=np.intp)
+            mask &= index.agent.view[start:scorable] != own
+    found: npt.NDArray[np.intp] = np.flatnonzero(mask)
+    if start:
+        found += start
+    return found
 
 
 def combine(
@@ -1085,8 +1177,19 @@ class Factors:
     recency: npt.NDArray[np.float64]
 
 
-def factors(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> Factors:
-    """Each factor of the formula (module docstring) for each row in ``rows``."""
+def factors(
+    index: UnitIndex,
+    query: Query,
+    rows: npt.NDArray[np.intp],
+    *,
+    semantic: bool = True,
+    recorded: int | None = None,
+) -> Factors:
+    """Each factor of the formula (module docstring) for each row in ``rows``; without
+    ``semantic``, all but the semantic factor (None: left for the caller). Recency is
+    that of when ``recorded`` units had been recorded (default: now)."""
+    if recorded is None:
+        recorded = len(index)
     hits = index.hits(query.match_words, rows)
     task = None
     if query.task_id is not None:
@@ -1096,14 +1199,76 @@ def factors(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> Facto
         interest=(
             None
             if hits is None
-            else interest_factor(hits, query.match_unit, index.weights.interest_power)
+            else _interest_of(hits, query.match_unit, index.weights.interest_power)
         ),
-        semantic=query.semantic(index, rows),
+        semantic=query.semantic(index, rows) if semantic else None,
         type_weight=index.type_weight.view[rows],
         task=task,
         confidence=index.confidence.view[rows],
-        recency=recency(len(index) - 1 - rows),
+        recency=recency(recorded - 1 - rows),
     )
+
+
+#: What :func:`bounds` adds to a bound, relative and absolute: far more than the rounding
+#: of its float32 arithmetic (a few parts in ten million) and of the exact float64 score
+_BOUND_SLACK = 1e-5
+
+
+def bounds(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.float32]:
+    """For each of ``rows`` (ascending), a number its score (:func:`score`) never exceeds,
+    whatever its semantic factor: the formula with a semantic factor of 1 (it is at most 1,
+    and the score grows with it), computed over the columns from the first row to the last
+    without gathering them, in float32, plus :data:`_BOUND_SLACK`."""
+    if not len(rows):
+        return np.empty(0, dtype=np.float32)
+    f32 = np.float32
+    w = index.weights
+    high = int(rows[-1]) + 1
+    recorded = len(index)
+    denominator = w.role + w.semantic + w.type + w.confidence
+    roles = index.role_factor(query.role).astype(f32) * f32(w.role)
+    total = roles.take(index.role.view[:high])
+    total += f32(w.semantic)
+    part = np.multiply(index.type_weight.view[:high], w.type, dtype=f32)
+    total += part
+    np.multiply(index.confidence.view[:high], w.confidence, out=part, dtype=f32)
+    total += part
+    if query.match_words:
+        denominator += w.interest
+        postings = [index.postings(word) for word in query.match_words]
+        postings = [found for found in postings if len(found)]
+        if postings:
+            hits = np.bincount(np.concatenate(postings), minlength=recorded)[:high]
+            values = interest_factor(
+                np.arange(int(hits.max()) + 1, dtype=np.float64),
+                query.match_unit,
+                w.interest_power,
+            )
+            total += (np.asarray(values, dtype=f32) * f32(w.interest)).take(hits)
+    if query.task_id is not None:
+        denominator += w.task
+        code = index.tasks.find(query.task_id)
+        if code >= 0:
+            total += np.where(index.task.view[:high] == code, f32(w.task), f32(0.0))
+    total *= f32(1.0 / denominator)
+    # recency: row i is recorded - 1 - i units old; the table's values from the newest
+    # row back (0 past the table's end, as recency itself)
+    weight = query.recency_weight
+    if weight:
+        fresh = np.full(high, 1.0 - weight, dtype=f32)
+        recency(np.array([recorded - 1], dtype=np.intp))  # the table grows to cover them
+        table64 = _recency_table
+        newest_age = recorded - high  # of row high - 1
+        oldest_age = min(recorded - 1, len(table64) - 1)
+        if newest_age <= oldest_age:
+            span = table64[newest_age : oldest_age + 1][::-1]  # row (recorded-1-oldest_age) on
+            start = recorded - 1 - oldest_age
+            fresh[start:high] += np.multiply(span, weight, dtype=f32)
+        total *= fresh
+    found = total[rows]
+    found *= f32(1.0 + _BOUND_SLACK)
+    found += f32(_BOUND_SLACK)
+    return found
 
 
 def score(index: UnitIndex, query: Query, rows: npt.NDArray[np.intp]) -> npt.NDArray[np.float64]:
@@ -1167,18 +1332,188 @@ def best_diversified(
     of their source). Otherwise it falls back to diversifying everything.
     """
     n = len(rows)
+    found = _best_of(index, np.arange(n), rows, scores, count, threshold, -math.inf, n)
+    assert found is not None  # nothing was left out: always decided
+    return found
+
+
+def _best_of(
+    index: UnitIndex,
+    positions: npt.NDArray[np.intp],
+    rows: npt.NDArray[np.intp],
+    scores: npt.NDArray[np.float64],
+    count: int,
+    threshold: float,
+    bound: float,
+    total: int,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64], int] | None:
+    """:func:`best_diversified` of ``total`` candidates of which only ``rows`` (at
+    ``positions`` among them, ascending) were scored; every other one scores at most
+    ``bound`` (``-inf``: none was left out). None when that is not enough to know.
+
+    A pool of the best raw scores is tried first, then every scored row: a unit that
+    scores above everything left out has every better unit of its source in what was
+    looked at, so its diversified score is exact, and the answer is if the
+    ``count``-th best diversified score beats everything left out (and, for a
+    threshold, so does the threshold: then every unit that passes it was looked at).
+    """
+    n = len(rows)
     pool_size = min(n, 4 * count + 64)
     if pool_size < n:
         pool = np.argpartition(-scores, pool_size - 1)[:pool_size]
-        discounted = diversify(index, rows[pool], scores[pool])
-        outside_best = float(scores[pool].min())  # every unit outside scores at most this
-        kth = float(np.partition(discounted, -count)[-count]) if count <= pool_size else -1.0
-        if kth > outside_best and (threshold == 0.0 or threshold > outside_best):
-            available = n if threshold == 0.0 else int((discounted >= threshold).sum())
-            return (*_ranked(pool, discounted, count, threshold), available)
+        outside = max(bound, float(scores[pool].min()))  # every unit outside: at most this
+        found = _decided(
+            index, positions[pool], rows[pool], scores[pool], count, threshold, outside, total
+        )
+        if found is not None:
+            return found
+    return _decided(index, positions, rows, scores, count, threshold, bound, total)
+
+
+def _decided(
+    index: UnitIndex,
+    positions: npt.NDArray[np.intp],
+    rows: npt.NDArray[np.intp],
+    scores: npt.NDArray[np.float64],
+    count: int,
+    threshold: float,
+    outside: float,
+    total: int,
+) -> tuple[npt.NDArray[np.intp], npt.NDArray[np.float64], int] | None:
     discounted = diversify(index, rows, scores)
-    available = int((discounted >= threshold).sum())
-    return (*_ranked(np.arange(n), discounted, count, threshold), available)
+    if outside > -math.inf:  # some units were left out: each scores at most ``outside``
+        kth = float(np.partition(discounted, -count)[-count]) if count <= len(rows) else -1.0
+        if not (kth > outside and (threshold == 0.0 or threshold > outside)):
+            return None
+    available = total if threshold == 0.0 else int((discounted >= threshold).sum())
+    return (*_ranked(positions, discounted, count, threshold), available)
+
+
+class Ranking:
+    """:func:`score` then :func:`best_diversified` of ATTUNE's candidates, the same answer,
+    computed in bounded steps (:meth:`steps`) and mostly without the matrix product.
+
+    Every candidate is bounded when the ranking is made (:func:`bounds`: a score grows
+    with its semantic factor, which is at most 1); the semantic factor (a product with the
+    unit's embedding), and the exact score, only for the rows that might be among the
+    best. Rows are scored exactly in rounds, highest bound first, and the ranking ends as
+    soon as the rows scored decide it (:func:`_best_of`): for a top 10 of 100,000 units
+    (the benchmarks' set-up), 1,034 rows. Each step scores at most :data:`STEP_CELLS`
+    cells of the unit matrix.
+
+    Everything read after the ranking is made is what never changes: the unit rows and
+    squared norms as of then (views), the calibration checkpoint and the recency of then,
+    each row's other factors.
+    So the steps may run while the Field goes on changing, and give the ranking of the
+    moment it was made.
+    """
+
+    def __init__(
+        self,
+        index: UnitIndex,
+        query: Query,
+        rows: npt.NDArray[np.intp],
+        *,
+        count: int,
+        threshold: float,
+    ) -> None:
+        self._index, self._query, self._rows = index, query, rows
+        self._count, self._threshold = count, threshold
+        #: the result, once :meth:`steps` is exhausted: positions into the candidates
+        #: (best first), their diversified scores, how many candidates pass the threshold
+        self.positions: npt.NDArray[np.intp] = np.empty(0, dtype=np.intp)
+        self.scores: npt.NDArray[np.float64] = np.empty(0, dtype=np.float64)
+        self.available = 0
+        self._interests: Interests | None = None
+        if not len(rows):
+            return
+        interests = query.vectors(index)
+        if not interests.texts:  # no semantic factor: nothing to multiply, decided now
+            scores = score(index, query, rows)
+            self.positions, self.scores, self.available = best_diversified(
+                index, rows, scores, count=count, threshold=threshold
+            )
+            return
+        self._interests = interests
+        # read the rows first: that embeds what is queued (unless deferred), then the count
+        self._held = (index.vectors, index.squares)
+        self._counts = index.scorable
+        self._recorded = len(index)
+        self._bounds = bounds(index, query, rows)
+
+    def _scored(
+        self, part: npt.NDArray[np.intp], semantic: npt.NDArray[np.float64]
+    ) -> npt.NDArray[np.float64]:
+        """The scores of the candidates at positions ``part``, their semantic factors
+        given: :func:`score`'s, to the bit (the factors of rows that never change, the
+        recency of when the ranking was made)."""
+        rows = self._rows[part]
+        f = factors(self._index, self._query, rows, semantic=False, recorded=self._recorded)
+        return combine(
+            self._index.weights,
+            role=f.role,
+            interest=f.interest,
+            semantic=semantic,
+            type_weight=f.type_weight,
+            task=f.task,
+            confidence=f.confidence,
+            recency=f.recency,
+            recency_weight=self._query.recency_weight,
+            complete=True,
+        )
+
+    def steps(self) -> Iterator[None]:
+        """Rank, pausing after each bounded step; the result is set once this is exhausted."""
+        interests = self._interests
+        if interests is None:
+            return
+        index, rows, count = self._index, self._rows, self._count
+        n = len(rows)
+        bounds = self._bounds
+        left = bounds.copy()  # the bounds of the rows not scored yet (-inf once scored)
+        scored = np.zeros(n, dtype=np.bool_)
+        raw = np.zeros(n, dtype=np.float64)
+        semantic = np.zeros(n, dtype=np.float64)
+        best = np.zeros(n, dtype=np.intp)
+        per_step = max(1024, STEP_CELLS // max(1, index.embedder.dim))
+        size = min(n, count + FIRST_ROWS)
+        while True:
+            if size >= n:
+                pick = np.flatnonzero(~scored)
+            else:
+                cut = float(np.partition(bounds, n - size)[n - size])
+                pick = np.flatnonzero(left >= cut)
+                if not len(pick):
+                    pick = np.flatnonzero(left == left.max())
+            left[pick] = -math.inf
+            scored[pick] = True
+            for start in range(0, len(pick), per_step):
+                if start:
+                    yield
+                part = pick[start : start + per_step]
+                factor, which = index.calibrated(
+                    interests, rows[part], self._counts, held=self._held
+                )
+                semantic[part], best[part] = factor, which
+                raw[part] = self._scored(part, factor)
+            taken = np.flatnonzero(scored)
+            bound = -math.inf if len(taken) == n else float(left.max())
+            found = _best_of(
+                index, taken, rows[taken], raw[taken], count, self._threshold, bound, n
+            )
+            if found is not None:
+                break
+            size = min(n, size * 8)
+            yield
+        self.positions, self.scores, self.available = found
+        # what a page explains reads the factors of the rows scored (all it can show)
+        self._query._scored = (rows[taken], semantic[taken], best[taken])
+
+    def run(self) -> Ranking:
+        """Every step at once."""
+        for _ in self.steps():
+            pass
+        return self
 
 
 def _ranked(
