@@ -25,6 +25,7 @@ JetStream side is skipped, and nothing else here is usable.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import re
@@ -57,6 +58,16 @@ MISSING = (
 SYNC_POLICIES = ("always", "default")
 _READY = re.compile(r"Server is ready")
 _VERSION = re.compile(r"v?(\d+)\.(\d+)\.(\d+)")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The flags of the JetStream peer that ``writes.py`` and ``fanout.py`` share."""
+    parser.add_argument("--no-jetstream", action="store_true", help="skip the NATS JetStream peer")
+    parser.add_argument(
+        "--nats-server",
+        metavar="PATH",
+        help="the nats-server binary (default: the one beside this Python, else on PATH)",
+    )
 
 
 def find_server(explicit: str | None = None) -> str | None:

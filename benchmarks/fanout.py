@@ -45,9 +45,9 @@ connection and its own ordered push consumer on the stream (see
 messages as Redis's in the same two phases, each awaiting its acknowledgement
 (``js.publish``); the latency counts from that acknowledgement, as the Field's
 from the RECORD's. ``--no-jetstream`` skips it; without nats-py or a
-``nats-server`` (both in the ``bench`` extra) it is skipped with a line saying
-so. The Field itself runs ``--in-memory`` here, as before: its durable writes
-are ``writes.py``'s.
+``nats-server`` (nats-py is in the ``bench`` extra; the server is the host's) it
+is skipped with a line saying so. The Field itself runs ``--in-memory`` here, as
+before: its durable writes are ``writes.py``'s.
 
 Every Redis and JetStream subscriber checks that each message is the one after
 the last it received (the publisher numbers them): a gap is counted as lost, a
@@ -1243,12 +1243,7 @@ def main() -> None:
     )
     parser.add_argument("--deflate", action="store_true", help="offer permessage-deflate (WS)")
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis baseline")
-    parser.add_argument("--no-jetstream", action="store_true", help="skip the NATS JetStream peer")
-    parser.add_argument(
-        "--nats-server",
-        metavar="PATH",
-        help="the nats-server binary (default: the one beside this Python, else on PATH)",
-    )
+    _jetstream.add_arguments(parser)
     parser.add_argument(
         "--jetstream-sync",
         choices=_jetstream.SYNC_POLICIES,

@@ -270,6 +270,30 @@ async def writer(
                 run.errors[key] = run.errors.get(key, 0) + 1
 
 
+async def measure(
+    server: Any,
+    run: Run,
+    tasks: list[asyncio.Task[None]],
+    start: asyncio.Event,
+    seconds: float,
+    label: str,
+) -> None:
+    """Let the clients go (``start``), show progress until they end, and take the CPU the
+    server (``server.cpu_seconds()``) and this process used meanwhile into ``run``."""
+    cpu0, client0 = server.cpu_seconds(), time.process_time()
+    start.set()
+    ticks = int(seconds * 10)
+    for tick in range(ticks):
+        progress(tick, ticks, label)
+        if any(t.done() for t in tasks):
+            break
+        await asyncio.sleep(0.1)
+    await asyncio.gather(*tasks)
+    progress(ticks, ticks, label)
+    run.server_cpu = server.cpu_seconds() - cpu0
+    run.client_cpu = time.process_time() - client0
+
+
 async def drive(server: FieldServer, args: argparse.Namespace, label: str) -> Run:
     run = Run()
     start = asyncio.Event()
@@ -287,18 +311,7 @@ async def drive(server: FieldServer, args: argparse.Namespace, label: str) -> Ru
     now = time.perf_counter()
     run.window = (now + args.warmup, now + args.warmup + args.seconds)
     deadline[0] = run.window[1]
-    cpu0, client0 = server.cpu_seconds(), time.process_time()
-    start.set()
-    ticks = int((args.warmup + args.seconds) * 10)
-    for tick in range(ticks):
-        progress(tick, ticks, label)
-        if any(t.done() for t in tasks):
-            break
-        await asyncio.sleep(0.1)
-    await asyncio.gather(*tasks)
-    progress(ticks, ticks, label)
-    run.server_cpu = server.cpu_seconds() - cpu0
-    run.client_cpu = time.process_time() - client0
+    await measure(server, run, tasks, start, args.warmup + args.seconds, label)
     status = await get_json(server.url + "/v1/field/status")
     run.status_units = sum(status["counts"]["memory_units"].values())
     run.log_units = count_logged_units(server.data_dir)
@@ -375,19 +388,7 @@ async def drive_jetstream(server: _jetstream.JetStreamServer, args: argparse.Nam
     now = time.perf_counter()
     run.window = (now + args.warmup, now + args.warmup + args.seconds)
     deadline[0] = run.window[1]
-    cpu0, client0 = server.cpu_seconds(), time.process_time()
-    start.set()
-    ticks = int((args.warmup + args.seconds) * 10)
-    label = f"js/{server.policy}"
-    for tick in range(ticks):
-        progress(tick, ticks, label)
-        if any(t.done() for t in tasks):
-            break
-        await asyncio.sleep(0.1)
-    await asyncio.gather(*tasks)
-    progress(ticks, ticks, label)
-    run.server_cpu = server.cpu_seconds() - cpu0
-    run.client_cpu = time.process_time() - client0
+    await measure(server, run, tasks, start, args.warmup + args.seconds, f"js/{server.policy}")
     run.status_units = await _jetstream.stream_messages(server.url, STREAM)
     return run
 
@@ -505,12 +506,7 @@ def main() -> None:
     parser.add_argument(
         "--no-baseline", action="store_true", help="skip the one-commit-per-write server"
     )
-    parser.add_argument("--no-jetstream", action="store_true", help="skip the NATS JetStream peer")
-    parser.add_argument(
-        "--nats-server",
-        metavar="PATH",
-        help="the nats-server binary (default: the one beside this Python, else on PATH)",
-    )
+    _jetstream.add_arguments(parser)
     parser.add_argument(
         "--embedders",
         nargs="+",
