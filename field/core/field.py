@@ -87,12 +87,7 @@ class Ids:
     webhook_secret: Callable[[], str] = new_secret
 
 
-@functools.lru_cache(maxsize=4096)
 def hash_token(token: str) -> str:
-    """The stored form of a token (SHA-256, hex): the state, the log and the snapshots
-    hold this, never the token. Every request hashes its token, often twice (its agent's
-    rate, then its authentication), so the last few thousand are kept in memory, where the
-    tokens of requests pass anyway; a flood of guesses costs an agent one hash again."""
     return hashlib.sha256(token.encode()).hexdigest()
 
 
