@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,13 @@ def envelope(operation: str, agent: str, payload: dict[str, Any], epoch: int = 0
         "epoch": epoch,
         "payload": payload,
     }
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def progress(done: int, total: int, label: str) -> None:

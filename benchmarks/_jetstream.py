@@ -40,6 +40,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from _common import cpu_seconds
+
 try:
     import nats
     from nats.js.api import RetentionPolicy, StorageType, StreamConfig
@@ -68,6 +70,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="the nats-server binary (default: the one beside this Python, else on PATH)",
     )
+
+
+def available(args: argparse.Namespace) -> bool:
+    """Whether the JetStream peer runs (not ``--no-jetstream``, and nats-py and a server
+    are there: else one line says why not); ``args.nats_server`` becomes the binary."""
+    if args.no_jetstream:
+        return False
+    args.nats_server = find_server(args.nats_server)
+    skipped = skip_reason(args.nats_server)
+    if skipped is not None:
+        print(skipped, file=sys.stderr)
+        return False
+    return True
 
 
 def find_server(explicit: str | None = None) -> str | None:
@@ -180,9 +195,7 @@ class JetStreamServer:
 
     def cpu_seconds(self) -> float:
         """User + system CPU time of the server process so far."""
-        with open(f"/proc/{self.pid}/stat") as stat:
-            fields = stat.read().rpartition(")")[2].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return cpu_seconds(self.pid)
 
     def _terminate(self) -> None:
         process = self.process

@@ -116,6 +116,7 @@ from _common import (
     ROOT,
     VOCABULARY,
     bracketed,
+    cpu_seconds,
     envelope,
     pct,
     progress,
@@ -154,13 +155,6 @@ def raise_nofile() -> int:
 
 
 # -- processes ------------------------------------------------------------------
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process (all its threads), from /proc."""
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_kb(pid: int) -> int:
@@ -1276,20 +1270,15 @@ def main() -> None:
                 rows.extend(found)
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop children on the way out
-    jetstream = not args.no_jetstream
-    if jetstream:
-        args.nats_server = _jetstream.find_server(args.nats_server)
-        skipped = _jetstream.skip_reason(args.nats_server)
-        if skipped is not None:
-            print(skipped, file=sys.stderr)
-            jetstream = False
-        elif args.jetstream_sync == "always" and not _jetstream.supports_always(args.nats_server):
-            print(
-                "this nats-server has no sync_interval: always (2.10 and later): JetStream runs "
-                "with its default sync",
-                file=sys.stderr,
-            )
-            args.jetstream_sync = "default"
+    jetstream = _jetstream.available(args)
+    always = jetstream and args.jetstream_sync == "always"
+    if always and not _jetstream.supports_always(args.nats_server):
+        print(
+            "this nats-server has no sync_interval: always (2.10 and later): JetStream runs "
+            "with its default sync",
+            file=sys.stderr,
+        )
+        args.jetstream_sync = "default"
     limit = raise_nofile()
     need = max([*args.subscribers, *args.sse]) + 200
     if limit < need:

@@ -525,13 +525,7 @@ def main() -> None:
     if args.embedders:
         compare_embedders(args)
         return
-    jetstream = not args.no_jetstream
-    if jetstream:
-        args.nats_server = _jetstream.find_server(args.nats_server)
-        skipped = _jetstream.skip_reason(args.nats_server)
-        if skipped is not None:
-            print(skipped, file=sys.stderr)
-            jetstream = False
+    jetstream = _jetstream.available(args)
     metered: list[tuple[str, str, str, Run]] = []
     cases = [("group commit", None)] + ([] if args.no_baseline else [("one commit per write", 1)])
     settings = list(dict.fromkeys(args.metrics))

@@ -21,6 +21,7 @@ from field.store import MemoryEventLog
 
 from .core_util import Harness
 from .test_relevance import _unit, query_strategy, unit_strategy
+from .test_service import envelope
 
 
 @pytest.fixture
@@ -223,16 +224,7 @@ async def test_the_loop_turns_between_the_steps_of_a_large_ranking(
         tokens: dict[str, str] = {}
 
         async def run(agent: str, operation: str, payload: dict[str, Any]) -> Any:
-            body = {
-                "protocol": "akashik",
-                "version": "0.1.0",
-                "id": "m",
-                "operation": operation,
-                "agent_id": agent,
-                "session_id": None,
-                "epoch": 0,
-                "payload": payload,
-            }
+            body = envelope(operation, agent, payload)
             token = tokens.get(agent)
             outcome = await service.execute(
                 lambda f: f.handle(body, token=token, operation=operation), operation=operation

@@ -40,18 +40,14 @@ from .test_snapshot import FINGERPRINT, snapshot_of
 TIMEOUT = 10.0
 
 
-class GatedEmbedder:
-    """Hashing, embedded after the commit, that embeds units only while its gate is open
-    (texts embedded on the event loop, interests and hints, never wait)."""
+class HeavyHashing:
+    """Hashing, marked heavy: the Field embeds its units after the commit. Subclasses
+    wrap :meth:`embed` (the model's calls) around the hashing it does."""
 
     heavy = True
 
-    def __init__(self, loop_thread: str = "field-server") -> None:
+    def __init__(self) -> None:
         self._inner = HashingEmbedder()
-        self._loop_thread = loop_thread
-        self.gate = threading.Event()
-        #: set once a step is waiting at the gate
-        self.waiting = threading.Event()
 
     @property
     def name(self) -> str:
@@ -60,6 +56,21 @@ class GatedEmbedder:
     @property
     def dim(self) -> int:
         return self._inner.dim
+
+    def embed(self, texts: Sequence[str]) -> Vectors:
+        return self._inner.embed(texts)
+
+
+class GatedEmbedder(HeavyHashing):
+    """Hashing, embedded after the commit, that embeds units only while its gate is open
+    (texts embedded on the event loop, interests and hints, never wait)."""
+
+    def __init__(self, loop_thread: str = "field-server") -> None:
+        super().__init__()
+        self._loop_thread = loop_thread
+        self.gate = threading.Event()
+        #: set once a step is waiting at the gate
+        self.waiting = threading.Event()
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         if threading.current_thread().name != self._loop_thread:
@@ -212,26 +223,16 @@ async def test_writes_wait_while_the_queue_is_full_and_go_on_as_it_drains() -> N
         await service.stop()
 
 
-class SteppedEmbedder:
+class SteppedEmbedder(HeavyHashing):
     """Hashing made heavy: each call of the model (in the worker's thread) says so to the
     loop and waits until the test lets it through, one call per permit."""
 
-    heavy = True
-
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._inner = HashingEmbedder()
+        super().__init__()
         self._loop = loop
         self.permits = threading.Semaphore(0)
         #: the loop's queue of calls begun: (texts, the calling thread's niceness)
         self.calls: asyncio.Queue[tuple[int, int | None]] = asyncio.Queue()
-
-    @property
-    def name(self) -> str:
-        return self._inner.name
-
-    @property
-    def dim(self) -> int:
-        return self._inner.dim
 
     def embed(self, texts: Sequence[str]) -> Vectors:
         nice = os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) if _NICE else None
