@@ -317,3 +317,30 @@ def test_what_changes_during_a_ranking_does_not_change_its_page(small_steps: Non
     pauses = 1 + sum(1 for _ in outcome.rest)
     assert pauses >= 2  # 2,500 rows of one bound, 1,024 a step: the first pause was mid-ranking
     assert outcome.response == expected.response
+
+
+def test_the_kept_query_scales_are_bounded_and_the_least_recently_used_go_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Every agent's queries share the kept scales: a flood of distinct ones keeps at most
+    QUERY_TEXTS, dropping the one used longest ago, and a kept one is the same values."""
+    monkeypatch.setattr(relevance, "QUERY_TEXTS", 3)
+    index = Harness(embedder=HashingEmbedder()).field.state.index
+    squares = np.ones(1)
+
+    def row(k: int) -> Any:
+        vector = np.zeros((1, index.embedder.dim), dtype=np.float32)
+        vector[0, k] = 1.0
+        return vector
+
+    first = index._scales(row(0), squares, 0)
+    for k in (1, 2):
+        index._scales(row(k), squares, 0)
+    index._scales(row(0), squares, 0)  # used again: now the most recent
+    index._scales(row(3), squares, 0)  # one too many: row 1's go
+    kept = relevance._SCALED[index.calibration]
+    assert len(kept) == 3
+    held = {key[0] for key in kept}
+    assert row(1).tobytes() not in held and row(0).tobytes() in held
+    again = index._scales(row(0), squares, 0)
+    assert all(np.array_equal(a, b) for a, b in zip(first, again, strict=True))
