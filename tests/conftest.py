@@ -27,6 +27,7 @@ import uvicorn
 
 from field.cli.main import uvicorn_config
 from field.client import FieldClient
+from field.engine.admission import AdmissionPolicy
 from field.ranking.embedding import Embedder
 from field.server.app import create_app
 from field.server.config import Config
@@ -48,6 +49,8 @@ hypothesis.settings.load_profile("field")
 #: Admission control off in the tests' servers (0: never refuse): a machine busy with other
 #: work is not the overload they are about. The tests of admission set their own targets.
 UNLOADED = {"overload_write_target": 0, "overload_read_target": 0, "overload_write_budget": 0}
+#: The same for the services the tests build themselves (a FieldService without a server).
+UNLOADED_POLICY = AdmissionPolicy(write_target=0, read_target=0, write_budget=0)
 
 
 def _ready_signal(app: Any, ready: threading.Event) -> Any:

@@ -19,6 +19,7 @@ from field.ranking import relevance
 from field.ranking.embedding import HashingEmbedder
 from field.store import MemoryEventLog
 
+from .conftest import UNLOADED_POLICY
 from .core_util import Harness
 from .test_relevance import _unit, query_strategy, unit_strategy
 from .test_service import envelope
@@ -217,7 +218,9 @@ async def test_the_loop_turns_between_the_steps_of_a_large_ranking(
             yield
 
     monkeypatch.setattr(relevance.Ranking, "steps", counted)
-    service = FieldService(MemoryEventLog(), lambda: Field(embedder=HashingEmbedder()))
+    service = FieldService(
+        MemoryEventLog(), lambda: Field(embedder=HashingEmbedder()), admission=UNLOADED_POLICY
+    )
     await service.start()
     try:
         field = service.field

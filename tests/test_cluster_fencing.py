@@ -40,7 +40,7 @@ from field.core.context import Outcome
 from field.core.field import Field
 from field.engine.service import FieldService
 
-from .conftest import ServerProcess
+from .conftest import UNLOADED_POLICY, ServerProcess
 from .core_util import Harness
 from .postgres_util import fresh_database
 from .schema_util import assert_valid
@@ -157,7 +157,9 @@ class Node:
         from field.store.postgres import PostgresEventLog
 
         self.name = name
-        self.service = FieldService(PostgresEventLog(url), Field, node_id=name)
+        self.service = FieldService(
+            PostgresEventLog(url), Field, node_id=name, admission=UNLOADED_POLICY
+        )
         self.tokens: dict[str, str] = {}
 
     async def send(self, operation: str, agent: str, payload: dict[str, Any]) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from field.contract.model import StoredEntry
 from field.core.field import Field
 from field.engine.service import FieldService
 
+from .conftest import UNLOADED_POLICY
 from .postgres_util import fresh_database
 from .test_service import operate
 
@@ -34,7 +35,9 @@ class Node:
     """One service on the shared log, and the entries it published, in order."""
 
     def __init__(self, url: str, name: str) -> None:
-        self.service = FieldService(PostgresEventLog(url), Field, node_id=name)
+        self.service = FieldService(
+            PostgresEventLog(url), Field, node_id=name, admission=UNLOADED_POLICY
+        )
         self.published: list[StoredEntry] = []
         self.service.listeners.add(self.published.extend)
         self.changed = asyncio.Event()

@@ -35,7 +35,7 @@ from field.subscriptions.events import SUBSCRIPTION_EVENTS, event_of
 from field.subscriptions.matcher import Matcher
 from field.subscriptions.stream import Notification, encode_event, encode_notification
 
-from .conftest import ThreadedServer
+from .conftest import UNLOADED_POLICY, ThreadedServer
 from .core_util import Harness
 from .schema_util import assert_valid
 from .test_push import millis, open_ws, record, sse_stream, supersede, timestamps
@@ -190,7 +190,7 @@ class Clock:
 
 @pytest.fixture
 async def service() -> AsyncIterator[FieldService]:
-    service = FieldService(MemoryEventLog(), Field)
+    service = FieldService(MemoryEventLog(), Field, admission=UNLOADED_POLICY)
     await service.start()
     envelope = {
         "protocol": "akashik",

@@ -31,7 +31,7 @@ from field.ranking import relevance
 from field.ranking.embedding import HashingEmbedder, Vectors, embeds_after_commit, load_embedder
 from field.store import MemoryEventLog
 
-from .conftest import ThreadedServer
+from .conftest import UNLOADED_POLICY, ThreadedServer
 from .core_util import Harness
 from .test_service import ControlledLog, envelope
 from .test_snapshot import FINGERPRINT, snapshot_of
@@ -194,7 +194,9 @@ def _job(h: Harness, operation: str, agent_id: str, payload: dict[str, Any]) -> 
 async def test_writes_wait_while_the_queue_is_full_and_go_on_as_it_drains() -> None:
     embedder = GatedEmbedder(loop_thread=threading.current_thread().name)
     h = Harness(embedder=embedder)
-    service = FieldService(MemoryEventLog(), lambda: h.field, embed_after_commit=embedder)
+    service = FieldService(
+        MemoryEventLog(), lambda: h.field, embed_after_commit=embedder, admission=UNLOADED_POLICY
+    )
     worker = EmbeddingWorker(lambda: service.field.state.index, embedder, max_units=2)
     worker.on_progress = service._release_held
     service.embeddings = worker
@@ -415,7 +417,7 @@ async def test_held_entries_are_published_once_after_a_rebuild_of_the_state() ->
     def new_field() -> Any:
         return next(built, None) or Harness(embedder=embedder).field
 
-    service = FieldService(log, new_field, embed_after_commit=embedder)
+    service = FieldService(log, new_field, embed_after_commit=embedder, admission=UNLOADED_POLICY)
     published: list[Any] = []
     service.listeners.add(published.extend)
     await service.start()

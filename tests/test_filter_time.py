@@ -24,7 +24,7 @@ from field.store.memory import MemoryEventLog
 from field.subscriptions.filtering import FilterTime
 from field.subscriptions.stream import format_cursor
 
-from .conftest import ThreadedServer
+from .conftest import UNLOADED_POLICY, ThreadedServer
 from .test_push_hub import Hub, units
 from .test_webhooks import FAST_RETRIES, Receiver, agents, in_order_without_loss, note
 
@@ -61,7 +61,9 @@ def test_time_spent_is_paid_back_at_the_agents_share() -> None:
 async def shared() -> AsyncIterator[tuple[Hub, FilterTime, Clock]]:
     clock = Clock()
     share = FilterTime(0.05, 0.02, clock=clock)
-    service = FieldService(MemoryEventLog(), lambda: Field(filter_time=share))
+    service = FieldService(
+        MemoryEventLog(), lambda: Field(filter_time=share), admission=UNLOADED_POLICY
+    )
     hub = Hub(PushHub(service), service, {})
     await service.start()
     for agent_id in ("writer", "a", "b"):

@@ -20,6 +20,7 @@ from field.store import EventLog, LogEntry, MemoryEventLog, SQLiteEventLog, Stor
 from field.subscriptions.events import event_of
 from field.subscriptions.matcher import Matcher
 
+from .conftest import UNLOADED_POLICY
 from .core_util import Harness
 from .schema_util import assert_valid
 
@@ -352,7 +353,7 @@ def test_replay_in_the_same_batch_as_the_write_it_reads() -> None:
     """The service serves positions its batch has applied but not yet stored."""
 
     async def run() -> tuple[Outcome, bool]:
-        service = FieldService(MemoryEventLog(), Field)
+        service = FieldService(MemoryEventLog(), Field, admission=UNLOADED_POLICY)
         await service.start()
         try:
             registered = await service.execute(

@@ -37,6 +37,7 @@ from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.subscriptions.stream import parse_cursor
 
+from .conftest import UNLOADED_POLICY
 from .postgres_util import fresh_database
 from .test_service import operate
 from .test_webhooks import Receiver, in_order_without_loss
@@ -352,7 +353,9 @@ class Shared:
     def __init__(self) -> None:
         self.box = SecretBox(secrets.token_bytes(32))
         self.service = FieldService(
-            MemoryEventLog(), lambda: Field(egress=LOOPBACK, secret_box=self.box)
+            MemoryEventLog(),
+            lambda: Field(egress=LOOPBACK, secret_box=self.box),
+            admission=UNLOADED_POLICY,
         )
         self.tokens: dict[str, str] = {}
         self.published = asyncio.Event()

@@ -26,7 +26,7 @@ from field.engine.service import FieldService
 from field.server.config import Config
 from field.store.memory import MemoryEventLog
 
-from .conftest import ThreadedServer
+from .conftest import UNLOADED_POLICY, ThreadedServer
 from .core_util import Harness
 from .schema_util import assert_valid
 from .test_liveness import Clock
@@ -121,7 +121,9 @@ def test_expiry_cancels_only_what_the_inactivity_reached_and_fails_no_one() -> N
 @pytest.fixture
 async def service() -> AsyncIterator[FieldService]:
     limits = Limits(max_subscription_timeout_s=600)
-    service = FieldService(MemoryEventLog(), functools.partial(Field, limits=limits))
+    service = FieldService(
+        MemoryEventLog(), functools.partial(Field, limits=limits), admission=UNLOADED_POLICY
+    )
     await service.start()
     yield service
     await service.stop()

@@ -26,7 +26,7 @@ from field.engine.liveness import Liveness, PresenceReport
 from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 
-from .conftest import ThreadedServer
+from .conftest import UNLOADED_POLICY, ThreadedServer
 from .postgres_util import fresh_database
 from .schema_util import assert_valid
 from .test_push import open_ws
@@ -52,7 +52,7 @@ class Node:
     """One node: a service with the Field's agents, its Liveness, its Presence."""
 
     def __init__(self, url: str, node_id: str, wall: Clock, *, heartbeat_timeout: float) -> None:
-        self.service = FieldService(MemoryEventLog(), Field)
+        self.service = FieldService(MemoryEventLog(), Field, admission=UNLOADED_POLICY)
         self.wall = wall
         self.clock = Clock(50.0)  # a monitor's clock: its own origin, like loop.time()
         self.presence = Presence(url, node_id, clock=wall)

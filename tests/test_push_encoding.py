@@ -35,7 +35,7 @@ from field.subscriptions.stream import (
 from field.transports.eventstream import sse_event
 from field.transports.wsprotocol import FieldWebSocketProtocol
 
-from .conftest import ThreadedServer
+from .conftest import UNLOADED_POLICY, ThreadedServer
 from .core_util import Harness
 from .test_push import Agents, agents, field, ids, open_ws, record_many, subscribe  # noqa: F401
 
@@ -182,7 +182,9 @@ def test_replayed_and_live_frames_equal_the_notification_path() -> None:
     log = MemoryEventLog()
     log.append(h.entries)
     entries = log.read(0, 100_000)
-    hub = PushHub(FieldService(log, lambda: Field(operator_token=OPERATOR_TOKEN)))
+    hub = PushHub(
+        FieldService(log, lambda: Field(operator_token=OPERATOR_TOKEN), admission=UNLOADED_POLICY)
+    )
     state = hub.field.state
     for agent in ("lead", "member", "outsider"):
         sid = subscriptions[agent]

@@ -27,6 +27,7 @@ from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 from field.transports import sse
 
+from .conftest import UNLOADED_POLICY
 from .test_service import envelope
 
 
@@ -75,7 +76,7 @@ class Hub:
 
 @pytest.fixture
 async def hub() -> AsyncIterator[Hub]:
-    service = FieldService(MemoryEventLog(), Field)
+    service = FieldService(MemoryEventLog(), Field, admission=UNLOADED_POLICY)
     push = PushHub(service)
     await service.start()
     h = Hub(push, service, {})

@@ -29,7 +29,7 @@ from field.engine.push import PushHub
 from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
 
-from .conftest import ThreadedServer
+from .conftest import UNLOADED_POLICY, ThreadedServer
 from .schema_util import assert_valid
 from .test_push import open_ws, record, sse_stream, subscribe
 from .test_push_hub import Hub
@@ -285,7 +285,7 @@ async def test_sse_notifications_are_paced_too(
 @pytest.fixture
 async def paced() -> AsyncIterator[tuple[Hub, Clock]]:
     clock = Clock()
-    service = FieldService(MemoryEventLog(), Field)
+    service = FieldService(MemoryEventLog(), Field, admission=UNLOADED_POLICY)
     hub = PushHub(service, notify_rate=Rate(2.0, 4), clock=clock, pause=clock.pause)
     await service.start()
     h = Hub(hub, service, {})

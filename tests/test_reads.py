@@ -25,6 +25,7 @@ from field.core.field import Field
 from field.engine.service import FieldService
 from field.store import MemoryEventLog
 
+from .conftest import UNLOADED_POLICY
 from .core_util import Harness
 from .test_http import CheckedClient, expect, note
 
@@ -484,7 +485,7 @@ def test_what_changes_between_steps_does_not_change_the_page() -> None:
 
 
 async def test_the_service_runs_other_work_between_the_steps_of_a_large_read() -> None:
-    service = FieldService(MemoryEventLog(), Field)
+    service = FieldService(MemoryEventLog(), Field, admission=UNLOADED_POLICY)
     await service.start()
     tokens: dict[str, str] = {}
 

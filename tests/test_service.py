@@ -20,6 +20,8 @@ from field.engine.service import PUBLISH_SLICE, FieldService
 from field.ranking import relevance
 from field.store import MemoryEventLog
 
+from .conftest import UNLOADED_POLICY
+
 
 class ControlledLog(MemoryEventLog):
     """A memory log whose appends can be held, failed and counted."""
@@ -108,7 +110,9 @@ class Client:
 @pytest.fixture
 async def setup() -> AsyncIterator[tuple[FieldService, ControlledLog, Client]]:
     log = ControlledLog()
-    service = FieldService(log, lambda: Field(), max_queue=8, max_batch=64)
+    service = FieldService(
+        log, lambda: Field(), max_queue=8, max_batch=64, admission=UNLOADED_POLICY
+    )
     await service.start()
     client = Client(service)
     client.token = (await client.op("REGISTER", {"id": "alice", "role": "r"}))["token"]
@@ -302,7 +306,9 @@ async def test_a_rebuild_that_cannot_read_the_log_answers_log_unavailable(
     as an internal error, with one log line and no traceback; then it serves again."""
     monkeypatch.setattr(service_module, "PROBE_SECONDS", 0.01)
     log = DownLog()
-    service = FieldService(log, lambda: Field(), max_queue=64, max_batch=64)
+    service = FieldService(
+        log, lambda: Field(), max_queue=64, max_batch=64, admission=UNLOADED_POLICY
+    )
     await service.start()
     try:
         client = Client(service)
@@ -416,7 +422,9 @@ async def full_setup(
 ) -> AsyncIterator[tuple[FieldService, FullLog, Client]]:
     monkeypatch.setattr(service_module, "PROBE_SECONDS", 0.01)
     log = FullLog()
-    service = FieldService(log, lambda: Field(), max_queue=64, max_batch=64)
+    service = FieldService(
+        log, lambda: Field(), max_queue=64, max_batch=64, admission=UNLOADED_POLICY
+    )
     await service.start()
     client = Client(service)
     client.token = (await client.op("REGISTER", {"id": "alice", "role": "r"}))["token"]
