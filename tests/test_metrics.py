@@ -26,6 +26,7 @@ from field.engine.ratelimits import AgentRateLimits
 from field.engine.router import PushCounts, PushLimits
 from field.transports.access import AccessLog
 from field.transports.metrics import OTHER, Metrics
+from field.transports.metrics import _notification_latency as notification_latency
 from field.transports.runtime import Runtime as FieldRuntime
 
 from .conftest import ThreadedServer
@@ -132,6 +133,7 @@ async def status(url: str) -> dict[str, Any]:
 async def test_operations_push_and_state_move_the_numbers(field_server: ThreadedServer) -> None:
     url = field_server.url
     before = await scrape(url)
+    started = time.monotonic()
     assert value(before, "field_build_info", version="0.1.0") == 1
     async with FieldClient(url) as field, aiohttp.ClientSession() as http:
         a = await field.register("agent-a", "analyst", interests=["market sizing"])
@@ -159,6 +161,7 @@ async def test_operations_push_and_state_move_the_numbers(field_server: Threaded
             answer = await honoured.request("ATTUNE", b.id, {"scope": scope})
             assert answer["status"] == 200
         after = await scrape(url)
+        elapsed = time.monotonic() - started
         state = await status(url)
 
     def moved(name: str, **labels: str) -> float:
@@ -200,6 +203,13 @@ async def test_operations_push_and_state_move_the_numbers(field_server: Threaded
     assert moved(resumes, transport="websocket", recovered="true") == 1
     assert moved(resumes, transport="websocket", recovered="false") == 1
     assert value(after, resumes, transport="sse", recovered="true") == 0  # no cursor given
+    # each notification written once is timed once, in less than the test took
+    latency = "field_notification_latency_seconds"
+    assert moved(f"{latency}_count", transport="websocket") == 6
+    assert moved(f"{latency}_count", transport="sse") == 3
+    assert moved(f"{latency}_bucket", transport="sse", le="+Inf") == 3
+    assert 0 < moved(f"{latency}_sum", transport="sse") <= 3 * elapsed
+    assert value(after, f"{latency}_count", transport="webhook") == 0
     assert sid  # the stream's subscription is the one counted active
 
 
@@ -519,3 +529,89 @@ async def test_http_responses_are_counted_by_status_class(
     assert moved("5xx") == 1
     assert moved("1xx") == 2
     assert value(after, "field_http_responses_total", **{"class": OTHER}) == 0
+
+
+# -- notification latency ------------------------------------------------------------
+
+NOTIFICATION_LATENCY = "field_notification_latency_seconds"
+#: How long the test holds a notification back (the receiver's answer, the stream's start).
+HOLD = 0.3
+
+
+def latency_counts(samples: Samples, transport: str) -> tuple[float, float, float]:
+    """The notifications ``transport`` timed: all, those within 0.25 s, and their sum."""
+    return (
+        value(samples, f"{NOTIFICATION_LATENCY}_count", transport=transport),
+        value(samples, f"{NOTIFICATION_LATENCY}_bucket", transport=transport, le="0.25"),
+        value(samples, f"{NOTIFICATION_LATENCY}_sum", transport=transport),
+    )
+
+
+async def test_notification_latency_runs_from_the_commit_to_the_receiver(
+    server_factory: StartServer,
+) -> None:
+    """A webhook's notification is timed to its receiver's 2xx, and a replayed one from
+    its commit, not from when it was queued: both held back past 0.25 s, neither is
+    counted within 0.25 s; and neither took longer than the test."""
+    server = server_factory(webhook_allow_net=("127.0.0.0/8",))
+    receiver = await Receiver(gate=asyncio.Event()).start()
+    started = time.monotonic()
+    try:
+        async with FieldClient(server.url) as field:
+            writer = await field.register("writer", "analyst", interests=["market"])
+            reader = await field.register("reader", "analyst", interests=["market"])
+            hooked = await field.register("hooked", "analyst", interests=["market"])
+            stream = await subscribe(reader, ["memory.recorded"])
+            await webhook(hooked, receiver.url)
+            await record(writer, "market: one finding")
+            # the holdup being measured: the receiver has not answered, the reader not come
+            await asyncio.sleep(HOLD)
+            assert receiver.gate is not None
+            receiver.gate.set()
+            async with open_ws(server.url, reader.token, since=[stream["cursor"]]) as ws:
+                frames = await ws.ready()  # the resume, the replayed notification, live
+            assert [f["type"] for f in frames] == ["resume", "notification", "live"]
+            await receiver.until(lambda: len(receiver.delivered) == 1, "the delivery")
+
+            def timed(samples: Samples) -> bool:
+                return latency_counts(samples, "webhook")[0] == 1
+
+            samples = await until_metric(server.url, timed, "the delivery timed")
+    finally:
+        await receiver.stop()
+    elapsed = time.monotonic() - started
+    for transport in ("webhook", "websocket"):
+        count, quick, seconds = latency_counts(samples, transport)
+        assert (count, quick) == (1, 0), transport
+        assert HOLD <= seconds <= elapsed, transport
+    assert latency_counts(samples, "sse")[0] == 0
+
+
+def test_notification_latency_buckets_and_transports() -> None:
+    """Each observation falls in the first bucket it is at or under; every transport has
+    its series from the start, and a kind outside them only once it has notifications."""
+    counts = PushCounts()
+    latency = counts.latency_of("sse")
+    for seconds in (-0.5, 0.001, 0.0011, 0.25, 29.0, 31.0):
+        latency.observe(seconds)
+    counts.latency_of("console")  # a console's stream carries no notification
+    counts.latency_of("carrier-pigeon").observe(0.002)
+    counts.latency_of("mcp")  # shown once it has notifications
+    family = notification_latency(counts.latency)
+    samples = {(s.name, frozenset(s.labels.items())): s.value for s in family.samples}
+    sse = {"transport": "sse"}
+    bucket = f"{NOTIFICATION_LATENCY}_bucket"
+    assert value(samples, bucket, le="0.001", **sse) == 2  # a negative figure counts as 0
+    assert value(samples, bucket, le="0.0025", **sse) == 3
+    assert value(samples, bucket, le="0.25", **sse) == 4
+    assert value(samples, bucket, le="30.0", **sse) == 5
+    assert value(samples, bucket, le="+Inf", **sse) == 6
+    assert value(samples, f"{NOTIFICATION_LATENCY}_count", **sse) == 6
+    assert value(samples, f"{NOTIFICATION_LATENCY}_sum", **sse) == pytest.approx(60.2521)
+    transports = {
+        dict(labels)["transport"]
+        for name, labels in samples
+        if name.startswith(NOTIFICATION_LATENCY)
+    }
+    assert transports == {"websocket", "sse", "webhook", "rap", OTHER}
+    assert value(samples, f"{NOTIFICATION_LATENCY}_count", transport=OTHER) == 1

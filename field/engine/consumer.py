@@ -47,6 +47,7 @@ async def consume(
     most = hub.batch_size(most)
     counts = hub.counts
     sent = None if counts is None else counts.sender(connection.kind)
+    latency = None if counts is None else counts.latency_of(connection.kind)
     while True:
         if idle is None:
             frame = await outbox.get()
@@ -68,6 +69,8 @@ async def consume(
                     break
         await hub.pace(connection, count_notifications(batch, sent))
         ends = await write(batch)
+        if latency is not None:
+            latency.sent(batch)
         # an idle stream must not pin the frames it last sent
         del frame, batch
         if ends:

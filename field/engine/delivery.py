@@ -772,6 +772,7 @@ class Sink:
                 if counts is not None:
                     sent = counts.sender(self.kind)
                     sent[frame.kind] = sent.get(frame.kind, 0) + 1
+                    counts.latency_of(self.kind).sent((frame,))
         elif frame.kind == "overflow":
             # the receiver fell behind the log: read on from the log, from where we are
             self.connection = None
