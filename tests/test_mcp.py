@@ -31,7 +31,7 @@ from mcp.client.stdio import stdio_client
 from mcp.shared.exceptions import MCPError
 
 from field.cli.main import main
-from field.cli.mcp_bridge import TOOLS, Bridge, tool_definitions
+from field.cli.mcp_bridge import TOOLS, Bridge, relay, tool_definitions
 from field.client import FieldClient
 from field.server.config import Config
 
@@ -411,6 +411,29 @@ async def test_an_unreachable_field_is_a_tool_error(
             assert outcome.body["code"] == "FIELD_UNAVAILABLE"
             assert outcome.body["recoverable"] is True and url in outcome.body["message"]
             assert "not-a-real-token" not in outcome.text
+
+
+async def test_resources_of_an_unreachable_field_are_an_mcp_error(
+    unused_tcp_port_factory: Callable[[], int],
+) -> None:
+    """The resources are relayed from the Field's /mcp: one it cannot reach is the JSON-RPC
+    error -32603 with the FIELD_UNAVAILABLE body; with no agent to act for, -32602."""
+    url = f"http://127.0.0.1:{unused_tcp_port_factory()}"
+    async with FieldClient(url, timeout=HANG_GUARD) as client:
+        bridge = Bridge(client)
+        upstream = relay(bridge).upstream
+        with pytest.raises(MCPError) as nobody:
+            await upstream.read("field://agent")
+        assert nobody.value.code == types.INVALID_PARAMS
+        assert nobody.value.data["code"] == "UNAUTHENTICATED"
+        bridge.adopt("lead", "not-a-real-token")
+        with pytest.raises(MCPError) as unreachable:
+            await upstream.read("field://agent")
+        assert unreachable.value.code == types.INTERNAL_ERROR
+        body = unreachable.value.data
+        assert_valid("error", body)
+        assert body["code"] == "FIELD_UNAVAILABLE" and url in body["message"]
+        assert "not-a-real-token" not in json.dumps(body)
 
 
 async def test_the_command_line_wants_an_agent_id_with_a_token(

@@ -529,6 +529,15 @@ async def test_entities_are_resources(field: ServerProcess, http: FieldClient) -
             await unreadable(session, uri, code)
 
 
+async def mcp_latency_count(field: ServerProcess) -> int:
+    """How many notifications a subscription resource's reads handed out, by /metrics."""
+    async with aiohttp.ClientSession() as client, client.get(f"{field.url}/metrics") as response:
+        text = await response.text()
+    name = 'field_notification_latency_seconds_count{transport="mcp"}'
+    counts = [line.split()[1] for line in text.splitlines() if line.startswith(name)]
+    return int(float(counts[0])) if counts else 0
+
+
 async def test_a_subscription_resource_pushes_and_reads_exactly_once(
     field: ServerProcess, http: FieldClient
 ) -> None:
@@ -545,9 +554,12 @@ async def test_a_subscription_resource_pushes_and_reads_exactly_once(
         early = await record(jon, "Recorded before the first read.")
         await subscribe(session, uri)
         assert await updates.next() == uri
+        timed = await mcp_latency_count(field)
         page = await read(session, uri)
         assert [n["memory_unit_id"] for n in page["notifications"]] == [early["memory_unit_id"]]
         assert page["more"] is False and page["ended"] is None
+        # its latency ends with the read that hands it out
+        assert await mcp_latency_count(field) == timed + 1
         new = await record(jon, "Churn fell to 2%.")
         assert await updates.next() == uri
         page = await read(session, uri)

@@ -22,10 +22,13 @@ Three parts, outermost last:
 - :func:`build_server` and :func:`serve_stdio`: the MCP protocol, from the
   ``mcp`` package (an optional dependency: ``pip install 'akashik-field[mcp]'``).
 
-This bridge does not push: there is no subscribe tool, and its agents poll
-with ``akashik_attune`` (``poll: true``; spec 10.2). ``field serve``'s own
-MCP endpoint (``/mcp``, :mod:`field.transports.mcp.streamable_http`) acts for the
-agent of its bearer token and pushes through subscription resources.
+Resources and push: those of ``field serve``'s own MCP endpoint (``/mcp``,
+:mod:`field.transports.mcp.streamable_http`), relayed for the bridge's agent by
+:mod:`field.cli.mcp_push` (``resources/subscribe`` on the 2025 protocol revisions,
+``subscriptions/listen`` on 2026-07-28). There is no subscribe tool: subscriptions
+are made elsewhere (``/mcp``'s ``akashik_subscribe``, ``POST /v1/subscribe``), and
+listed here as resources; or the agents poll with ``akashik_attune``
+(``poll: true``; spec 10.2).
 
 Tokens: an agent's bearer token is held here, never shown in a tool
 result (REGISTER's included: the ``token`` field is removed), and never
@@ -39,7 +42,7 @@ import contextlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import orjson
@@ -47,6 +50,9 @@ import orjson
 from .. import __version__
 from ..client import AgentClient, FieldClient, FieldClientError
 from ..contract.tools import SESSION_TOOLS, TOOLS, definitions, session_after
+
+if TYPE_CHECKING:
+    from .mcp_push import Push
 
 __all__ = [
     "TOOLS",
@@ -63,10 +69,12 @@ logger = logging.getLogger("field.mcp")
 INSTRUCTIONS = (
     "Tools of an Akashik Field: shared memory and coordination for agents. Register once with "
     "akashik_register, then record what you learn (akashik_record, with intent and "
-    "confidence) and read what others learned (akashik_attune). This server does not push: "
-    "poll with akashik_attune {poll: true} to see what is new (the Field's own MCP endpoint, "
-    "/mcp over HTTP, pushes through subscription resources). A failed call returns the "
-    "Field's error body: code, message, recoverable and suggested_action say what to fix."
+    "confidence) and read what others learned (akashik_attune). To see what is new, poll "
+    "with akashik_attune {poll: true}, or subscribe to a subscription resource "
+    "field://subscriptions/{id} (listed by resources/list) and read it whenever "
+    "notifications/resources/updated names it: each read returns the notifications since "
+    "the previous one. A failed call returns the Field's error body: code, message, "
+    "recoverable and suggested_action say what to fix."
 )
 
 
@@ -149,6 +157,11 @@ class Bridge:
         self.agents: dict[str, AgentClient] = {}
         self.cursors: dict[str, int] = {}
         self.retired: dict[str, str] = {}
+
+    def resource_token(self) -> str:
+        """The token resources are read with: the agent's when this server acts for one
+        (raises :class:`_ToolError` otherwise)."""
+        return self._agent(None, "resources").token
 
     def adopt(self, agent_id: str, token: str) -> AgentClient:
         """Act for an agent registered elsewhere (``--agent-id`` and ``--token``)."""
@@ -275,7 +288,7 @@ class Bridge:
 # -- the MCP server ---------------------------------------------------------------------------
 
 
-def build_server(bridge: Bridge) -> Any:
+def build_server(bridge: Bridge, push: Push | None = None) -> Any:
     """An ``mcp`` low-level server whose tools call ``bridge``.
 
     The low-level server does not check tool arguments against their input
@@ -283,6 +296,9 @@ def build_server(bridge: Bridge) -> Any:
     suggested action, as a tool result with ``isError`` (MCP 2025-11-25: the
     model reads it and corrects the call). A tool that does not exist is a
     JSON-RPC error, ``-32602`` (Invalid params), as MCP says.
+
+    Its resources, ``resources/subscribe`` and ``subscriptions/listen`` are those of the
+    Field's ``/mcp``, relayed by ``push`` (:func:`relay`'s, if not given).
     """
     from mcp import types
     from mcp.server.lowlevel import Server
@@ -304,13 +320,92 @@ def build_server(bridge: Bridge) -> Any:
         text = types.TextContent(type="text", text=outcome.text)
         return types.CallToolResult(content=[text], is_error=outcome.is_error)
 
+    from mcp.client.subscriptions import ResourceUpdated, SubscriptionLost
+    from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
+
+    push = push or relay(bridge)
+    upstream = push.upstream
+
+    async def list_resources(_: Any, params: types.PaginatedRequestParams | None) -> Any:
+        cursor = None if params is None else params.cursor
+        return await upstream.request(lambda client: client.list_resources(cursor=cursor))
+
+    async def list_templates(_: Any, params: types.PaginatedRequestParams | None) -> Any:
+        cursor = None if params is None else params.cursor
+        return await upstream.request(lambda client: client.list_resource_templates(cursor=cursor))
+
+    async def read_resource(_: Any, params: types.ReadResourceRequestParams) -> Any:
+        return await upstream.read(str(params.uri))
+
+    async def subscribe(ctx: Any, params: types.SubscribeRequestParams) -> Any:
+        await push.subscribe(str(params.uri), ctx.session.send_resource_updated)
+        return types.EmptyResult()
+
+    async def unsubscribe(_: Any, params: types.UnsubscribeRequestParams) -> Any:
+        await push.unsubscribe(str(params.uri))
+        return types.EmptyResult()
+
+    async def listen(ctx: Any, params: types.SubscriptionsListenRequestParams) -> Any:
+        uris = list(dict.fromkeys(map(str, params.notifications.resource_subscriptions or ())))
+        meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
+        async with upstream.listen(uris) as stream:
+            honored = types.SubscriptionFilter(
+                resource_subscriptions=stream.honored.resource_subscriptions
+            )
+            acknowledged = types.SubscriptionsAcknowledgedNotificationParams(
+                notifications=honored, _meta=meta
+            )
+            await ctx.session.send_notification(
+                types.SubscriptionsAcknowledgedNotification(params=acknowledged),
+                related_request_id=ctx.request_id,
+            )
+            try:
+                async for event in stream:
+                    if isinstance(event, ResourceUpdated):
+                        updated = types.ResourceUpdatedNotificationParams(uri=event.uri, _meta=meta)
+                        await ctx.session.send_notification(
+                            types.ResourceUpdatedNotification(params=updated),
+                            related_request_id=ctx.request_id,
+                        )
+            except SubscriptionLost:
+                raise MCPError(
+                    types.INTERNAL_ERROR,
+                    "the Field's stream ended without its graceful close: listen again, then "
+                    "read each subscription resource once (nothing is lost)",
+                ) from None
+        return types.SubscriptionsListenResult(_meta=meta)
+
     return Server(
         "akashik-field",
         version=__version__,
         instructions=INSTRUCTIONS,
         on_list_tools=list_tools,
         on_call_tool=call_tool,
+        on_list_resources=list_resources,
+        on_list_resource_templates=list_templates,
+        on_read_resource=read_resource,
+        on_subscribe_resource=subscribe,
+        on_unsubscribe_resource=unsubscribe,
+        on_subscriptions_listen=listen,
     )
+
+
+def relay(bridge: Bridge) -> Push:
+    """The resources and push of the Field's ``/mcp``, for the bridge's agent."""
+    from mcp import types
+    from mcp.shared.exceptions import MCPError
+
+    from .mcp_push import Push, Upstream
+
+    def token() -> str:
+        try:
+            return bridge.resource_token()
+        except _ToolError as refused:
+            body = refused.outcome.body
+            message = f"{body['code']}: {body['message']}"
+            raise MCPError(types.INVALID_PARAMS, message, body) from None
+
+    return Push(Upstream(bridge.field.base_url, token, timeout=bridge.field.timeout))
 
 
 async def serve_stdio(
@@ -323,9 +418,13 @@ async def serve_stdio(
         bridge = Bridge(field)
         if agent_id is not None and token is not None:
             bridge.adopt(agent_id, token)
-        server = build_server(bridge)
-        async with stdio_server() as (read, write):
-            await server.run(read, write, server.create_initialization_options())
+        push = relay(bridge)
+        server = build_server(bridge, push)
+        try:
+            async with stdio_server() as (read, write):
+                await server.run(read, write, server.create_initialization_options())
+        finally:
+            await push.close()
 
 
 def run(url: str, *, agent_id: str | None, token: str | None, timeout: float) -> int:

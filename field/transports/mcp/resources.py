@@ -31,9 +31,11 @@ lists; a session watching one is told when a log entry is about that entity
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import parse_qs
 
 import orjson
 
@@ -69,6 +71,23 @@ _ENTITY_KIND = {"units": "unit", "conflicts": "conflict", "tasks": "task"}
 
 def subscription_uri(subscription_id: str) -> str:
     return f"{SCHEME}subscriptions/{subscription_id}"
+
+
+def split_since(uri: str) -> tuple[str, str | None]:
+    """``(uri, cursor)`` of ``field://subscriptions/{id}?since=<cursor>``: the resource, and
+    the cursor a read starts after (None: where the reader's feed is). Another URI, or one
+    with another query, is returned whole (and named no resource by :func:`parse_uri`)."""
+    base, mark, query = uri.partition("?")
+    if not mark or not base.startswith(f"{SCHEME}subscriptions/"):
+        return uri, None
+    found = parse_qs(query, keep_blank_values=True)
+    if set(found) != {"since"} or len(found["since"]) != 1 or not found["since"][0]:
+        raise InvalidPayload(
+            f"{_shown(uri)}: a subscription resource takes one query parameter, since=<cursor>",
+            suggested_action="Read field://subscriptions/<id>, or add ?since=<cursor> with the "
+            "cursor of the last read to start after it.",
+        )
+    return base, found["since"][0]
 
 
 def parse_uri(uri: str) -> tuple[str, str | None]:
@@ -174,6 +193,7 @@ class SubscriptionFeed:
         "subscribed",
         "told",
         "live",
+        "used",
         "_waiter",
         "_reading",
     )
@@ -203,6 +223,8 @@ class SubscriptionFeed:
         self.told = False
         #: the stream has caught up with the log (its replay, if any, is over)
         self.live = False
+        #: when it was last read, on the monotonic clock
+        self.used = time.monotonic()
         #: a read waiting for the replay's next frame
         self._waiter: asyncio.Future[None] | None = None
         #: one read at a time (a session may send several at once)
@@ -285,6 +307,15 @@ class SubscriptionFeed:
     def unsubscribe(self) -> None:
         self.subscribed = False
 
+    def resume(self, since: str) -> None:
+        """Start again after cursor ``since`` (a read's ``cursor``): what follows it is
+        read next, whatever was read since (a client resuming where it knows it was)."""
+        self.release()
+        self.head = None
+        self.ended = None
+        self.cursor = since
+        self.attach(since)
+
     async def _replayed(self) -> None:
         """Wait for the outbox's next frame (or its end)."""
         self._waiter = asyncio.get_running_loop().create_future()
@@ -293,15 +324,20 @@ class SubscriptionFeed:
         finally:
             self._waiter = None
 
-    async def read(self, limit: int, max_bytes: int) -> dict[str, Any]:
-        """The next page: at most ``limit`` notifications and about ``max_bytes``."""
+    async def read(self, limit: int, max_bytes: int, since: str | None = None) -> dict[str, Any]:
+        """The next page: at most ``limit`` notifications and about ``max_bytes`` (after
+        cursor ``since``, if given: :meth:`resume`)."""
+        self.used = time.monotonic()
         async with self._reading:
+            if since is not None:
+                self.resume(since)
             return await self._read(limit, max_bytes)
 
     async def _read(self, limit: int, max_bytes: int) -> dict[str, Any]:
         if self.stale:
             self._restart()
         bodies: list[bytes] = []
+        taken: list[Frame] = []  # their frames: each notification's latency ends with the read
         size = 0
         while len(bodies) < limit and self.ended is None:
             frame, self.head = self.head or self._next(), None
@@ -322,11 +358,15 @@ class SubscriptionFeed:
                 self.head = frame  # next time
                 break
             bodies.append(frame.body)
+            taken.append(frame)
             size += len(frame.body)
             self.cursor = frame.cursor
         connection = self.connection
         if connection is not None and bodies:
             await self.hub.pace(connection, len(bodies))
+        counts = self.hub.counts
+        if counts is not None and taken:
+            counts.latency_of("mcp").sent(taken)
         self.told = False
         if self.head is None:
             self.head = self._next()

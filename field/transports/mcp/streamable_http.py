@@ -34,6 +34,13 @@ away without DELETE (killed, or one of the SDK clients that never send it)
 and comes back is not locked out by the sessions it left behind. Only if the
 agent has none is the session refused.
 
+MCP 2026-07-28 (``MCP-Protocol-Version: 2026-07-28``, no session): every request is
+served on its own by an SDK session manager in stateless mode; ``subscriptions/listen``
+is a stream of its own (:mod:`.listen`), and the subscription resources read outside a
+session are the agent's, one cursor per subscription (:class:`~.listen.AgentResources`).
+Results carry ``resultType`` and listings their freshness hints (:data:`CACHE_HINTS`),
+as the SDK writes them for that revision.
+
 Everything the Field answers itself is its error body (code, message,
 recoverable, suggested_action) with the HTTP status of the code: a missing
 or bad token (401 and ``WWW-Authenticate: Bearer``), a body past
@@ -68,6 +75,7 @@ import anyio
 import anyio.abc
 import orjson
 from mcp import types
+from mcp.server.caching import CacheHint
 from mcp.server.connection import Connection
 from mcp.server.lowlevel import Server
 from mcp.server.runner import serve_connection
@@ -76,6 +84,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.shared.exceptions import MCPError
 from mcp.shared.inbound import MCP_PROTOCOL_VERSION_HEADER, unsupported_protocol_version_rejection
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
+from mcp.shared.subscriptions import SUBSCRIPTION_ID_META_KEY
 from mcp.types.version import HANDSHAKE_PROTOCOL_VERSIONS
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -109,7 +118,7 @@ from ..access import access_of
 from ..connections import client_key
 from ..index import MCP_PATH
 from ..web import absolute_urls, bearer_token, error_response, read_body
-from . import resources
+from . import listen, resources
 
 if TYPE_CHECKING:
     from ...engine.service import FieldService
@@ -124,6 +133,15 @@ CALLER = "field.mcp"
 MAX_CREATED = 256
 #: Entity resources one session may be subscribed to.
 MAX_WATCHES = 256
+#: Freshness hints of listings and reads (MCP 2026-07-28, ``ttlMs``/``cacheScope``): the
+#: tools and templates are the same for every agent while the Field runs; what an agent
+#: lists or reads is its own and may change at any moment.
+CACHE_HINTS: dict[Any, CacheHint] = {
+    "tools/list": CacheHint(ttl_ms=300_000, scope="public"),
+    "resources/templates/list": CacheHint(ttl_ms=300_000, scope="public"),
+    "resources/list": CacheHint(ttl_ms=0, scope="private"),
+    "resources/read": CacheHint(ttl_ms=0, scope="private"),
+}
 #: Seconds a session must have gone with no request in flight and no open stream before it
 #: is ended to make room for its agent's new one (at most half ``--mcp-idle-timeout``): a
 #: client between two requests, or whose GET stream is on its way, keeps its session.
@@ -134,9 +152,11 @@ INSTRUCTIONS = (
     "acts for one registered agent (its bearer token): record what you learn (akashik_record, "
     "with intent and confidence) and read what others learned (akashik_attune). To be told as "
     "things happen: create a subscription with akashik_subscribe, subscribe to its resource "
-    "field://subscriptions/{id}, and read that resource whenever notifications/resources/"
-    "updated names it: each read returns the notifications since your previous read (read "
-    "again while more is true). Or poll with akashik_attune {poll: true}. field://agent is "
+    "field://subscriptions/{id} (resources/subscribe, or subscriptions/listen on MCP "
+    "2026-07-28), and read that resource whenever notifications/resources/updated names it: "
+    "each read returns the notifications since your previous read (read again while more is "
+    "true; after a reconnect, read once: nothing missed is lost). Or poll with akashik_attune "
+    "{poll: true}. field://agent is "
     "your agent; field://units/{id}, field://conflicts/{id} and field://tasks/{id} are the "
     "Field's entities (subscribe to one to be told when it changes). A failed call returns the "
     "Field's error body: code, message, recoverable and suggested_action say what to fix."
@@ -238,6 +258,8 @@ class McpHttpBinding:
         self._per_agent: Counter[str] = Counter()
         self._per_client: Counter[str] = Counter()
         self.watches = resources.Watches()
+        #: each agent's subscription resources outside a session, and its listen streams
+        self.agents: dict[str, listen.AgentResources] = {}
         self._group: anyio.abc.TaskGroup | None = None
         self._runner: asyncio.Task[None] | None = None
         self.stateless: StreamableHTTPSessionManager | None = None
@@ -267,19 +289,41 @@ class McpHttpBinding:
             async with self.stateless.run(), anyio.create_task_group() as group:
                 self._group = group
                 ready.set_result(None)
-                await anyio.sleep_forever()
+                await self._rest_idle_agents()
         finally:
             if not ready.done():
                 ready.set_result(None)
 
+    async def _rest_idle_agents(self) -> None:
+        """Now and then, let go of the push connections of agents' subscription resources
+        that no listen stream names and nobody read for ``--mcp-idle-timeout`` (their
+        cursors stay)."""
+        while True:
+            await anyio.sleep(max(self.idle_timeout / 2, 0.05))
+            since = time.monotonic() - self.idle_timeout
+            for agent_id, held in list(self.agents.items()):
+                held.rest(since)
+                if held.idle(since) and not held.created:
+                    del self.agents[agent_id]
+
     def published(self, entries: list[StoredEntry]) -> None:
         """Tell the entity watches of a committed batch; an agent that deregistered lets go
-        of its sessions' feeds at once (its token opens none of them again)."""
+        of its sessions' feeds (and its own, outside a session) at once (its token opens
+        none of them again); the agents forget the subscriptions that ended."""
         self.watches.published(entries)
         for entry in entries:
-            if entry.kind == "agent.deregistered" and entry.data["agent_id"] in self._per_agent:
+            if entry.kind == "subscription.cancelled":
+                for resting in self.agents.values():
+                    resting.ended(entry.data["subscription_id"])
+            if entry.kind != "agent.deregistered":
+                continue
+            agent_id: str = entry.data["agent_id"]
+            held = self.agents.pop(agent_id, None)
+            if held is not None:
+                held.release()
+            if agent_id in self._per_agent:
                 for session in list(self.sessions.values()):
-                    if session.agent_id == entry.data["agent_id"]:
+                    if session.agent_id == agent_id:
                         self._release(session)
 
     def _release(self, session: McpSession) -> None:
@@ -292,7 +336,11 @@ class McpHttpBinding:
         session.watches.clear()
 
     def shutdown(self) -> None:
-        """End every session now (the server is stopping): their GET streams end too."""
+        """End every session now (the server is stopping): their GET streams end too; every
+        listen stream ends gracefully (with its result)."""
+        for held in self.agents.values():
+            for stream in held.streams:
+                stream.close()
         if self._group is not None:
             self._group.cancel_scope.cancel()
 
@@ -586,6 +634,31 @@ class McpHttpBinding:
             self.unsubscribe(_caller(ctx), str(params.uri))
             return types.EmptyResult()
 
+        async def listen_to(ctx: Any, params: types.SubscriptionsListenRequestParams) -> Any:
+            uris = list(dict.fromkeys(map(str, params.notifications.resource_subscriptions or ())))
+            held, stream, watches = await _mcp_errors(
+                self.open_stream(_caller(ctx), ctx.request_id, uris)
+            )
+            meta = {SUBSCRIPTION_ID_META_KEY: ctx.request_id}
+            try:
+                honored = types.SubscriptionFilter(resource_subscriptions=uris or None)
+                acknowledged = types.SubscriptionsAcknowledgedNotificationParams(
+                    notifications=honored, _meta=meta
+                )
+                await ctx.session.send_notification(
+                    types.SubscriptionsAcknowledgedNotification(params=acknowledged),
+                    related_request_id=ctx.request_id,
+                )
+                while (uri := await stream.next()) is not None:
+                    updated = types.ResourceUpdatedNotificationParams(uri=uri, _meta=meta)
+                    await ctx.session.send_notification(
+                        types.ResourceUpdatedNotification(params=updated),
+                        related_request_id=ctx.request_id,
+                    )
+            finally:
+                self.close_stream(held, stream, watches)
+            return types.SubscriptionsListenResult(_meta=meta)
+
         return Server(
             "akashik-field",
             version=__version__,
@@ -597,6 +670,8 @@ class McpHttpBinding:
             on_read_resource=read_resource,
             on_subscribe_resource=subscribe,
             on_unsubscribe_resource=unsubscribe,
+            on_subscriptions_listen=listen_to,
+            cache_hints=CACHE_HINTS,
         )
 
     # -- tools -------------------------------------------------------------------------
@@ -672,8 +747,8 @@ class McpHttpBinding:
         visit.body = {"operation": operation, "payload": args}
         visit.result = outcome = await self.door.run(job, operation, visit.body)
         response = outcome.response
-        if session is not None:
-            self._follow(session, operation, args, response, poll)
+        if session is not None or operation == "SUBSCRIBE":
+            self._follow(self._holder(caller), operation, args, response, poll)
         if operation == "SUBSCRIBE" and args["action"] == "subscribe":
             uri = resources.subscription_uri(response["subscription_id"])
             response = {**absolute_urls(response, caller.base_url), "resource": uri}
@@ -681,20 +756,21 @@ class McpHttpBinding:
 
     @staticmethod
     def _follow(
-        session: McpSession,
+        holder: McpSession | listen.AgentResources,
         operation: str,
         args: dict[str, Any],
         response: dict[str, Any],
         poll: bool,
     ) -> None:
-        """What the session keeps of a response: the poll cursor, the current Field
-        session, where a new subscription starts."""
-        if poll:
+        """What the session (or the agent, outside one) keeps of a response: the poll
+        cursor, the current Field session, where a new subscription starts."""
+        session = holder if isinstance(holder, McpSession) else None
+        if poll and session is not None:
             session.poll_epoch = response["epoch"]
-        elif operation == "SESSION":
+        elif operation == "SESSION" and session is not None:
             session.field_session = session_after(session.field_session, args, response)
         elif operation == "SUBSCRIBE" and response.get("cursor"):
-            created = session.created
+            created = holder.created
             created[response["subscription_id"]] = response["cursor"]
             if len(created) > MAX_CREATED:  # made here and never read: forget the oldest
                 del created[next(iter(created))]
@@ -733,16 +809,27 @@ class McpHttpBinding:
             ),
         ]
 
+    def _holder(self, caller: Caller) -> McpSession | listen.AgentResources:
+        """Whose subscription resources a request reads: its session's, or outside one
+        its agent's."""
+        if caller.session is not None:
+            return caller.session
+        held = self.agents.get(caller.agent_id)
+        if held is None:
+            held = self.agents[caller.agent_id] = listen.AgentResources(caller.agent_id)
+        held.used = time.monotonic()
+        return held
+
     async def read(self, caller: Caller, uri: str) -> dict[str, Any]:
+        uri, since = resources.split_since(uri)
         kind, ident = resources.parse_uri(uri)
         session = caller.session
         if kind == "subscriptions":
             assert ident is not None
-            if session is None:
-                raise _needs_session("reading a subscription resource")
-            feed = await self._feed(caller, session, ident)
+            feed = await self._feed(caller, self._holder(caller), ident)
             self.door.admit(caller.token, None)
-            return await feed.read(resources.READ_PAGE, self.limits.max_response_bytes // 2)
+            page = self.limits.max_response_bytes // 2
+            return await feed.read(resources.READ_PAGE, page, since=since)
         body = await self._reading(
             caller, lambda field, agent: resources.read_entity(field, agent, kind, ident)
         )
@@ -752,9 +839,10 @@ class McpHttpBinding:
         return body
 
     async def _feed(
-        self, caller: Caller, session: McpSession, subscription_id: str
+        self, caller: Caller, session: listen.FeedHolder, subscription_id: str
     ) -> resources.SubscriptionFeed:
-        """The session's feed of a subscription, attached at its first use."""
+        """The feed of a subscription of the session (or of the agent, outside one),
+        attached at its first use."""
         feed = session.feeds.get(subscription_id)
         if feed is not None:
             return feed
@@ -777,6 +865,8 @@ class McpHttpBinding:
             feed.attach(session.created.get(subscription_id))
             session.created.pop(subscription_id, None)
             session.feeds[subscription_id] = feed
+            if isinstance(session, listen.AgentResources):
+                session.added(feed)
         return feed
 
     async def subscribe(self, caller: Caller, uri: str) -> None:
@@ -800,6 +890,55 @@ class McpHttpBinding:
             watch = resources.Watch(uri, key, lambda w: session.updated(w.uri))
             session.watches[uri] = watch
             self.watches.add(watch)
+
+    async def open_stream(
+        self, caller: Caller, request_id: Any, uris: list[str]
+    ) -> tuple[listen.AgentResources, listen.ListenStream, list[resources.Watch]]:
+        """Open a ``subscriptions/listen`` stream of ``caller``'s agent on ``uris``, each
+        checked as a read checks it (it exists, the agent may see it); refused past the
+        agent's (or the Field's) bound on listen streams."""
+        if request_id is None:
+            raise MCPError(types.INVALID_REQUEST, "subscriptions/listen needs a request id")
+        if len(uris) > listen.MAX_LISTEN_URIS:
+            raise StateError(
+                f"a listen stream names at most {listen.MAX_LISTEN_URIS} resources",
+                code=Code.SUBSCRIPTION_LIMIT,
+                suggested_action="Listen to fewer resources at once, or make one "
+                "subscription whose resource carries all you follow.",
+            )
+        held = self._holder(caller)
+        if not isinstance(held, listen.AgentResources):
+            raise MCPError(
+                types.INVALID_REQUEST,
+                "subscriptions/listen is MCP 2026-07-28's: a session subscribes with "
+                "resources/subscribe",
+            )
+        if len(held.streams) >= self.max_per_agent:
+            raise self._refusal("agent", caller.agent_id, None)
+        if sum(len(h.streams) for h in self.agents.values()) >= self.max_sessions:
+            raise self._refusal("total", caller.agent_id, None)
+        stream = listen.ListenStream(frozenset(uris))
+        watches: list[resources.Watch] = []
+        for uri in uris:
+            kind, ident = resources.parse_uri(uri)
+            if kind == "subscriptions":
+                assert ident is not None
+                await self._feed(caller, held, ident)
+                continue
+            await self.read(caller, uri)  # it exists and the agent may see it
+            key = resources.watch_key(kind, ident, caller.agent_id)
+            watches.append(resources.Watch(uri, key, functools.partial(_told, stream)))
+        held.listen(stream)
+        for watch in watches:
+            self.watches.add(watch)
+        return held, stream, watches
+
+    def close_stream(
+        self, held: listen.AgentResources, stream: listen.ListenStream, watches: list[Any]
+    ) -> None:
+        held.unlisten(stream)
+        for watch in watches:
+            self.watches.remove(watch)
 
     def unsubscribe(self, caller: Caller, uri: str) -> None:
         """Stop telling the session about ``uri`` (nothing to stop is no error)."""
@@ -933,11 +1072,20 @@ def _unknown_tool(name: str) -> MCPError:
     return MCPError(types.INVALID_PARAMS, error.message, error.to_response())
 
 
+def _told(stream: listen.ListenStream, watch: resources.Watch) -> None:
+    """An entity a listen stream names changed: tell it (each change: the stream sends a
+    URI once however often it changed before it was sent)."""
+    watch.told = False
+    stream.updated(watch.uri)
+
+
 async def _mcp_errors(work: Awaitable[Any]) -> Any:
     """``work``'s result; a Field error becomes an MCP error with the Field's error body (an
     unexpected one, ``INTERNAL_ERROR``'s)."""
     try:
         return await work
+    except MCPError:  # MCP's own answer already
+        raise
     except Exception as exc:
         if isinstance(exc, FieldError):
             error = exc
