@@ -363,3 +363,55 @@ async def test_field_mcp_relays_resources_and_push_on_both_revisions(
                     assert (await read_all(client, uri))[0] == [second]
     finally:
         server.stop(signal.SIGKILL)
+
+
+async def test_listen_streams_are_bounded_per_agent_and_by_what_they_name(
+    small: ServerProcess,
+) -> None:
+    async with FieldClient(small.url) as http:
+        ann = await http.register("bound-ann", "analyst")
+        async with modern_client(small.url, ann.token) as client:
+            with pytest.raises(MCPError) as refused:
+                names = [
+                    f"field://units/mem-{n}" for n in range(257)
+                ]  # counted before they are read
+                async with client.listen(resource_subscriptions=names):
+                    pass
+            assert_valid("error", refused.value.data)
+            assert refused.value.data["code"] == "SUBSCRIPTION_LIMIT"
+            async with client.listen(resource_subscriptions=["field://agent"]):
+                with pytest.raises(MCPError) as refused:  # its one push connection is taken
+                    async with client.listen(resource_subscriptions=["field://agent"]):
+                        pass
+                assert_valid("error", refused.value.data)
+                assert refused.value.data["code"] == "TOO_MANY_CONNECTIONS"
+
+
+async def test_a_cancelled_subscription_resource_lets_go_of_its_connection(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Outside a session, an agent's subscription resource holds a push connection while it
+    is read. Once its subscription is cancelled, the next read says it ended and lets the
+    connection go, at once (not after the idle timeout, here the default: a minute)."""
+    server = spawn_server(tmp_path_factory.mktemp("mcp-cancel"), "--max-push-per-agent=1")
+    try:
+        async with FieldClient(server.url) as http:
+            kay = await http.register("cancel-kay", "analyst")
+            async with modern_client(server.url, kay.token) as client:
+                made = await ok(client, "akashik_subscribe", events=["memory.recorded"])
+                second = (await ok(client, "akashik_subscribe", events=["memory.recorded"]))[
+                    "resource"
+                ]
+                assert (await read_all(client, made["resource"]))[0] == []
+                with pytest.raises(MCPError) as refused:  # the one connection is the first's
+                    await read(client, second)
+                assert refused.value.data["code"] == "TOO_MANY_CONNECTIONS"
+                await kay.send(
+                    "SUBSCRIBE",
+                    {"action": "unsubscribe", "subscription": {"id": made["subscription_id"]}},
+                )
+                page = await read(client, made["resource"])
+                assert page["ended"]["reason"] == "subscription cancelled"
+                assert (await read_all(client, second))[0] == []
+    finally:
+        server.stop(signal.SIGKILL)
