@@ -97,9 +97,14 @@ TOPIC_EVENTS = frozenset(
 )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True, eq=False)
 class Match:
-    """The subscriptions one event notifies (row numbers in the registry)."""
+    """The subscriptions one event notifies (row numbers in the registry).
+
+    Never changed once built; not frozen because a frozen dataclass of these fields
+    takes 2.2 us to build (0.6 us plain), once per event matched, in every publish and
+    every replay.
+    """
 
     event: FieldEvent
     rows: npt.NDArray[np.int32]
