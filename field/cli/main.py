@@ -82,6 +82,13 @@ def _parser() -> argparse.ArgumentParser:
         default="warning",
         help="log verbosity on stderr (default warning)",
     )
+    # listed for --help only: main() hands everything after "conformance" to the suite's own
+    # parser (its --help included), before this one reads anything
+    commands.add_parser(
+        "conformance",
+        help="check a running Field (this one or any other) against the Akashik protocol, "
+        "over the wire; field conformance --help says more",
+    )
     snapshot = commands.add_parser(
         "snapshot",
         help="write a snapshot of a log's state now (what field serve does every "
@@ -536,6 +543,22 @@ def _mcp(args: argparse.Namespace) -> int:
     return run(args.url, agent_id=args.agent_id, token=args.token, timeout=args.timeout)
 
 
+def _conformance(arguments: list[str]) -> int:
+    """``field conformance``: the suite in ``conformance/``, imported only when asked for."""
+    try:
+        from akashik_conformance.cli import main as conformance
+    except ModuleNotFoundError:
+        print(
+            "field conformance: the suite (akashik_conformance) is not installed: "
+            "pip install . from a checkout, or run python -m akashik_conformance from its "
+            "folder conformance/",
+            file=sys.stderr,
+        )
+        return 2
+    result: int = conformance(arguments, prog="field conformance")
+    return result
+
+
 #: The delivery flags given as they are: (flag, type, help with the default).
 _DELIVERY_FLAGS: tuple[tuple[str, type, str], ...] = (
     ("webhook-connect-timeout", float, "seconds to connect to a receiver (5)"),
@@ -897,6 +920,9 @@ def _server_missing(command: str) -> str | None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["conformance"]:  # every argument after it is the suite's
+        return _conformance(argv[1:])
     args = _parser().parse_args(argv)
     if args.command == "mcp":
         return _mcp(args)
