@@ -38,6 +38,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--level", type=int, choices=range(4), default=3, help="check Levels up to this one"
     )
     parser.add_argument("--check", action="append", help="run only this check (repeatable)")
+    parser.add_argument(
+        "--strict-should",
+        action="store_true",
+        help="exit 1 when any applicable check fails, SHOULD and extension checks too "
+        "(a server that claims this Field's extensions)",
+    )
     parser.add_argument("--quiet", action="store_true", help="print only the last lines")
 
 
@@ -86,15 +92,15 @@ def execute(args: argparse.Namespace) -> int:
     print("\n".join(text.splitlines()[-6:]) if args.quiet else text)
     if args.json is not None:
         args.json.write_bytes(orjson.dumps(report.to_json(), option=orjson.OPT_INDENT_2))
-    return 0 if report.ok else 1
+    return 0 if (report.strict_ok if args.strict_should else report.ok) else 1
 
 
 def main(argv: list[str] | None = None, *, prog: str = "python -m akashik_conformance") -> int:
     parser = argparse.ArgumentParser(
         prog=prog,
         description="Check a running Akashik Field against the protocol, over the wire: "
-        "exit 0 only when every applicable MUST check passes, 1 otherwise, 2 when the "
-        "Field cannot be reached.",
+        "exit 0 only when every applicable MUST check passes (with --strict-should, every "
+        "applicable check), 1 otherwise, 2 when the Field cannot be reached.",
     )
     add_arguments(parser)
     return execute(parser.parse_args(argv))

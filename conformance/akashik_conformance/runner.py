@@ -45,6 +45,11 @@ class Report:
         """Every applicable MUST check passed."""
         return not self.must_failures()
 
+    @property
+    def strict_ok(self) -> bool:
+        """Every applicable check passed, SHOULD and extension checks too."""
+        return not any(r.outcome == "fail" for r in self.results)
+
     def level_reached(self) -> int | None:
         """The highest Level whose MUST checks, and those of every Level below, all pass."""
         reached = None
@@ -70,6 +75,7 @@ class Report:
             "claimed_level": self.claimed_level,
             "level_reached": self.level_reached(),
             "ok": self.ok,
+            "strict_ok": self.strict_ok,
             "counts": self.counts(),
             "results": [asdict(r) for r in self.results],
         }
