@@ -13,7 +13,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from jsonschema import Draft202012Validator
 
-from . import console_cases, coordination_cases, rap_cases
+from . import console_cases, coordination_cases, operator_cases, rap_cases
 from .schema_util import (
     SCHEMA_DIR,
     URN_PREFIX,
@@ -61,6 +61,7 @@ REQUESTS = [
     "source.request",
     *rap_cases.SCHEMAS["requests"],
     "registration-token.request",
+    *operator_cases.SCHEMAS["requests"],
 ]
 RESPONSES = [
     "register.response",
@@ -86,6 +87,7 @@ RESPONSES = [
     "registration-tokens.response",
     "registration-token-revoke.response",
     *console_cases.SCHEMAS["responses"],
+    *operator_cases.SCHEMAS["responses"],
 ]
 ALL = TYPES + REQUESTS + RESPONSES
 
@@ -2272,8 +2274,10 @@ INVALID += [
         "registration-token-revoke.response", {"status": "ok", "id": "regtok-1", "epoch": 4}, "id"
     ),
 ]
-VALID += coordination_cases.VALID + rap_cases.VALID + console_cases.VALID
-INVALID += coordination_cases.INVALID + rap_cases.INVALID + console_cases.INVALID
+VALID += coordination_cases.VALID + rap_cases.VALID + console_cases.VALID + operator_cases.VALID
+INVALID += (
+    coordination_cases.INVALID + rap_cases.INVALID + console_cases.INVALID + operator_cases.INVALID
+)
 
 
 @pytest.mark.parametrize(("name", "instance"), VALID)

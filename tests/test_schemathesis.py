@@ -36,7 +36,7 @@ AGENT = "schemathesis-agent"
 #: Generated requests per operation and mode: the whole run stays well under a minute.
 EXAMPLES = 25
 #: Paths the operator's token is for.
-OPERATOR_PATHS = ("/v1/sources", "/v1/registration-tokens")
+OPERATOR_PATHS = ("/v1/sources", "/v1/registration-tokens", "/v1/events", "/v1/agents/")
 
 #: Schema-valid requests the Field may still refuse, by rules the schemas cannot say
 #: (protocol/README.md, Schemas): a REGISTER whose payload id is not its agent_id, a CEL

@@ -78,6 +78,10 @@ DEFAULT_MAX_AGENTS = 100_000
 CONFORMANCE_LEVEL = 3
 
 
+#: The reason of an ``agent.failed`` entry the operator wrote (then ": " and its own, if given).
+OPERATOR_FAILED = "declared failed by the operator"
+
+
 @dataclass(slots=True)
 class Ids:
     """Sources of identifiers and secrets; tests replace them for determinism."""
@@ -308,6 +312,27 @@ class Field:
         self._commit(epoch, entries)
         return Outcome({"status": "failed", "epoch": epoch}, entries)
 
+    def declare_failed(self, token: str | None, agent_id: str, body: Any) -> Outcome:
+        """The operator declares a registered agent failed (an extension): the same
+        ``agent.failed`` entry as a liveness failure, its tasks released the same way;
+        ``{"status": "unchanged"}`` if it is failed already."""
+        if self.authenticate(token).id != OPERATOR_ID:
+            raise AuthError(
+                "only the operator declares an agent failed: this needs the operator token",
+                code=Code.INSUFFICIENT_AUTHORITY,
+                recoverable=False,
+                suggested_action="Send the operator's bearer token (--operator-token-file).",
+            )
+        given = validation.fail_request(body)
+        if agent_id not in self.state.agents:
+            raise NotFound(
+                f"no agent {validation.shown(agent_id)} is registered in this Field",
+                code=Code.AGENT_NOT_FOUND,
+                suggested_action="List the agents with GET /v1/agents.",
+            )
+        reason = OPERATOR_FAILED if given is None else f"{OPERATOR_FAILED}: {given}"
+        return self.fail_agent(agent_id, reason)
+
     def recover_agent(self, agent_id: str) -> Outcome:
         """A failed agent is back (it reconnected); no-op if it is not failed."""
         agent = self.state.agents.get(agent_id)
@@ -482,12 +507,19 @@ class Field:
                 recoverable=False,
                 suggested_action="Remove the operator token from the configuration instead.",
             )
-        if target != ctx.envelope.agent_id:
+        by_operator = ctx.agent is OPERATOR_RECORD
+        if target != ctx.envelope.agent_id and not by_operator:
             raise AuthError(
-                "an agent can only deregister itself",
+                "an agent can only deregister itself (the operator may deregister any)",
                 code=Code.FORBIDDEN,
                 recoverable=False,
                 suggested_action="Send DEREGISTER from the agent that leaves.",
+            )
+        if target not in self.state.agents:  # only the operator names another agent
+            raise NotFound(
+                f"no agent {target!r} is registered in this Field",
+                code=Code.AGENT_NOT_FOUND,
+                suggested_action="List the agents with GET /v1/agents.",
             )
         # its tasks go back to the pool and it leaves its sessions, then it is gone
         entries = tasks.release_tasks(
@@ -502,11 +534,10 @@ class Field:
         entries += sessions.leave_all(
             self.state, target, reason="agent deregistered", epoch=ctx.epoch, ts=ctx.now
         )
-        entries.append(
-            LogEntry(
-                ctx.epoch, "agent.deregistered", {"agent_id": target}, agent_id=target, ts=ctx.now
-            )
-        )
+        # the actor is whoever sent it: the agent itself, or the operator
+        actor = OPERATOR_ID if by_operator else target
+        data = {"agent_id": target}
+        entries.append(LogEntry(ctx.epoch, "agent.deregistered", data, agent_id=actor, ts=ctx.now))
         response = {
             "status": "ok",
             "cleanup": {

@@ -30,6 +30,7 @@ from ..subscriptions.events import SUBSCRIPTION_EVENTS
 from ..subscriptions.filtering import compile_filter
 from ..subscriptions.stream import format_cursor
 from . import validation
+from .authority import OPERATOR_ID
 from .context import Context, Outcome
 from .secrets import secret_key
 
@@ -49,14 +50,17 @@ def subscribe(field: Field, ctx: Context) -> Outcome:
         mine = sorted(state.active_subscriptions.get(agent_id, ()))
         subscriptions = [subscription_wire(field, s) for s in mine]
         return Outcome({"status": "ok", "subscriptions": subscriptions, "epoch": ctx.epoch})
+    # the operator may cancel or resume any agent's subscription (an extension)
+    owner = _owner_for(state, request["id"], ctx) if action in ("unsubscribe", "resume") else ""
     if action == "unsubscribe":
-        subscription = active_subscription(state, request["id"], agent_id)
-        data = {"subscription_id": subscription["id"], "reason": "unsubscribed"}
+        subscription = active_subscription(state, request["id"], owner)
+        reason = "unsubscribed" if owner == agent_id else "cancelled by the operator"
+        data = {"subscription_id": subscription["id"], "reason": reason}
         entry = LogEntry(ctx.epoch, "subscription.cancelled", data, agent_id, ctx.now)
         cancelled = {**subscription_wire(field, subscription["id"]), "status": "cancelled"}
         return Outcome(_answer(subscription["id"], cancelled, ctx), [entry])
     if action == "resume":
-        subscription = owned_subscription(state, request["id"], agent_id)
+        subscription = owned_subscription(state, request["id"], owner)
         record = state.deliveries.get(subscription["id"])
         if record is None:
             raise StateError(
@@ -74,6 +78,16 @@ def subscribe(field: Field, ctx: Context) -> Outcome:
         body["resumed"] = True
         return Outcome(body, [entry])
     return _create(field, ctx, request)
+
+
+def _owner_for(state: FieldState, subscription_id: Any, ctx: Context) -> str:
+    """Whose subscription ``subscription_id`` the caller may act on: the caller's own, or,
+    for the operator, that of the agent it belongs to (refusals are the owner checks')."""
+    assert ctx.agent is not None
+    subscription = state.subscriptions.get(subscription_id)
+    if ctx.agent.id == OPERATOR_ID and subscription is not None:
+        return str(subscription["agent_id"])
+    return ctx.agent.id
 
 
 def _answer(subscription_id: str, wire: dict[str, Any], ctx: Context) -> dict[str, Any]:

@@ -272,6 +272,24 @@ def deregister_payload(payload: dict[str, Any]) -> str:
     return agent_id(payload["agent_id"])
 
 
+#: Longest reason the operator may give when declaring an agent failed.
+MAX_FAIL_REASON_CHARS = 500
+
+
+def fail_request(body: Any) -> str | None:
+    """The body of the operator's ``POST /v1/agents/{id}/fail``: ``{"reason"?}``, or
+    None (no body); the reason, if given, non-blank and at most
+    :data:`MAX_FAIL_REASON_CHARS` characters."""
+    if body is None:
+        return None
+    request = _object(body, "the request body")
+    _closed(request, frozenset({"reason"}), "the request body")
+    reason = request.get("reason")
+    if reason is None:
+        return None
+    return _string(reason, "reason", max_chars=MAX_FAIL_REASON_CHARS, nonblank=True)
+
+
 # -- REPLAY / COMPACT ---------------------------------------------------------
 
 REPLAY_TARGETS: tuple[str, ...] = ("task", "memory_unit", "decision", "conflict", "session")

@@ -10,23 +10,27 @@ unexpected failures into ``INTERNAL_ERROR``.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..contract.errors import FieldError, InvalidPayload
+from ..contract.errors import AuthError, Code, FieldError, InvalidPayload
 from ..contract.model import (
     CONFLICT_STATUSES,
     CONFLICT_TYPES,
     UNRESOLVED_CONFLICT_STATUSES,
     Limits,
+    StoredEntry,
 )
+from ..core.authority import OPERATOR_ID
 from ..core.context import Outcome
 from ..core.field import Field
 from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
@@ -34,6 +38,8 @@ from ..core.state import AgentRecord
 from ..core.validation import AGENT_ID
 from ..engine.admission import Work
 from ..engine.ratelimits import agent_of
+from ..subscriptions.events import event_of
+from ..subscriptions.stream import encode_event, format_cursor, parse_cursor
 from .access import access_of
 from .web import (
     OPERATION_ROUTES,
@@ -77,6 +83,8 @@ class HTTPBinding:
             Route("/v1/field/status", self.field_status, methods=["GET"]),
             Route("/v1/agents", self.agents, methods=["GET"]),
             Route("/v1/conflicts", self.conflicts, methods=["GET"]),
+            Route("/v1/agents/{agent_id}/fail", self.declare_failed, methods=["POST"]),
+            Route("/v1/events", self.events, methods=["GET"]),
             *(
                 Route(f"/v1/{name}", self.operation_endpoint(operation), methods=["POST"])
                 for name, operation in OPERATION_ROUTES.items()
@@ -217,6 +225,73 @@ class HTTPBinding:
 
         return await self._read(request, listing)
 
+    # -- the operator's (extensions) ---------------------------------------------------
+
+    async def declare_failed(self, request: Request) -> Response:
+        """``POST /v1/agents/{agent_id}/fail``: the operator declares an agent failed, a
+        write like any other (its rate, admission, the single writer)."""
+        token = bearer_token(request)
+        agent_id = request.path_params["agent_id"]
+        access = access_of(request.scope)
+        try:
+            if access is not None:  # who asked, for the access log
+                access.agent = agent_of(self._runtime.running().service.field, token)
+            self.door.admit(token, None)
+            body = await _optional_json(request, self.limits)
+            outcome = await self._runtime.running().service.execute(
+                lambda field: field.declare_failed(token, agent_id, body), work=Work.WRITE
+            )
+        except FieldError as error:
+            return error_response(error)
+        except ClientDisconnect:
+            return Response(status_code=400)
+        return json_response(outcome.response)
+
+    async def events(self, request: Request) -> Response:
+        """``GET /v1/events?before=&limit=``: the operator pages back through the Field's
+        events, newest first, reading at most :data:`EVENTS_SCAN` log entries a request
+        (off the event loop)."""
+        params = request.query_params
+        token = bearer_token(request)
+        access = access_of(request.scope)
+        try:
+            self.door.admit(token, None)
+            running = self._runtime.running()
+            field = running.service.field
+            viewer = field.authenticate(token)
+            if access is not None:
+                access.agent = viewer.id
+            if viewer.id != OPERATOR_ID:
+                raise AuthError(
+                    "the log's events are the operator's to page through: "
+                    "this needs the operator token",
+                    code=Code.INSUFFICIENT_AUTHORITY,
+                    recoverable=False,
+                    suggested_action="Read events through a subscription's stream instead.",
+                )
+            limit = _events_limit(params.get("limit"))
+            before = _events_before(
+                params.get("before"), field.field_tag, field.state.last_position
+            )
+            low = max(0, before - 1 - EVENTS_SCAN)  # the stretch read: (low, before)
+            entries = await asyncio.to_thread(running.service.log.read, low, before - 1 - low)
+            # the Field as it is now (it is rebuilt after a failed append)
+            page = _events_page(
+                self._runtime.running().service.field, entries, low=low, before=before, limit=limit
+            )
+        except FieldError as error:
+            return error_response(error)
+        return json_response(page)
+
+
+async def _optional_json(request: Request, limits: Limits) -> Any:
+    """A request's optional JSON body: None when it has none, else as :func:`read_json`."""
+    if request.headers.get("content-length") == "0" or (
+        "content-length" not in request.headers and "transfer-encoding" not in request.headers
+    ):
+        return None
+    return await read_json(request, limits)
+
 
 def _query_values(
     params: Any, name: str, allowed: Collection[str] | re.Pattern[str], limits: Limits
@@ -249,3 +324,55 @@ def _quoted(values: list[str], most: int = 5) -> str:
     """A few client values for a message, each cut short: never a client's whole input."""
     shown = ", ".join(repr(v[:64]) for v in values[:most])
     return shown + (f" and {len(values) - most} more" if len(values) > most else "")
+
+
+#: Events one ``GET /v1/events`` returns by default, and at most.
+DEFAULT_EVENTS = 50
+MAX_EVENTS = 200
+#: Log entries one ``GET /v1/events`` reads at most, whatever the log holds (not every
+#: entry is an event: a page may hold fewer than ``limit`` events and still have a next).
+EVENTS_SCAN = 2000
+
+
+def _events_limit(raw: str | None) -> int:
+    if raw is None:
+        return DEFAULT_EVENTS
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 9) or not 1 <= int(raw) <= MAX_EVENTS:
+        raise InvalidPayload(f"limit must be an integer from 1 to {MAX_EVENTS}")
+    return int(raw)
+
+
+def _events_before(raw: str | None, field_tag: str, top: int) -> int:
+    """The position ``?before=`` names (exclusive), or just past the last entry."""
+    if raw is None:
+        return top + 1
+    position, reason = parse_cursor(raw[:64], field_tag)
+    if position is None or len(raw) > 64:
+        raise InvalidPayload(f"before: {reason or 'not a cursor this Field issued'}")
+    return max(1, min(position, top + 1))  # 1: nothing is before the log's start
+
+
+def _events_page(
+    field: Field, entries: list[StoredEntry], *, low: int, before: int, limit: int
+) -> dict[str, Any]:
+    """The newest ``limit`` events among ``entries`` (positions in ``(low, before)``),
+    newest first, and the cursor of the next page back (None: the log starts here)."""
+    units = field.state.known_units  # purged units' tombstones too
+    tag = field.field_tag
+    found: list[dict[str, Any]] = []
+    next_before = low + 1
+    for entry in reversed(entries):
+        if not low < entry.position < before:
+            continue
+        event = event_of(entry, units)
+        if event is None:
+            continue
+        if len(found) == limit:
+            next_before = entry.position + 1  # this one starts the next page
+            break
+        cursor = format_cursor(tag, entry.position)
+        found.append({**orjson.loads(encode_event(event, cursor)), "ts": event.ts})
+    return {
+        "events": found,
+        "next": None if next_before <= 1 else format_cursor(tag, next_before),
+    }

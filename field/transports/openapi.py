@@ -166,6 +166,8 @@ class Endpoint:
     description: str = ""
     #: the JSON body: a schema file's stem, or a schema (``$ref``\\ s to ``urn:...`` allowed)
     request: str | dict[str, Any] | None = None
+    #: whether the body must be sent (an optional one may be left out, or be empty)
+    request_required: bool = True
     #: the body of the success response: a stem or a schema; None: no body described
     response: str | dict[str, Any] | None = None
     #: the media type of that body
@@ -690,6 +692,62 @@ ENDPOINTS: tuple[Endpoint, ...] = (
         ),
     ),
     Endpoint(
+        method="POST",
+        path="/v1/agents/{agent_id}/fail",
+        name="declare_agent_failed",
+        summary="Declare an agent failed, as liveness does (its tasks go back to pending)",
+        tag="operator",
+        auth="operator",
+        description=(
+            'Extension. The body is optional (`{"reason": "..."}`, at most 500 '
+            "characters). Writes the `agent.failed` entry a liveness failure writes, with "
+            "the reason `declared failed by the operator` (and the given one); a failed "
+            "agent heard from again recovers. See protocol/README.md, Declaring an agent failed."
+        ),
+        request="agent-fail.request",
+        request_required=False,
+        response="agent-fail.response",
+        errors=(*_OPERATOR_JSON, *RATED, Code.AGENT_NOT_FOUND),
+        params=(
+            Param(
+                name="agent_id",
+                where="path",
+                schema={"$ref": URN_PREFIX + "agent#/$defs/agent_id"},
+                description="The agent.",
+            ),
+        ),
+    ),
+    Endpoint(
+        method="GET",
+        path="/v1/events",
+        name="list_events",
+        summary="A page of the Field's events read from the log, newest first",
+        tag="operator",
+        auth="operator",
+        description=(
+            "Extension. At most `limit` events (1 to 200, default 50) among the 2000 log "
+            "entries before `before` (default: the end of the log), newest first; `next` is "
+            "the `before` of the page further back, null at the start of the log. See "
+            "protocol/README.md, The recent past."
+        ),
+        response="events.response",
+        errors=(*OPERATOR, Code.INVALID_PAYLOAD, *RATED),
+        params=(
+            Param(
+                name="before",
+                where="query",
+                schema={"$ref": URN_PREFIX + "subscription#/$defs/cursor"},
+                description="Only events before this cursor (a page's `next`).",
+            ),
+            Param(
+                name="limit",
+                where="query",
+                schema={"type": "integer", "minimum": 1, "maximum": 200, "default": 50},
+                description="Most events returned.",
+            ),
+        ),
+    ),
+    Endpoint(
         method="GET",
         path="/v1/registration-tokens",
         name="list_registration_tokens",
@@ -918,7 +976,7 @@ def _operation_object(endpoint: Endpoint) -> dict[str, Any]:
         doc["parameters"] = [param.document() for param in endpoint.params]
     if endpoint.request is not None:
         doc["requestBody"] = {
-            "required": True,
+            "required": endpoint.request_required,
             "content": {"application/json": {"schema": _body(endpoint.request)}},
         }
     doc["responses"] = {status: _with_request_id(r) for status, r in responses.items()}
@@ -958,6 +1016,7 @@ _TAGS = [
     {"name": "reads", "description": "GET endpoints: status and lists."},
     {"name": "sources", "description": "Inbound event sources (the operator's)."},
     {"name": "registration", "description": "Registration tokens (the operator's)."},
+    {"name": "operator", "description": "The operator's actions on agents, and the log's events."},
     {"name": "rap", "description": "The Field as a tool server of the Reactive Agent Protocol."},
     {"name": "meta", "description": "About the API itself."},
     {"name": "operating", "description": "Health probes and metrics, for those who run it."},
