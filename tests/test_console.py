@@ -116,12 +116,14 @@ async def test_the_operator_watches_and_resolves_a_conflict(
         bob = await field.register("bob", "strategist", interests=["pricing"])
         first = await record(alice, "Churn fell to 2% in March.")
 
-        # the unit appears in the event stream, with its relevance and why
+        # the unit appears in the event stream, linked to its author; the operator, who
+        # has no role, interests or task, is shown no relevance
         recorded = page.locator('#events li[data-event="memory.recorded"]')
         await expect(recorded).to_have_count(1, timeout=WAIT_MS)
         await expect(recorded).to_contain_text("Churn fell to 2% in March.")
-        await expect(recorded.locator(".score")).to_have_text(re.compile(r"^ \d\.\d\d$"))
-        await expect(recorded.locator(".why").first).to_contain_text("memory.recorded:")
+        await expect(recorded.locator('a.ref[data-kind="agent"]')).to_have_text("alice")
+        await expect(recorded.locator(".score")).to_have_count(0)
+        await expect(recorded).not_to_contain_text("general relevance")
         rows = page.locator("#agents tr[data-agent]")
         await expect(rows).to_have_count(2, timeout=WAIT_MS)
         await expect(page.locator('#agents tr[data-agent="alice"]')).to_contain_text("researcher")
@@ -138,7 +140,16 @@ async def test_the_operator_watches_and_resolves_a_conflict(
         await expect(page.locator("#s-conflicts")).to_have_text("1 of 1", timeout=WAIT_MS)
         # a second has been sampled: the chart has its first bar, the figure its number
         await expect(page.locator("#chart-ops path")).to_have_count(1, timeout=WAIT_MS)
-        await expect(page.locator("#c-ops")).to_have_text(re.compile(r"^\d+\.\d$"))
+        await expect(page.locator("#c-ops")).to_have_text(re.compile(r"^\d+\.\d ops/s$"))
+        await expect(page.locator("#chart-ops-max")).to_have_text(re.compile(r"^[\d.,]+ ops/s$"))
+        # a longer window: its axis says so, and the page says how much of it it has seen
+        await expect(page.locator("#chart-ops-x")).to_have_text("−2 min−1 minnow")
+        await page.locator("#chart-window").select_option("3600")
+        await expect(page.locator("#chart-ops-x")).to_have_text("−60 min−30 minnow")
+        await expect(page.locator("#chart-span")).to_contain_text("since it opened")
+        await expect(page.locator("#chart-ops path")).to_have_count(1)
+        await page.locator("#chart-window").select_option("300")
+        await expect(page.locator("#chart-latency-x")).to_have_text("−5 min−2.5 minnow")
         if os.environ.get("FIELD_UPDATE_SCREENSHOTS") == "1":
             await fill_the_chart(page, await field.register("carol", "analyst"))
             README_SCREENSHOT.parent.mkdir(exist_ok=True)
@@ -203,6 +214,10 @@ async def test_an_agent_on_a_phone(
         failed = page.locator('#agents tr[data-agent^="bob"]')
         await expect(failed.locator(".badge")).to_have_text("failed", timeout=WAIT_MS)
         await expect(failed.locator(".reason")).to_contain_text("not heard from")
+        # an agent is shown how relevant each event is to it, and why
+        failure = page.locator('#events li[data-event="agent.failed"]')
+        await expect(failure.locator(".score")).to_have_text(re.compile(r"^ \d\.\d\d$"))
+        await expect(failure.locator(".why").first).to_contain_text("agent.failed:")
         # its own subscription, read by the page itself
         subscription = page.locator("#subscriptions tr[data-subscription]")
         await expect(subscription).to_contain_text("console", timeout=WAIT_MS)

@@ -38,7 +38,7 @@ from field.transports.door import FrontDoor
 from field.transports.http import HTTPBinding
 from field.transports.runtime import Running, Runtime
 
-from .conftest import ServerProcess, ThreadedServer
+from .conftest import UNLOADED_POLICY, ServerProcess, ThreadedServer
 from .schema_util import assert_valid
 
 OPERATOR_TOKEN = "console-operator-token-0123456789"
@@ -312,7 +312,9 @@ async def test_sigterm_ends_console_streams(
 
 async def test_lag_is_what_waits_for_a_reader() -> None:
     """In process (the writer, its push hub, no sockets): a reader that has not read yet."""
-    service = FieldService(MemoryEventLog(), lambda: Field(operator_token=OPERATOR_TOKEN))
+    service = FieldService(
+        MemoryEventLog(), lambda: Field(operator_token=OPERATOR_TOKEN), admission=UNLOADED_POLICY
+    )
     hub = PushHub(service)
     box = SecretBox(bytes(32))
     deliveries = DeliveryEngine(
@@ -395,6 +397,13 @@ async def test_the_page_and_its_files(server: ThreadedServer) -> None:
                     re.findall(r"(?:https?:)?//([\w-]+(?:\.[\w-]+)+)", await response.text())
                 )
                 assert hosts <= {"www.w3.org"}, (path, hosts)
+                # the CSP allows no inline script: no handler in the markup, and the
+                # script never parses what the Field sends as HTML
+                text = await response.text()
+                assert not re.search(r"\son[a-z]+\s*=", text), path
+                assert not re.search(
+                    r"innerHTML|outerHTML|insertAdjacentHTML|document\.write", text
+                )
         async with http.get(server.url + "/console/secrets.txt") as response:
             body = await response.json()
             assert (response.status, body["code"]) == (404, "NOT_FOUND")

@@ -16,6 +16,19 @@ in the ``Authorization`` header:
   connections, the open conflicts the viewer may see, the subscriptions it
   may see with their lag, and operations a second and delivery latency.
 
+The page adds nothing else to the server. The recent past comes from the log:
+for the operator, ``GET /v1/events`` (the Field's events, newest first, from
+before the console was ever opened); for an agent, its ``console``
+subscription's SSE stream resumed from an earlier cursor, read up to where the
+live stream began, then dropped. A page of 50 events comes at sign-in, another
+at each "Older events"; cursors keep the past and the live stream apart. Each id
+opens a view built from reads the API already offers (``GET /v1/agents``,
+``GET /v1/conflicts``, REPLAY, SUBSCRIBE ``list``, the snapshot), and each
+action is the API's own request sent with the signed-in token (DEREGISTER,
+``POST /v1/agents/{id}/fail``, SUBSCRIBE ``unsubscribe`` and ``resume``, the
+operator's registration tokens and sources), so it is checked and logged as any
+other.
+
 Cheap and bounded:
 
 * one :class:`ConsoleFeed` builds each snapshot once per tick for all
