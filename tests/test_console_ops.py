@@ -364,3 +364,38 @@ async def test_the_operator_acts_on_other_agents_and_reads_the_past_before_it_si
         listed = await field.request("GET", "/v1/agents?id=alice", token=OPERATOR_TOKEN)
         assert listed["agents"] == []
     assert problems == []
+
+
+async def test_the_nodes_of_a_cluster(
+    server_factory: Callable[..., ThreadedServer], page: Page, width: str, artifacts: Path
+) -> None:
+    """Two servers on one PostgreSQL log: the console of one lists both nodes, with their
+    positions and which one sends the deliveries, and opens the other's view."""
+    psycopg = pytest.importorskip("psycopg", reason="SKIPPED PostgreSQL tests: psycopg missing")
+    del psycopg
+    from .postgres_util import fresh_database
+
+    problems = watched(page)
+    with fresh_database() as database:
+        shared = {"log": database, "cluster_interval": 0.2, "operator_token": OPERATOR_TOKEN}
+        here = server_factory(node_id="node-here", **shared)
+        server_factory(node_id="node-there", **shared)
+        await sign_in(page, here.url, OPERATOR_TOKEN)
+        rows = page.locator("#nodes tr[data-node]")
+        await expect(rows).to_have_count(2, timeout=WAIT_MS)
+        await expect(page.locator('#nodes tr[data-node="node-here"]')).to_contain_text(
+            "this server"
+        )
+        there = page.locator('#nodes tr[data-node="node-there"]')
+        await expect(there).to_contain_text("ago", timeout=WAIT_MS)
+        # exactly one of the two sends the deliveries, whichever claimed them first
+        await expect(page.locator("#nodes td", has_text="not held")).to_have_count(
+            1, timeout=WAIT_MS
+        )
+        await page.screenshot(path=artifacts / f"console-nodes-{width}.png")
+        await there.locator('a.ref[data-kind="node"]').click()
+        detail = page.locator("#detail")
+        await expect(page.locator("#detail-title")).to_have_text("Node node-there")
+        await expect(detail).to_contain_text("as it last said", timeout=WAIT_MS)
+        await page.get_by_role("button", name="Close").click()
+    assert problems == []

@@ -254,3 +254,48 @@ async def test_a_locked_log_refuses_writes_keeps_reads_and_resumes(
 def _query(url: str, query: str) -> list[tuple[int, ...]]:
     with psycopg.connect(url) as conn:
         return conn.execute(query).fetchall()
+
+
+async def test_the_status_lists_every_node_with_its_position_lag_and_lease(
+    server_process: SpawnServer, tmp_path: Path, database: str
+) -> None:
+    """Two nodes on one database: each one's status lists both, this one as its ``node``
+    says and the other as it last said (every --cluster-interval), with the one that sends
+    the deliveries marked on both; a node that stops is listed as not live."""
+    quick = ("--log", database, "--cluster-interval", "0.2")
+    nodes = {
+        name: server_process(tmp_path / name, *quick, "--node-id", name) for name in ("a", "b")
+    }
+    async with FieldClient(nodes["a"].url) as a, FieldClient(nodes["b"].url) as b:
+        writer = await a.register("node-writer", "analyst")
+        await _record(writer, "finding", "a unit through a", purpose="moving the log")
+
+        async def settled(field: FieldClient) -> dict[str, Any]:
+            """The status once it lists both nodes, each at the log's head."""
+            async with asyncio.timeout(60):  # presence is shared every interval: polled
+                while True:
+                    status = await field.status()
+                    listed = {n["id"]: n for n in status["nodes"]}
+                    head = status["node"]["log_head"]
+                    if listed.keys() == {"a", "b"} and all(
+                        n["position"] == head and n["lag"] == 0 for n in listed.values()
+                    ):
+                        return status
+                    await asyncio.sleep(0.1)
+
+        for field, me in ((a, "a"), (b, "b")):
+            status = await settled(field)
+            assert_valid("field-status.response", status)
+            listed = {n["id"]: n for n in status["nodes"]}
+            assert listed[me]["seen_seconds_ago"] == 0
+            assert all(n["live"] for n in listed.values())
+            assert listed[me]["delivery_owner"] == status["node"]["delivery_owner"]
+        owners = [
+            {n["id"] for n in (await field.status())["nodes"] if n["delivery_owner"]}
+            for field in (a, b)
+        ]
+        assert len(owners[0]) == 1 and owners[0] == owners[1]
+        nodes["b"].stop(signal.SIGKILL)
+        async with asyncio.timeout(60):  # five intervals without a word from b
+            while {n["id"]: n["live"] for n in (await a.status())["nodes"]}.get("b"):
+                await asyncio.sleep(0.1)

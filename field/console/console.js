@@ -481,18 +481,29 @@
     renderSubscriptions(s, snapshot.subscriptions, v);
   }
 
+  /** Every node of the Field this server knows of (the status's nodes), this one first. */
+  function nodesOf(field) {
+    const own = field.node;
+    if (!own) return [];
+    const nodes = field.nodes || [{ ...own, seen_seconds_ago: 0, live: true }];
+    return [...nodes].sort((a, b) => (b.id === own.id) - (a.id === own.id) || (a.id < b.id ? -1 : 1));
+  }
+
   function renderNodes(field) {
-    const n = field.node;
-    if (!n) {
+    const own = field.node;
+    const nodes = nodesOf(field);
+    if (!nodes.length) {
       $("nodes").replaceChildren(emptyRow(5, "This server does not say which node it is."));
       return;
     }
-    $("nodes").replaceChildren(h("tr", { "data-node": n.id },
-      h("td", { "data-label": "Node" }, ref("node", n.id)),
+    $("nodes").replaceChildren(...nodes.map((n) => h("tr", { "data-node": n.id, class: n.live ? "" : "gone" },
+      h("td", { "data-label": "Node" }, ref("node", n.id), n.id === own.id ? " (this server)" : ""),
       h("td", { "data-label": "Position" }, number(n.position)),
-      h("td", { "data-label": "Log head" }, number(n.log_head)),
       h("td", { "data-label": "Lag", class: "lag" }, `${number(n.lag)} ${n.lag === 1 ? "entry" : "entries"}`),
-      h("td", { "data-label": "Delivery lease" }, n.delivery_owner ? "held" : "not held", ` · term ${n.delivery_term}`)));
+      h("td", { "data-label": "Last heard" }, n.id === own.id ? "now" : n.live
+        ? `${duration(n.seen_seconds_ago)} ago` : `not live (${duration(n.seen_seconds_ago)} ago)`),
+      h("td", { "data-label": "Delivery lease" }, n.delivery_owner ? "held" : "not held",
+        n.id === own.id ? ` · term ${own.delivery_term}` : ""))));
   }
 
   function renderField(field, agents) {
@@ -1055,7 +1066,17 @@
   async function nodeView(s, id) {
     const field = latest.field;
     const node = field.node;
-    if (!node || node.id !== id) return [h("p", { class: "note" }, "The status endpoint shows only the node it is asked of.")];
+    if (!node || node.id !== id) {
+      const other = nodesOf(field).find((n) => n.id === id);
+      if (!other) return [h("p", { class: "note" }, "This server knows of no such node now.")];
+      return [facts([
+        ["Position", `${number(other.position)}, as it last said`],
+        ["Lag", `${number(other.lag)} behind this server's log head (${number(node.log_head)})`],
+        ["Last heard", `${duration(other.seen_seconds_ago)} ago`],
+        ["Live", other.live ? "yes" : "no: it has not said it runs for five cluster intervals"],
+        ["Sends the deliveries", other.delivery_owner ? "yes (holds the delivery lease)" : "no"],
+      ])];
+    }
     return [facts([
       ["Position", number(node.position)],
       ["Log head", number(node.log_head)],

@@ -247,7 +247,8 @@ def create_app(
         )
         service.listeners.add(rate_limits.published)
         if presence is not None:
-            await presence.start(liveness.drain_changes)
+            # the position each flush shares: the state's, whichever the writer holds now
+            await presence.start(liveness.drain_changes, lambda: service.field.state.last_position)
         liveness.start()
         deliveries = DeliveryEngine(
             service,
@@ -275,7 +276,8 @@ def create_app(
         snapshotter = _snapshotter(log, service, config, lease)
         if snapshotter is not None:
             await snapshotter.start()
-        runtime.start(Running(service, hub, deliveries, snapshotter))
+        nodes = None if presence is None else presence.nodes
+        runtime.start(Running(service, hub, deliveries, snapshotter, nodes))
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(

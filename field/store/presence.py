@@ -9,7 +9,9 @@ others know.
 Tables (created if absent, beside the log's):
 
 * ``field_nodes``: one row per node: ``node_id``, ``alive_at`` (when it
-  last flushed) and ``version`` (of the last presence rows it wrote).
+  last flushed), ``version`` (of the last presence rows it wrote) and
+  ``position`` (the log position it had applied then: what the status shows of
+  every node, beside the log's head).
 * ``field_presence``: one row per node and agent that node knows of:
   ``connections`` open to it, ``heard_at`` (the agent's last request or
   connection there), ``dropped_at`` (when its last connection there
@@ -117,11 +119,15 @@ SCHEMA = (
     )""",
     # what a node wrote since a reader's mark is found without reading the rest
     "CREATE INDEX IF NOT EXISTS field_presence_news ON field_presence (node_id, version)",
+    # added since the table was first made: a table of an older version gains it
+    "ALTER TABLE field_nodes ADD COLUMN IF NOT EXISTS position BIGINT NOT NULL DEFAULT 0",
 )
 
 _NODE = (
-    "INSERT INTO field_nodes (node_id, alive_at, version) VALUES (%(me)s, %(now)s, %(version)s)"
-    " ON CONFLICT (node_id) DO UPDATE SET alive_at = EXCLUDED.alive_at, version = EXCLUDED.version"
+    "INSERT INTO field_nodes (node_id, alive_at, version, position)"
+    " VALUES (%(me)s, %(now)s, %(version)s, %(position)s)"
+    " ON CONFLICT (node_id) DO UPDATE SET alive_at = EXCLUDED.alive_at,"
+    " version = EXCLUDED.version, position = EXCLUDED.position"
 )
 #: One flush: this node's row, its changed presence rows, and what the others wrote since.
 _FLUSH = f"""
@@ -135,7 +141,8 @@ changed AS (
         connections = EXCLUDED.connections, heard_at = EXCLUDED.heard_at,
         dropped_at = EXCLUDED.dropped_at, version = EXCLUDED.version
 )
-SELECT n.node_id, n.alive_at, n.version, p.agent_id, p.connections, p.heard_at, p.dropped_at
+SELECT n.node_id, n.alive_at, n.version, n.position,
+       p.agent_id, p.connections, p.heard_at, p.dropped_at
 FROM field_nodes n
 LEFT JOIN unnest(%(seen)s::text[], %(marks)s::bigint[]) AS s(node_id, mark)
     ON s.node_id = n.node_id
@@ -197,6 +204,10 @@ class Presence:
         self._version = 0
         #: the other nodes: alive_at and the version of theirs last read
         self._nodes: dict[str, tuple[float, int]] = {}
+        #: the log position each other node had applied at its last flush
+        self._positions: dict[str, int] = {}
+        #: where this node's own position comes from (:meth:`start`)
+        self._position: Callable[[], int] = lambda: 0
         #: the other nodes' rows, by node, then agent (no tombstones)
         self._rows: dict[str, dict[str, Row]] = {}
         #: when the last read began (wall clock); None before the first
@@ -244,6 +255,19 @@ class Presence:
             if now - alive_at < self.node_timeout
         )
 
+    def nodes(self) -> list[tuple[str, int, float | None, bool]]:
+        """Every node this node knows of, itself included, by id: its id, the log position
+        it had applied at its last flush (this node's own: now), the seconds since that
+        flush (None: this node) and whether it is live."""
+        now = self._clock()
+        known: list[tuple[str, int, float | None, bool]] = [
+            (self.node_id, self._position(), None, True)
+        ]
+        for node_id, (alive_at, _) in self._nodes.items():
+            age = max(0.0, now - alive_at)
+            known.append((node_id, self._positions.get(node_id, 0), age, age < self.node_timeout))
+        return sorted(known)
+
     def live_nodes(self) -> list[str]:
         """The nodes live as this node last read them, itself included, sorted."""
         now = self._clock()
@@ -252,11 +276,16 @@ class Presence:
 
     # -- life cycle ----------------------------------------------------------------
 
-    async def start(self, source: Source | None = None) -> None:
+    async def start(
+        self, source: Source | None = None, position: Callable[[], int] | None = None
+    ) -> None:
         """Create the tables if absent, close what a former life of this node id left
-        open, flush once, then every ``interval``. Raises
+        open, flush once, then every ``interval``; ``position`` tells the log position this
+        node has applied, shared with each flush. Raises
         :class:`~field.contract.errors.OperationalError` when the database refuses."""
         self._source = source
+        if position is not None:
+            self._position = position
         try:
             self._version = await self._link.run(functools.partial(self._setup, self._clock()))
         except psycopg.Error as exc:
@@ -355,8 +384,11 @@ class Presence:
         if resync:
             self._rows = {}
         nodes: dict[str, tuple[float, int]] = {}
-        for node_id, alive_at, version, agent_id, connections, heard_at, dropped_at in rows:
+        positions: dict[str, int] = {}
+        for row in rows:
+            node_id, alive_at, version, position, agent_id, connections, heard_at, dropped_at = row
             nodes[node_id] = (alive_at, version)
+            positions[node_id] = position
             if agent_id is None:
                 continue
             mine = self._rows.setdefault(node_id, {})
@@ -367,6 +399,7 @@ class Presence:
         for gone in self._rows.keys() - nodes.keys():
             del self._rows[gone]
         self._nodes = nodes
+        self._positions = positions
 
     def _warn(self, exc: BaseException) -> None:
         if not self._failing:
@@ -392,7 +425,8 @@ class Presence:
             version = 1 if row is None else row[1] + 1
             if row is not None:  # a former life of this node id: its connections are gone
                 conn.execute(_CLOSE_ALL, {"me": self.node_id, "at": row[0], "version": version})
-            conn.execute(_NODE, {"me": self.node_id, "now": now, "version": version})
+            node = {"me": self.node_id, "now": now, "version": version, "position": 0}
+            conn.execute(_NODE, node)
         return version
 
     def _exchange(
@@ -409,6 +443,7 @@ class Presence:
             "me": self.node_id,
             "now": now,
             "version": version,
+            "position": self._position(),
             "agents": agents,
             "connections": [r[0] for r in rows],
             "heard": [r[1] for r in rows],
@@ -424,7 +459,8 @@ class Presence:
         with conn.transaction():
             conn.execute(_CLOSE_ALL, {"me": self.node_id, "at": now, "version": version})
             dead = now - self.node_timeout
-            conn.execute(_NODE, {"me": self.node_id, "now": dead, "version": version})
+            node = {"me": self.node_id, "now": dead, "version": version}
+            conn.execute(_NODE, {**node, "position": self._position()})
 
 
 def _latest(a: float | None, b: float | None) -> float | None:

@@ -52,7 +52,7 @@ from .web import (
 
 if TYPE_CHECKING:
     from .door import FrontDoor
-    from .runtime import Runtime
+    from .runtime import Running, Runtime
 
 
 class HTTPBinding:
@@ -194,6 +194,7 @@ class HTTPBinding:
         # asked of the lease: a node resumed from a pause finds it lost here, not later
         body["node"]["delivery_owner"] = running.deliveries.may_send()
         body["node"]["delivery_term"] = field.state.delivery_term
+        body["nodes"] = _nodes(body["node"], running, field.state.delivery_node)
         snapshotter = running.snapshotter
         body["snapshot"] = None if snapshotter is None else snapshotter.status()
         return body
@@ -291,6 +292,31 @@ async def _optional_json(request: Request, limits: Limits) -> Any:
     ):
         return None
     return await read_json(request, limits)
+
+
+def _nodes(own: dict[str, Any], running: Running, delivering: str | None) -> list[dict[str, Any]]:
+    """The status's ``nodes``: every node this one knows of, this one as ``own`` says (its
+    ``node``), the others as they last said (presence); the deliveries' sender among the
+    others is the live one that last claimed them in the log (``delivering``)."""
+    head = own["log_head"]
+    found = [] if running.nodes is None else running.nodes()
+    listed = []
+    for node_id, position, age, live in found or [(own["id"], own["position"], None, True)]:
+        if node_id == own["id"]:
+            position, age, owner = own["position"], None, own["delivery_owner"]
+        else:
+            owner = live and node_id == delivering
+        listed.append(
+            {
+                "id": node_id,
+                "position": position,
+                "lag": max(0, head - position),
+                "seen_seconds_ago": 0 if age is None else round(age, 3),
+                "live": live,
+                "delivery_owner": owner,
+            }
+        )
+    return listed
 
 
 def _query_values(

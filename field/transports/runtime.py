@@ -11,6 +11,7 @@ missing while another is there.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -35,6 +36,9 @@ class Running:
     deliveries: DeliveryEngine
     #: writes snapshots of the state beside the server (None: a log in memory)
     snapshotter: Snapshotter | None = None
+    #: the Field's nodes as this one knows them, itself included: (id, applied position,
+    #: seconds since it last said so or None for this node, live); None: a Field of one
+    nodes: Callable[[], list[tuple[str, int, float | None, bool]]] | None = None
 
 
 class Runtime:
