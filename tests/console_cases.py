@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 
-SCHEMAS = {"types": [], "requests": [], "responses": ["console-snapshot"]}
+SCHEMAS = {
+    "types": [],
+    "requests": [],
+    "responses": ["console-snapshot", "console-history.response"],
+}
 
 FIELD_STATUS = {
     "status": "ok",
@@ -154,8 +158,11 @@ def _with(path: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def case(instance: Any, label: str) -> Any:
-    return pytest.param("console-snapshot", instance, id=f"console-snapshot:{label}")
+def case(instance: Any, label: str, schema: str = "console-snapshot") -> Any:
+    return pytest.param(schema, instance, id=f"{schema}:{label}")
+
+
+HOUR = {"step_seconds": 10, "samples": [SAMPLE] * 3}
 
 
 VALID = [
@@ -169,6 +176,8 @@ VALID = [
     case(_with("subscriptions.listed.0.lag", None), "lag-unknown"),
     case(_with("conflicts.listed.0.units", {}), "no-units"),
     case(_with("agents.by_status", {}), "no-agents"),
+    case(HOUR, "hour", "console-history.response"),
+    case({**HOUR, "samples": []}, "empty-hour", "console-history.response"),
 ]
 INVALID = [
     case({k: v for k, v in SNAPSHOT.items() if k != "field"}, "no-field"),
@@ -183,4 +192,7 @@ INVALID = [
     case(_with("rates.delivery_latency_ms", {"mean": 1}), "latency-without-max"),
     case(_with("rates.operation_latency_ms", {"mean": -1}), "negative-latency"),
     case(_with("viewer.may_merge", "yes"), "may-merge-not-boolean"),
+    case({**HOUR, "samples": [SAMPLE] * 361}, "over-an-hour", "console-history.response"),
+    case({**HOUR, "step_seconds": 0}, "no-step", "console-history.response"),
+    case({"samples": []}, "step-missing", "console-history.response"),
 ]

@@ -146,7 +146,7 @@ async def test_the_operator_watches_and_resolves_a_conflict(
         await expect(page.locator("#chart-ops-x")).to_have_text("−2 min−1 minnow")
         await page.locator("#chart-window").select_option("3600")
         await expect(page.locator("#chart-ops-x")).to_have_text("−60 min−30 minnow")
-        await expect(page.locator("#chart-span")).to_contain_text("since it opened")
+        await expect(page.locator("#chart-span")).to_contain_text("since it started")
         await expect(page.locator("#chart-ops path")).to_have_count(1)
         await page.locator("#chart-window").select_option("300")
         await expect(page.locator("#chart-latency-x")).to_have_text("−5 min−2.5 minnow")

@@ -411,3 +411,86 @@ async def test_the_page_and_its_files(server: ThreadedServer) -> None:
         async with http.post(server.url + "/console") as response:
             body = await response.json()
             assert (response.status, body["code"]) == (405, "METHOD_NOT_ALLOWED")
+
+
+# -- the last hour ----------------------------------------------------------------------
+
+
+async def test_the_last_hour_is_sampled_without_a_console_and_read_with_a_token(
+    server: ThreadedServer,
+) -> None:
+    """GET /v1/console/history answers the viewer's token like the stream, and the server
+    samples whether or not a console is open: no stream was ever opened here."""
+    url = f"{server.url}/v1/console/history"
+    async with aiohttp.ClientSession() as http:
+        async with http.get(url) as response:
+            assert response.status == 401
+            assert_valid("error", await response.json())
+        headers = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        async with http.get(url, headers=headers) as response:
+            assert response.status == 200 and response.headers["Cache-Control"] == "no-store"
+            body = await response.json()
+    assert_valid("console-history.response", body)
+    assert body["step_seconds"] == console.LONG_STEP
+
+
+async def test_the_rates_are_sampled_with_no_console_open(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In process: a started feed samples once a second (here every 10 ms) with no stream
+    open, and stops when asked."""
+    monkeypatch.setattr(console, "SNAPSHOT_SECONDS", 0.01)
+    service = FieldService(MemoryEventLog(), Field, admission=UNLOADED_POLICY)
+    hub = PushHub(service)
+    deliveries = DeliveryEngine(
+        service, hub, DeliverySettings(), policy=EgressPolicy(), secret_box=SecretBox(bytes(32))
+    )
+    runtime = Runtime()
+    runtime.start(Running(service, hub, deliveries))
+    door = FrontDoor(runtime, rate_limits=AgentRateLimits(None))
+    feed = ConsoleFeed(runtime, status=HTTPBinding(runtime, door, limits=Limits()).status)
+    await service.start()
+    try:
+        await feed.start()
+        assert not feed.streams
+        async with asyncio.timeout(30):
+            while len(feed.meter.history) < 3:
+                await asyncio.sleep(0.01)
+        await feed.stop_sampling()
+        taken = len(feed.meter.history)
+        await asyncio.sleep(0.05)
+        assert len(feed.meter.history) == taken  # stopped
+    finally:
+        await feed.stop_sampling()
+        await service.stop()
+
+
+def test_an_hour_is_kept_in_steps_of_ten_seconds() -> None:
+    """One-second samples fold into samples of LONG_STEP seconds: the rates' means, the
+    operation latency weighted by operations, the delivery latency's mean and max; the step
+    under way is left out until it ends."""
+    clock = [1_000_000.5]
+    meter = console.Meter(now=lambda: clock[0], monotonic=lambda: clock[0])
+    meter.start(0, (0, 0.0))
+    answered = [0, 0.0]
+    for second in range(25):  # 1,000,000.5 .. 1,000,024.5: steps ending at ...10 and ...20
+        clock[0] += 1
+        ops = 2 if second % 2 else 0  # two operations every other second, 4 ms each
+        answered = [answered[0] + ops, answered[1] + ops * 0.004]
+        if second == 3:
+            meter.observe([_entry(clock[0] - 0.005)])
+        meter.sample(answered[0], (answered[0], answered[1]))
+    first, second_step = meter.hour()
+    assert [first["t"], second_step["t"]] == [1_000_010.0, 1_000_020.0]
+    # the first step: the seconds ending 1.5 .. 9.5 (nine); ops in four of them
+    assert first["operations_per_s"] == round(4 * 2 / 9, 2)
+    assert first["operation_latency_ms"] == {"mean": 4.0}
+    assert first["delivery_latency_ms"] == {"mean": 5.0, "max": 5.0}
+    assert second_step["delivery_latency_ms"] is None
+    assert_valid("console-history.response", {"step_seconds": 10, "samples": meter.hour()})
+
+
+def _entry(ts: float) -> Any:
+    from field.contract.model import StoredEntry
+
+    return StoredEntry(1, 1, "memory.recorded", {}, "a", ts)

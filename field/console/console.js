@@ -68,6 +68,11 @@
   let latest = null;
   /** Rate samples by time (Unix seconds), kept for KEEP_SECONDS: the charts' data. */
   const samples = new Map();
+  /** The Field's last hour in samples of HOUR_STEP seconds (GET /v1/console/history), by
+   *  the time each step ended: the longer windows' data before the one-second samples. */
+  const hour = new Map();
+  /** Seconds one sample of the hour covers, and between two reads of it. */
+  const HOUR_STEP = 10;
 
   // -- streams -------------------------------------------------------------------------
 
@@ -410,6 +415,7 @@
     refreshOperator(s);
     renderEvents(s);
     followEvents(s);
+    followHour(s);
     const linked = /^#(\w+)\/(.+)$/.exec(location.hash);
     if (linked && TITLES[linked[1]]) openDetail(s, linked[1], decodeURIComponent(linked[2]));
   }
@@ -432,6 +438,7 @@
       $(id).replaceChildren();
     }
     samples.clear();
+    hour.clear();
     $("events").replaceChildren();
     $("events-older").hidden = true;
     $("history-note").textContent = "";
@@ -535,8 +542,39 @@
     }
   }
 
+  /** Read the Field's last hour of rates now and every HOUR_STEP seconds while signed in
+   *  (the server samples them whether or not a console is open). */
+  async function followHour(s) {
+    while (s.alive) {
+      try {
+        const answer = await api(s, "GET", "/v1/console/history");
+        hour.clear();
+        for (const sample of answer.samples) hour.set(sample.t, { ...sample, step: answer.step_seconds });
+        if (latest) renderActivity(Date.parse(latest.at) / 1000);
+      } catch {
+        // the next read tries again; the charts keep what the snapshots bring meanwhile
+      }
+      await new Promise((resolve) => setTimeout(resolve, HOUR_STEP * 1000));
+    }
+  }
+
+  /** The one-second samples, and before the first of them the hour's: each of those as
+   *  one sample a second over its step, so that every window's bars are alike. */
+  function chartSamples() {
+    const seconds = [...samples.values()].sort((a, b) => a.t - b.t);
+    const first = seconds.length ? seconds[0].t : Infinity;
+    const before = [];
+    for (const sample of [...hour.values()].sort((a, b) => a.t - b.t)) {
+      for (let k = sample.step - 1; k >= 0; k -= 1) {
+        const t = sample.t - k;
+        if (t < first) before.push({ ...sample, t });
+      }
+    }
+    return [...before, ...seconds];
+  }
+
   function renderActivity(now) {
-    const all = [...samples.values()].sort((a, b) => a.t - b.t);
+    const all = chartSamples();
     const last = all.length && all[all.length - 1].t >= now - 2 ? all[all.length - 1] : null;
     $("c-ops").textContent = last ? `${last.operations_per_s.toFixed(1)} ops/s` : "–";
     $("c-op-latency").textContent = last && last.operation_latency_ms
@@ -546,8 +584,8 @@
       : last.delivery_latency_ms ? `${last.delivery_latency_ms.mean.toFixed(2)} ms` : "idle";
     const span = Number($("chart-window").value);
     const seen = all.length ? now - all[0].t : 0;
-    $("chart-span").textContent = span > 120 && seen < span - 5
-      ? `The Field sends the last two minutes; this page has kept ${duration(seen)} since it opened.` : "";
+    $("chart-span").textContent = span > 120 && seen < span - 2 * HOUR_STEP
+      ? `The Field has sampled for ${duration(seen)} since it started.` : "";
     chart("ops", all, now, span, (p) => p.operations_per_s, "ops/s");
     chart("latency", all, now, span, (p) => (p.delivery_latency_ms ? p.delivery_latency_ms.mean : null), "ms");
   }

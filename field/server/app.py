@@ -278,6 +278,7 @@ def create_app(
             await snapshotter.start()
         nodes = None if presence is None else presence.nodes
         runtime.start(Running(service, hub, deliveries, snapshotter, nodes))
+        await console.feed.start()  # the rates, sampled from now on for the console's charts
         state = service.field.state
         host = f"[{config.host}]" if ":" in config.host else config.host
         logger.info(
@@ -298,6 +299,7 @@ def create_app(
             if mcp is not None:
                 await mcp.stop()
             await liveness.stop()
+            await console.feed.stop_sampling()
             if presence is not None:
                 await presence.stop()
             await rap.stop()

@@ -82,11 +82,11 @@ from ..engine.router import SHUTDOWN, SINK_KINDS, Frame
 from ..subscriptions.delivery import Progress
 from .eventstream import Departure, sse_event
 from .index import CONSOLE_PATH
-from .web import SEND_TIMEOUT_SECONDS, error_response, token_of
+from .web import SEND_TIMEOUT_SECONDS, error_response, json_response, token_of
 
 if TYPE_CHECKING:
     from .door import FrontDoor
-    from .runtime import Runtime
+    from .runtime import Running, Runtime
 
 logger = logging.getLogger("field.console")
 
@@ -106,6 +106,9 @@ LISTED_SUBSCRIPTIONS = 200
 EXCERPT = 240
 #: Rate samples a snapshot carries (one a second: the last two minutes).
 HISTORY = 120
+#: Seconds one sample of the longer history covers, and how many it keeps (an hour).
+LONG_STEP = 10
+LONG_HISTORY = 360
 #: Most queued frames looked at to count a subscription's lag, per tick in all.
 TALLY_BUDGET = 200_000
 #: Bytes one snapshot may take (a stream's outbox holds one).
@@ -200,6 +203,7 @@ class ConsoleBinding:
                 for name in FILES
             ),
             Route("/v1/console/stream", self.stream, methods=["GET"]),
+            Route("/v1/console/history", self.history, methods=["GET"]),
         ]
 
     def _file(self, name: str) -> Callable[[Request], Awaitable[Response]]:
@@ -209,6 +213,24 @@ class ConsoleBinding:
             return Response(body, media_type=media, headers=PAGE_HEADERS)
 
         return endpoint
+
+    async def history(self, request: Request) -> Response:
+        """The last hour of rates in samples of :data:`LONG_STEP` seconds, for the charts'
+        longer windows: taken whether or not a console was open (:meth:`ConsoleFeed.start`)."""
+        token = token_of(request.headers, request.query_params)
+        try:
+            self._door.admit(token, None)
+            running = self._runtime.current
+            if running is None:
+                raise Overloaded("the Field is starting")
+            await running.service.execute(
+                lambda field: Outcome({"viewer": viewer_of(field, token)}), work=Work.READ
+            )
+        except FieldError as error:
+            return error_response(error)
+        answer = json_response({"step_seconds": LONG_STEP, "samples": self.feed.meter.hour()})
+        answer.headers["Cache-Control"] = "no-store"
+        return answer
 
     async def stream(self, request: Request) -> Any:
         token = token_of(request.headers, request.query_params)
@@ -248,6 +270,8 @@ class ConsoleFeed:
         self.streams: set[ConsoleStream] = set()
         self.meter = Meter()
         self._task: asyncio.Task[None] | None = None
+        #: samples the rates once a second while the server runs (:meth:`start`)
+        self._sampler: asyncio.Task[None] | None = None
         self._changed: asyncio.Event | None = None
         #: the last tick's shared part, and the monotonic time it was built
         self._shared: tuple[bytes, float] | None = None
@@ -291,6 +315,36 @@ class ConsoleFeed:
             self.close(stream)
         if self._task is not None:
             await self._task
+        await self.stop_sampling()
+
+    async def stop_sampling(self) -> None:
+        """Stop :meth:`start`'s sampling (the server stops)."""
+        sampler, self._sampler = self._sampler, None
+        if sampler is not None:
+            sampler.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await sampler
+
+    async def start(self) -> None:
+        """Sample the rates once a second from now on, whether or not a console is open, so
+        that the last hour is there when one opens (the Field has started)."""
+        running = self._runtime.current
+        if running is None or self._sampler is not None:
+            return
+        self._sampler = asyncio.get_running_loop().create_task(
+            self._sample(running), name="console-meter"
+        )
+
+    async def _sample(self, running: Running) -> None:
+        service = running.service
+        self.meter.start(service.field.epoch, self._answered())
+        service.listeners.add(self.meter.observe)
+        try:
+            while self._runtime.current is running:
+                await asyncio.sleep(SNAPSHOT_SECONDS)
+                self.meter.sample(service.field.epoch, self._answered())
+        finally:
+            service.listeners.remove(self.meter.observe)
 
     # -- ticks -----------------------------------------------------------------------
 
@@ -306,7 +360,10 @@ class ConsoleFeed:
             return
         hub, service = running.hub, running.service
         changed = self._changed = asyncio.Event()
-        self.meter.start(service.field.epoch, self._answered())
+        # without the server's sampler (a feed that was not started), the ticks sample
+        sampling = self._sampler is None
+        if sampling:
+            self.meter.start(service.field.epoch, self._answered())
         service.listeners.add(self._published)
         loop = asyncio.get_running_loop()
         sample_at = loop.time() + SNAPSHOT_SECONDS
@@ -319,7 +376,8 @@ class ConsoleFeed:
                 if not self.streams:
                     break
                 if loop.time() >= sample_at:
-                    self.meter.sample(service.field.epoch, self._answered())
+                    if sampling:
+                        self.meter.sample(service.field.epoch, self._answered())
                     sample_at = loop.time() + SNAPSHOT_SECONDS
                 try:
                     self._tick(hub)
@@ -337,8 +395,10 @@ class ConsoleFeed:
         return None if answered is None else answered()
 
     def _published(self, entries: list[StoredEntry]) -> None:
-        """A batch is durable (the writer calls this): count it, and show it soon."""
-        self.meter.observe(entries)
+        """A batch is durable (the writer calls this): count it (unless the sampler does),
+        and show it soon."""
+        if self._sampler is None:
+            self.meter.observe(entries)
         if self._changed is not None:
             self._changed.set()
 
@@ -461,8 +521,20 @@ class Meter:
     the matching, measured on every committed batch.
     """
 
-    def __init__(self) -> None:
+    def __init__(
+        self,
+        *,
+        now: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        #: the wall clock samples are stamped with, and the clock seconds are counted in
+        self._now, self._monotonic = now, monotonic
         self.history: deque[dict[str, Any]] = deque(maxlen=HISTORY)
+        #: the last hour, a sample per :data:`LONG_STEP` seconds (each from the one-second
+        #: samples of its step)
+        self.long: deque[dict[str, Any]] = deque(maxlen=LONG_HISTORY)
+        #: the one-second samples of the step under way
+        self._step: list[dict[str, Any]] = []
         self._epoch = 0
         self._answered: Answered | None = None
         self._at = 0.0
@@ -473,13 +545,13 @@ class Meter:
 
     def start(self, epoch: int, answered: Answered | None) -> None:
         """Count from now: the epoch, and what the metrics have counted (None: no metrics)."""
-        self._epoch, self._answered, self._at = epoch, answered, time.monotonic()
+        self._epoch, self._answered, self._at = epoch, answered, self._monotonic()
         self._entries = self._batches = 0
         self._delay_sum = self._delay_max = 0.0
 
     def observe(self, entries: list[StoredEntry]) -> None:
         """A committed batch, just published."""
-        delay = max(0.0, time.time() - entries[0].ts)
+        delay = max(0.0, self._now() - entries[0].ts)
         self._entries += len(entries)
         self._batches += 1
         self._delay_sum += delay
@@ -487,16 +559,20 @@ class Meter:
 
     def sample(self, epoch: int, answered: Answered | None) -> None:
         """Close the second that ended now: one sample in :attr:`history`."""
-        seconds = max(time.monotonic() - self._at, 1e-6)
+        seconds = max(self._monotonic() - self._at, 1e-6)
         operations, latency = float(max(0, epoch - self._epoch)), None
         if answered is not None and self._answered is not None:
             operations = answered[0] - self._answered[0]
             if operations > 0:
                 latency = {"mean": round(1000 * (answered[1] - self._answered[1]) / operations, 3)}
         batches = self._batches
+        now = self._now()
+        if self._step and now // LONG_STEP != self._step[0]["t"] // LONG_STEP:
+            self.long.append(_step_sample(self._step))
+            self._step = []
         self.history.append(
             {
-                "t": round(time.time(), 3),
+                "t": round(now, 3),
                 "operations_per_s": round(operations / seconds, 2),
                 "operation_latency_ms": latency,
                 "entries_per_s": round(self._entries / seconds, 2),
@@ -508,17 +584,52 @@ class Meter:
                 else None,
             }
         )
+        self._step.append(self.history[-1])
         self.start(epoch, answered)
+
+    def hour(self) -> list[dict[str, Any]]:
+        """The samples of :data:`LONG_STEP` seconds of the last hour, oldest first (the
+        step under way is not among them)."""
+        since = self._now() - LONG_STEP * LONG_HISTORY
+        return [sample for sample in self.long if sample["t"] >= since]
 
     def recent(self) -> list[dict[str, Any]]:
         """The samples of the last :data:`HISTORY` seconds (none while no console was open)."""
-        since = time.time() - HISTORY
+        since = self._now() - HISTORY
         return [sample for sample in self.history if sample["t"] >= since]
 
     def latest(self) -> dict[str, Any] | None:
         """The sample of the second that just ended, if a console was open then."""
         recent = self.history[-1] if self.history else None
-        return recent if recent is not None and recent["t"] >= time.time() - 2 else None
+        return recent if recent is not None and recent["t"] >= self._now() - 2 else None
+
+
+def _step_sample(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """One sample of :data:`LONG_STEP` seconds from its one-second ``samples``: the means of
+    the rates, operation latency weighted by operations, delivery latency's mean of means
+    and its max; stamped with the end of its step."""
+    step = samples[0]["t"] // LONG_STEP
+    count = len(samples)
+    timed = [(s["operations_per_s"], s["operation_latency_ms"]) for s in samples]
+    weighted = [(ops, latency["mean"]) for ops, latency in timed if latency is not None]
+    weight = sum(ops for ops, _ in weighted)
+    delivered = [s["delivery_latency_ms"] for s in samples if s["delivery_latency_ms"]]
+    return {
+        "t": round((step + 1) * LONG_STEP, 3),
+        "operations_per_s": round(sum(s["operations_per_s"] for s in samples) / count, 2),
+        "operation_latency_ms": {
+            "mean": round(sum(ops * mean for ops, mean in weighted) / weight, 3)
+        }
+        if weight > 0
+        else None,
+        "entries_per_s": round(sum(s["entries_per_s"] for s in samples) / count, 2),
+        "delivery_latency_ms": {
+            "mean": round(sum(d["mean"] for d in delivered) / len(delivered), 3),
+            "max": max(d["max"] for d in delivered),
+        }
+        if delivered
+        else None,
+    }
 
 
 # -- the parts of a snapshot ------------------------------------------------------------

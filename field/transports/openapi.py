@@ -873,6 +873,24 @@ ENDPOINTS: tuple[Endpoint, ...] = (
             }
         },
     ),
+    Endpoint(
+        method="GET",
+        path="/v1/console/history",
+        name="console_history",
+        summary="The console's last hour of rates, a sample per 10 seconds",
+        tag="console",
+        auth="console",
+        description=(
+            "The rates the console charts over 5 and 60 minutes: operations a second, their "
+            "latency, log entries a second and delivery latency, sampled once a second from "
+            "the server's start and kept as one sample per `step_seconds` (10) for an hour, "
+            "oldest first. See protocol/README.md, Console."
+        ),
+        response="console-history.response",
+        headers={"Cache-Control": {"schema": {"const": "no-store"}}},
+        errors=(*AUTHENTICATED, *RATED),
+        params=(_TOKEN,),
+    ),
 )
 
 
