@@ -36,6 +36,7 @@ from field.client import AgentClient, FieldClient
 
 from .conftest import ServerProcess, spawn_server
 from .schema_util import assert_valid
+from .test_mcp_http import Updates
 
 HANG_GUARD = 60  # seconds; only ever reached when something hangs
 MODERN = "2026-07-28"
@@ -275,20 +276,6 @@ async def subscription(agent: AgentClient) -> str:
         "SUBSCRIBE", {"action": "subscribe", "subscription": {"events": ["memory.recorded"]}}
     )
     return f"field://subscriptions/{made['subscription_id']}"
-
-
-class Updates:
-    """The URIs of the ``notifications/resources/updated`` a session is sent, in order."""
-
-    def __init__(self) -> None:
-        self.uris: asyncio.Queue[str] = asyncio.Queue()
-
-    async def __call__(self, message: Any) -> None:
-        if isinstance(message, types.ResourceUpdatedNotification):
-            await self.uris.put(str(message.params.uri))
-
-    async def next(self) -> str:
-        return await asyncio.wait_for(self.uris.get(), HANG_GUARD)
 
 
 async def test_field_mcp_relays_resources_and_push_on_both_revisions(

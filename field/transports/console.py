@@ -214,18 +214,26 @@ class ConsoleBinding:
 
         return endpoint
 
+    async def _viewer(self, request: Request) -> tuple[Viewer, PushHub]:
+        """Who the request's token is (an agent, or the operator), past the front door's
+        rate limit; and the running hub. Raises the refusal."""
+        token = token_of(request.headers, request.query_params)
+        self._door.admit(token, None)
+        running = self._runtime.current
+        if running is None:
+            raise Overloaded("the Field is starting")
+        hub = running.hub
+        outcome = await hub.service.execute(
+            lambda field: Outcome({"viewer": viewer_of(field, token)}), work=Work.READ
+        )
+        viewer: Viewer = outcome.response["viewer"]
+        return viewer, hub
+
     async def history(self, request: Request) -> Response:
         """The last hour of rates in samples of :data:`LONG_STEP` seconds, for the charts'
         longer windows: taken whether or not a console was open (:meth:`ConsoleFeed.start`)."""
-        token = token_of(request.headers, request.query_params)
         try:
-            self._door.admit(token, None)
-            running = self._runtime.current
-            if running is None:
-                raise Overloaded("the Field is starting")
-            await running.service.execute(
-                lambda field: Outcome({"viewer": viewer_of(field, token)}), work=Work.READ
-            )
+            await self._viewer(request)
         except FieldError as error:
             return error_response(error)
         answer = json_response({"step_seconds": LONG_STEP, "samples": self.feed.meter.hour()})
@@ -233,17 +241,8 @@ class ConsoleBinding:
         return answer
 
     async def stream(self, request: Request) -> Any:
-        token = token_of(request.headers, request.query_params)
         try:
-            self._door.admit(token, None)
-            running = self._runtime.current
-            if running is None:
-                raise Overloaded("the Field is starting")
-            hub = running.hub
-            outcome = await hub.service.execute(
-                lambda field: Outcome({"viewer": viewer_of(field, token)}), work=Work.READ
-            )
-            viewer: Viewer = outcome.response["viewer"]
+            viewer, hub = await self._viewer(request)
             self.feed.admit(viewer)
         except FieldError as error:
             return error_response(error)
