@@ -372,6 +372,7 @@ async def test_listen_streams_are_bounded_per_agent_and_by_what_they_name(
                         pass
                 assert_valid("error", refused.value.data)
                 assert refused.value.data["code"] == "TOO_MANY_CONNECTIONS"
+                assert "1 listen streams" in refused.value.data["message"]
 
 
 async def test_a_cancelled_subscription_resource_lets_go_of_its_connection(

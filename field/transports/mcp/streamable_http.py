@@ -914,9 +914,20 @@ class McpHttpBinding:
                 "resources/subscribe",
             )
         if len(held.streams) >= self.max_per_agent:
-            raise self._refusal("agent", caller.agent_id, None)
+            raise FieldError(
+                f"the agent already holds {len(held.streams)} listen streams, as many as the "
+                "Field allows",
+                code=Code.TOO_MANY_CONNECTIONS,
+                recoverable=True,
+                suggested_action="Close one of its listen streams first, or name every "
+                "resource it follows in one stream.",
+            )
         if sum(len(h.streams) for h in self.agents.values()) >= self.max_sessions:
-            raise self._refusal("total", caller.agent_id, None)
+            raise Overloaded(
+                f"the Field holds {self.max_sessions} MCP listen streams, as many as it "
+                "allows (--mcp-max-sessions)",
+                suggested_action="Retry later, or poll with akashik_attune {poll: true}.",
+            )
         stream = listen.ListenStream(frozenset(uris))
         watches: list[resources.Watch] = []
         for uri in uris:
