@@ -336,10 +336,9 @@ class SubscriptionFeed:
     async def _read(self, limit: int, max_bytes: int) -> dict[str, Any]:
         if self.stale:
             self._restart()
-        bodies: list[bytes] = []
-        taken: list[Frame] = []  # their frames: each notification's latency ends with the read
+        taken: list[Frame] = []
         size = 0
-        while len(bodies) < limit and self.ended is None:
+        while len(taken) < limit and self.ended is None:
             frame, self.head = self.head or self._next(), None
             if frame is None:
                 connection = self.connection
@@ -354,18 +353,17 @@ class SubscriptionFeed:
                 self.ended = frame.control
                 self.release()
                 break
-            if bodies and size + len(frame.body) > max_bytes:
+            if taken and size + len(frame.body) > max_bytes:
                 self.head = frame  # next time
                 break
-            bodies.append(frame.body)
             taken.append(frame)
             size += len(frame.body)
             self.cursor = frame.cursor
         connection = self.connection
-        if connection is not None and bodies:
-            await self.hub.pace(connection, len(bodies))
+        if connection is not None and taken:
+            await self.hub.pace(connection, len(taken))
         counts = self.hub.counts
-        if counts is not None and taken:
+        if counts is not None and taken:  # each notification's latency ends with the read
             counts.latency_of("mcp").sent(taken)
         self.told = False
         if self.head is None:
@@ -376,7 +374,7 @@ class SubscriptionFeed:
             self.ready(self)
         return {
             "subscription_id": self.subscription_id,
-            "notifications": [orjson.loads(body) for body in bodies],
+            "notifications": [orjson.loads(frame.body) for frame in taken],
             "more": more,
             "cursor": self.cursor,
             "ended": self.ended,
