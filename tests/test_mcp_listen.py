@@ -403,3 +403,29 @@ async def test_a_cancelled_subscription_resource_lets_go_of_its_connection(
                 assert (await read_all(client, second))[0] == []
     finally:
         server.stop(signal.SIGKILL)
+
+
+async def test_a_read_names_only_a_cursor_of_this_field_to_start_after(
+    small: ServerProcess,
+) -> None:
+    async with FieldClient(small.url) as http:
+        lee = await http.register("since-lee", "analyst")
+        max_ = await http.register("since-max", "analyst")
+        async with modern_client(small.url, lee.token) as client:
+            uri = (await ok(client, "akashik_subscribe", events=["memory.recorded"]))["resource"]
+            for query in ("?other=1", "?since=", "?since=a&since=b", "?since=a&other=1"):
+                with pytest.raises(MCPError) as refused:
+                    await read(client, uri + query)
+                assert_valid("error", refused.value.data)
+                assert refused.value.data["code"] == "INVALID_PAYLOAD", query
+            start = await read(client, uri)  # its cursor: the subscription's start
+            other_field = "field-0000000000000000000-" + start["cursor"].rpartition("-")[2]
+            for cursor in ("not-a-cursor", other_field, "x" * 65):
+                with pytest.raises(MCPError) as refused:
+                    await read(client, f"{uri}?since={cursor}")
+                assert_valid("error", refused.value.data)
+                assert refused.value.data["code"] == "INVALID_PAYLOAD", cursor
+            # nothing changed: the feed reads on from where it was
+            unit = await record(max_, "Recorded after the refused reads.")
+            ids, cursor = await read_all(client, uri)
+            assert ids == [unit] and cursor != start["cursor"]

@@ -48,6 +48,7 @@ from ...core.field import Field
 from ...core.state import AgentRecord
 from ...engine.push import Connection, PushHub
 from ...engine.router import Frame
+from ...subscriptions.stream import parse_cursor
 
 SCHEME = "field://"
 AGENT_URI = "field://agent"
@@ -309,7 +310,15 @@ class SubscriptionFeed:
 
     def resume(self, since: str) -> None:
         """Start again after cursor ``since`` (a read's ``cursor``): what follows it is
-        read next, whatever was read since (a client resuming where it knows it was)."""
+        read next, whatever was read since (a client resuming where it knows it was).
+        ``INVALID_PAYLOAD``, changing nothing, for what is not a cursor of this Field."""
+        _, problem = parse_cursor(since[:64], self.hub.tag)
+        if problem is not None or len(since) > 64:
+            raise InvalidPayload(
+                f"since: {problem or f'{_shown(since)} is not a cursor this Field issued'}",
+                suggested_action="Send the cursor of a read of this Field's resource, as it "
+                "answered it.",
+            )
         self.release()
         self.head = None
         self.ended = None
