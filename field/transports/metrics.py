@@ -16,9 +16,9 @@ deliveries. The few counted as they happen are kept cheap:
   the senders keep (:class:`~field.engine.push.PushCounts`), turned into
   counters at scrape time;
 * each notification's latency, from its entry's commit to its write on the socket
-  (to the receiver's 2xx, for a webhook or RAP): a bucket count and a sum kept by
-  the senders (:class:`~field.engine.latency.Latency`), turned into the histogram
-  ``field_notification_latency_seconds`` at scrape time.
+  (to the MCP read that hands it out; to the receiver's 2xx, for a webhook or RAP): a
+  bucket count and a sum kept by the senders (:class:`~field.engine.latency.Latency`),
+  turned into the histogram ``field_notification_latency_seconds`` at scrape time.
 
 Measured: 1.2 us per operation, 24 ns per notification, 0.6 us per committed
 batch (``benchmarks/README.md``, "Metrics on the hot path").
@@ -662,8 +662,8 @@ def _notification_latency(by_kind: dict[str, Latency]) -> Metric:
     histogram = HistogramMetricFamily(
         "field_notification_latency_seconds",
         "Seconds from a notification's log entry (its commit) to its write on the socket "
-        "(websocket, sse) or its receiver's 2xx (webhook, rap), by transport; replays "
-        "and debounce windows included.",
+        "(websocket, sse), the MCP read that hands it out (mcp) or its receiver's 2xx "
+        "(webhook, rap), by transport; replays and debounce windows included.",
         labels=["transport"],
     )
     bounds = [*(repr(bound) for bound in NOTIFICATION_BUCKETS), "+Inf"]
