@@ -494,3 +494,17 @@ def _entry(ts: float) -> Any:
     from field.contract.model import StoredEntry
 
     return StoredEntry(1, 1, "memory.recorded", {}, "a", ts)
+
+
+def test_the_hour_keeps_its_last_360_steps() -> None:
+    """Past an hour the oldest step goes first: at most LONG_HISTORY steps, the newest kept."""
+    clock = [2_000_000.5]
+    meter = console.Meter(now=lambda: clock[0], monotonic=lambda: clock[0])
+    meter.start(0, None)
+    for _ in range(console.LONG_STEP * (console.LONG_HISTORY + 30)):
+        clock[0] += 1
+        meter.sample(0, None)
+    hour = meter.hour()
+    assert len(hour) == console.LONG_HISTORY
+    assert hour[-1]["t"] == (clock[0] // console.LONG_STEP) * console.LONG_STEP
+    assert hour[0]["t"] == hour[-1]["t"] - console.LONG_STEP * (console.LONG_HISTORY - 1)
