@@ -210,18 +210,22 @@ async def test_an_agent_on_a_phone(
         await expect(page.locator("#conflicts button")).to_have_count(0)
         await expect(page.locator("#rationale")).to_be_hidden()
         await expect(page.locator("#merge-help")).to_contain_text("needs authority 6")
-        # bob went silent: failed, and the page says why
-        failed = page.locator('#agents tr[data-agent^="bob"]')
-        await expect(failed.locator(".badge")).to_have_text("failed", timeout=WAIT_MS)
-        await expect(failed.locator(".reason")).to_contain_text("not heard from")
-        # an agent is shown how relevant each event is to it, and why
-        failure = page.locator('#events li[data-event="agent.failed"]')
-        await expect(failure.locator(".score")).to_have_text(re.compile(r"^ \d\.\d\d$"))
-        await expect(failure.locator(".why").first).to_contain_text("agent.failed:")
         # its own subscription, read by the page itself
         subscription = page.locator("#subscriptions tr[data-subscription]")
         await expect(subscription).to_contain_text("console", timeout=WAIT_MS)
         await expect(subscription).to_contain_text("SSE 1")
+        # bob is heard from once the page reads its events (recovering, if signing in
+        # took longer than a second), then goes silent: failed, and the page says why
+        await bob.attune()
+        failed = page.locator('#agents tr[data-agent^="bob"]')
+        await expect(failed.locator(".badge")).to_have_text("failed", timeout=WAIT_MS)
+        await expect(failed.locator(".reason")).to_contain_text("not heard from")
+        # an agent is shown how relevant each event is to it, and why
+        failure = page.locator('#events li[data-event="agent.failed"]').first
+        await expect(failure.locator(".score")).to_have_text(
+            re.compile(r"^ \d\.\d\d$"), timeout=WAIT_MS
+        )
+        await expect(failure.locator(".why").first).to_contain_text("agent.failed:")
     width = await page.evaluate(
         "[document.documentElement.scrollWidth, document.documentElement.clientWidth]"
     )
