@@ -680,17 +680,14 @@ class Router(Generic[Q]):
         events = self._events(entries)
         if events:
             matcher = self.matcher(live=True)
-            scope = self.scope
-            if scope is None or not scope.fits(matcher.registry):
-                state = self.field.state
-                # streams catching up read from the log: their rows are not matched live
-                rows = [
-                    state.registry_row(sid)
-                    for sid, bindings in self.by_subscription.items()
-                    if not all(binding.lagging for binding in bindings)
-                ]
-                rows.extend(state.registry_row(sid) for sid in self._dormant)  # some in both
-                scope = self.scope = matcher.scope(np.unique(np.array(rows, dtype=np.intp)))
+            scope = self._live_scope(matcher)
+            prepared = False
+            for _ in matcher.prepare(events, scope):  # a new checkpoint's scales, in steps
+                prepared = True
+                yield
+            if prepared:  # the Field went on meanwhile
+                matcher = self.matcher(live=True)
+                scope = self._live_scope(matcher)
             matches = matcher.match(events, scope=scope)
             deferred = self.field.filters.take_deferred()
             if deferred:  # before anything of the batch reaches their streams
@@ -702,6 +699,22 @@ class Router(Generic[Q]):
             self._wake(subscription_id, entries[0].position - 1)  # a dormant one owes its end
             self._finish(subscription_id, position, entries)
         self.flush(entries[-1].ts)
+
+    def _live_scope(self, matcher: Matcher) -> Scope:
+        """The scope live events are matched against (kept while it fits the registry):
+        the rows of the subscriptions with a stream taking live events, or dormant."""
+        scope = self.scope
+        if scope is None or not scope.fits(matcher.registry):
+            state = self.field.state
+            # streams catching up read from the log: their rows are not matched live
+            rows = [
+                state.registry_row(sid)
+                for sid, bindings in self.by_subscription.items()
+                if not all(binding.lagging for binding in bindings)
+            ]
+            rows.extend(state.registry_row(sid) for sid in self._dormant)  # some in both
+            scope = self.scope = matcher.scope(np.unique(np.array(rows, dtype=np.intp)))
+        return scope
 
     def _route(self, match: Match) -> None:
         shared = tail = b""

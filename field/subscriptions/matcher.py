@@ -44,7 +44,7 @@ completed, a failed agent's task to reassign).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -330,6 +330,28 @@ class Matcher:
             for start in range(0, len(some), step):
                 matches.extend(self._match_chunk(some[start : start + step], scope, dots))
         return matches if self.screen is None else self.screen(matches)
+
+    def prepare(self, events: list[FieldEvent], scope: Scope) -> Iterator[None]:
+        """Make ahead, in short steps with a yield after each, what :meth:`match` of
+        ``events`` against ``scope`` would make in one go: at a calibration checkpoint
+        not met before, every interest row's scales
+        (:meth:`~.registry.SubscriptionRegistry.scales_in_steps`).
+
+        The matches are the same with or without it; the registry may change
+        between the steps (a scope made before may no longer fit).
+        """
+        if len(scope.profiles) <= FEW_PROFILES:  # scored per profile: no rows' scales
+            return
+        epochs = [e.epoch for e in events if e.agent is None and e.topic is None and e.units]
+        if not epochs:
+            return
+        index = self.index
+        index.vectors  # noqa: B018 (reading the rows embeds what is queued: checkpoints current)
+        calibration = index.calibration
+        positions = np.unique(calibration.at(index.count_at(np.array(epochs, dtype=np.int64))))
+        for position in positions.tolist():
+            if position < len(calibration.checkpoints):  # else not embedded yet: none to make
+                yield from self.registry.scales_in_steps(calibration, position)
 
     def _dots(self, events: list[FieldEvent], scope: Scope) -> dict[str, npt.NDArray[np.float32]]:
         """Each unit of ``events`` scored by units (not agents or topics), against every
