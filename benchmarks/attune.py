@@ -6,6 +6,8 @@ Builds a Field with ``--units`` committed units from 50 agents, then times:
 
 * a full ATTUNE (interests, context hint, task; top 10 of every unit),
 * a ``since_epoch`` poll that finds a handful of new units,
+* a HANDOFF of a new task to the reader, whose package holds its best 10 units
+  (ATTUNE's ranking with the task as its active task and the title as hint),
 * the plain per-unit Python scorer of ``tests/reference_relevance.py`` on
   the same Field and query, as the baseline the vectorized scorer is
   compared with (it runs on fewer units, scaled, since it is slow).
@@ -111,6 +113,19 @@ def main() -> None:
 
     full_ms = timed(full, args.runs, "full")
     poll_ms = timed(poll, args.runs, "poll", setup=write_three)
+    task: dict[str, str] = {}
+
+    def new_task() -> None:  # a task of agent-2's to hand off (not timed)
+        payload = {"action": "create", "title": "pricing for smb", "assignee": "agent-2"}
+        outcome = field.handle(envelope("COORDINATE", "agent-2", payload), token=tokens["agent-2"])
+        task["id"] = outcome.response["task"]["id"]
+
+    def handoff() -> None:
+        payload = {"task_id": task["id"], "to_agent_id": reader, "context": {"max_units": 10}}
+        outcome = field.handle(envelope("HANDOFF", "agent-2", payload), token=tokens["agent-2"])
+        assert outcome.response["status"] == "ok", outcome.response
+
+    handoff_ms = timed(handoff, args.runs, "handoff", setup=new_task)
 
     units = list(field.state.units.values())
     base_units = units[: min(len(units), 5000)]
@@ -141,6 +156,8 @@ def main() -> None:
     print(f"{'full scope, top 10':<34}{pct(full_ms, 0.5):>10.2f}{pct(full_ms, 0.99):>10.2f}")
     poll_row = f"{'since_epoch poll, 3 new units':<34}"
     print(f"{poll_row}{pct(poll_ms, 0.5):>10.2f}{pct(poll_ms, 0.99):>10.2f}")
+    handoff_row = f"{'HANDOFF, the best 10 for the target':<34}"
+    print(f"{handoff_row}{pct(handoff_ms, 0.5):>10.2f}{pct(handoff_ms, 0.99):>10.2f}")
     print(
         f"{'baseline: per-unit Python loop':<34}{loop_ms:>10.1f}{'':>10}"
         f"  (scaled from {len(base_units):,} units)"

@@ -10,6 +10,7 @@ state ends by proving that replaying the log rebuilds the same state.
 from __future__ import annotations
 
 import copy
+import random
 from typing import Any
 
 import orjson
@@ -21,6 +22,7 @@ from field.contract.errors import FieldError, ValidationError
 from field.contract.model import Limits
 from field.core import sessions, tasks, validation
 from field.core.authority import effective_authority
+from field.ranking import relevance
 from field.subscriptions.events import FieldEvent, event_of
 from field.subscriptions.matcher import Matcher
 from field.subscriptions.stream import Notification, encode_event, encode_notification
@@ -544,6 +546,45 @@ def test_handoff_packages_context() -> None:
     assert h.field.state.agents["worker"].status == "idle"
     assert act(h, "other", "start", tid)["status"] == "in_progress"
     assert_replays(h)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_handoffs_best_units_are_the_exhaustive_rankings(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The target's best units (ATTUNE's ranking, scored only where they can make the
+    package, in steps of a few rows) are those of every candidate scored and diversified."""
+    monkeypatch.setattr(relevance, "STEP_CELLS", 1)
+    monkeypatch.setattr(relevance, "FIRST_ROWS", 0)
+    rng = random.Random(seed)
+    words = ["pricing", "churn", "market", "sizing", "nordics", "dach", "risk", "plants"]
+    h = field()
+    task = create_task(h, "worker", assignee="worker", title="Pricing for the Nordics")
+    for n in range(1500):
+        agent = rng.choice(["lead", "worker"])
+        content = " ".join(rng.choices(words, k=6)) + f" {n}"
+        h.record(agent, content, memory_type=rng.choice(["finding", "decision", "observation"]))
+    state = h.field.state
+    index = state.index
+    query = relevance.Query(
+        agent_id="other",
+        role="analyst",
+        interests=["pricing"],
+        context_hint=task["title"],
+        task_id=task["id"],
+        recency_weight=0.25,
+        include_own=False,
+        since_epoch=None,
+    )
+    rows = relevance.candidates(index, query)
+    scores = relevance.score(index, query, rows)
+    best, _, _ = relevance.best_diversified(index, rows, scores, count=8, threshold=0.0)
+    expected = [index.ids[row] for row in rows[best].tolist()]
+    payload = {"task_id": task["id"], "to_agent_id": "other", "context": {"max_units": 8}}
+    handoff = send(h, "HANDOFF", "worker", payload)["handoff"]
+    units = handoff["context"]["units"]
+    assert all(u["relevance_reason"].startswith("best for you") for u in units)
+    assert [u["memory_unit"]["id"] for u in units] == expected
 
 
 def test_handoff_refusals() -> None:

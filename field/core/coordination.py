@@ -493,9 +493,11 @@ def _package(
     if room:
         rows = relevance.candidates(index, query, seen_by_target)
         rows = rows[~np.isin(rows, np.array(list(picked), dtype=np.intp))]
-        scores = relevance.score(index, query, rows)
-        best, _, _ = relevance.best_diversified(index, rows, scores, count=room, threshold=0.0)
-        for row in rows[best].tolist():
+        # ATTUNE's ranking: the same best rows, scoring only those that can be among them
+        ranking = relevance.Ranking(index, query, rows, count=room, threshold=0.0)
+        for _ in ranking.steps():
+            pass
+        for row in rows[ranking.positions].tolist():
             picked[row] = "best for you"
     chosen = np.array(list(picked), dtype=np.intp)
     chosen_scores = relevance.score(index, query, chosen).tolist()
