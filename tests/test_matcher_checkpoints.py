@@ -109,6 +109,23 @@ def test_rows_added_between_two_steps_are_made_too() -> None:
     assert key(matcher.match(events)) == prepared
 
 
+def test_nothing_is_made_ahead_for_events_no_row_is_told_of() -> None:
+    h = Harness()
+    for i, interest in enumerate(INTERESTS):
+        h.register(f"a{i}", "analyst", interests=[interest])
+        subscribe(h, f"a{i}", ["task.assigned"])
+    for n in range(8):
+        h.record("a0", f"pricing churn {n}", score=0.75)
+    state = h.field.state
+    registry = state.registry
+    registry._scales.clear()
+    matcher = Matcher(registry, state.index, state.units)
+    scope = matcher.scope()
+    assert len(scope.profiles) > FEW_PROFILES
+    assert list(matcher.prepare(events_of(h), scope)) == []
+    assert registry._scales == {}
+
+
 def test_the_router_yields_between_the_steps_before_it_queues_a_notification() -> None:
     """A batch at a new checkpoint: each of its first steps makes at most two rows' scales,
     no frame is queued until they are all made, then every stream is notified once."""

@@ -342,7 +342,12 @@ class Matcher:
         """
         if len(scope.profiles) <= FEW_PROFILES:  # scored per profile: no rows' scales
             return
-        epochs = [e.epoch for e in events if e.agent is None and e.topic is None and e.units]
+        epochs = []
+        for e in events:  # the units _dots and _semantic score: of events some row is told of
+            if e.agent is None and e.topic is None and e.units:
+                c = self._candidates(scope, e.name)
+                if len(c.rows) and c.oldest < e.epoch:
+                    epochs.append(e.epoch)
         if not epochs:
             return
         index = self.index
