@@ -18,7 +18,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from field.subscriptions.events import FieldEvent
-from field.subscriptions.stream import Notification, Stream, format_cursor, parse_cursor
+from field.subscriptions.stream import (
+    MAX_CURSOR_CHARS,
+    Notification,
+    Stream,
+    format_cursor,
+    parse_cursor,
+)
 
 TICKS = 1024  # per second
 BASE = 1_780_000_000 * TICKS  # a 2026 timestamp, in ticks
@@ -451,6 +457,14 @@ def test_garbage_cursors_are_refused(cursor: str) -> None:
     position, reason = parse_cursor(cursor, "abc")
     assert position is None
     assert isinstance(reason, str) and reason
+
+
+@pytest.mark.parametrize("cursor", ["abc-" + "1" * 5000, "x" * 65, "abc-" + "9" * 61])
+def test_a_cursor_past_the_longest_is_refused_and_quoted_cut_short(cursor: str) -> None:
+    position, reason = parse_cursor(cursor, "abc")
+    assert position is None
+    assert reason is not None and cursor[:MAX_CURSOR_CHARS] in reason
+    assert cursor[: MAX_CURSOR_CHARS + 1] not in reason and len(reason) < 2 * MAX_CURSOR_CHARS
 
 
 def test_a_superscript_digit_cursor_is_refused_not_raised() -> None:

@@ -128,8 +128,17 @@ def format_cursor(field_tag: str, position: int) -> str:
     return f"{field_tag}-{position}"
 
 
+#: The longest cursor read: this Field's are at most 32 characters (a tag of 12, a
+#: position of up to 19 digits); a longer one is refused unread, and shown cut short.
+MAX_CURSOR_CHARS = 64
+
+
 def parse_cursor(cursor: str, field_tag: str) -> tuple[int | None, str | None]:
-    """(position, None) for a cursor of this Field, else (None, reason)."""
+    """(position, None) for a cursor of this Field, else (None, reason); the reason
+    quotes at most :data:`MAX_CURSOR_CHARS` characters of a client's cursor."""
+    if len(cursor) > MAX_CURSOR_CHARS:
+        shown = repr(cursor[:MAX_CURSOR_CHARS])
+        return None, f"{shown}... is not a cursor this Field issued (too long)"
     tag, sep, number = cursor.rpartition("-")
     if not sep or not (number.isascii() and number.isdigit()) or len(number) > 19:
         return None, f"{cursor!r} is not a cursor this Field issued"

@@ -372,9 +372,9 @@ def _events_before(raw: str | None, field_tag: str, top: int) -> int:
     """The position ``?before=`` names (exclusive), or just past the last entry."""
     if raw is None:
         return top + 1
-    position, reason = parse_cursor(raw[:64], field_tag)
-    if position is None or len(raw) > 64:
-        raise InvalidPayload(f"before: {reason or 'not a cursor this Field issued'}")
+    position, reason = parse_cursor(raw, field_tag)
+    if position is None:
+        raise InvalidPayload(f"before: {reason}")
     return max(1, min(position, top + 1))  # 1: nothing is before the log's start
 
 
