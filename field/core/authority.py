@@ -59,6 +59,25 @@ def require(have: int, need: int, action: str) -> None:
         )
 
 
+#: What a caller of the operator's own endpoints is told to send instead.
+SEND_OPERATOR_TOKEN = "Send the operator's bearer token (--operator-token-file)."
+
+
+def require_operator(
+    agent: AgentRecord, message: str, suggested_action: str = SEND_OPERATOR_TOKEN
+) -> None:
+    """Refuse anyone but the operator itself (not a level: its token) with
+    INSUFFICIENT_AUTHORITY and ``message``: the check of the operator's own endpoints
+    (registration tokens, sources, declaring an agent failed, the log's events)."""
+    if agent.id != OPERATOR_ID:
+        raise AuthError(
+            message,
+            code=Code.INSUFFICIENT_AUTHORITY,
+            recoverable=False,
+            suggested_action=suggested_action,
+        )
+
+
 #: The least authority each operation needs at all (spec 11.2); handlers
 #: check the finer rules (whose task, which session, which strategy).
 MIN_AUTHORITY: dict[str, int] = {

@@ -316,13 +316,10 @@ class Field:
         """The operator declares a registered agent failed (an extension): the same
         ``agent.failed`` entry as a liveness failure, its tasks released the same way;
         ``{"status": "unchanged"}`` if it is failed already."""
-        if self.authenticate(token).id != OPERATOR_ID:
-            raise AuthError(
-                "only the operator declares an agent failed: this needs the operator token",
-                code=Code.INSUFFICIENT_AUTHORITY,
-                recoverable=False,
-                suggested_action="Send the operator's bearer token (--operator-token-file).",
-            )
+        authority.require_operator(
+            self.authenticate(token),
+            "only the operator declares an agent failed: this needs the operator token",
+        )
         given = validation.fail_request(body)
         if agent_id not in self.state.agents:
             raise NotFound(

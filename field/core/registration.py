@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any
 from ..contract.clock import iso_timestamp
 from ..contract.errors import AuthError, Code, FieldError, InvalidPayload, NotFound, StateError
 from ..contract.model import LogEntry
+from . import authority
 from .authority import OPERATOR, OPERATOR_ID, STANDARD
 
 if TYPE_CHECKING:
@@ -326,13 +327,10 @@ def _expiry(value: Any, now: float) -> float | None:
 
 def require_operator(field: Field, token: str | None) -> None:
     """Only the operator issues, lists and revokes registration tokens."""
-    if field.authenticate(token).id != OPERATOR_ID:
-        raise AuthError(
-            "registration tokens are the operator's: this needs the operator token",
-            code=Code.INSUFFICIENT_AUTHORITY,
-            recoverable=False,
-            suggested_action="Send the operator's bearer token (--operator-token-file).",
-        )
+    authority.require_operator(
+        field.authenticate(token),
+        "registration tokens are the operator's: this needs the operator token",
+    )
 
 
 def issue(field: Field, token: str | None, body: Any) -> Outcome:

@@ -45,6 +45,7 @@ from ..contract.errors import AuthError, Code, FieldError, InvalidPayload, NotFo
 from ..contract.model import MEMORY_TYPES, Limits, LogEntry
 from ..expressions import costs
 from ..expressions.filters import Expression, check_types, compile_expression
+from . import authority
 from .authority import OPERATOR_ID
 from .secrets import hub_signature, new_secret, secret_key, standard_signature
 
@@ -414,13 +415,7 @@ def _unit(unit: Any, state: FieldState, name: str) -> dict[str, Any]:
 def require_operator(field: Field, token: str | None) -> AgentRecord:
     """The operator, by its bearer token; any other caller is refused."""
     agent = field.authenticate(token)
-    if agent.id != OPERATOR_ID:
-        raise AuthError(
-            "defining and reading sources needs the operator token",
-            code=Code.INSUFFICIENT_AUTHORITY,
-            recoverable=False,
-            suggested_action="Send the operator's bearer token (--operator-token-file).",
-        )
+    authority.require_operator(agent, "defining and reading sources needs the operator token")
     return agent
 
 

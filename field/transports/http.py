@@ -22,7 +22,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .. import __version__
-from ..contract.errors import AuthError, Code, FieldError, InvalidPayload
+from ..contract.errors import FieldError, InvalidPayload
 from ..contract.model import (
     CONFLICT_STATUSES,
     CONFLICT_TYPES,
@@ -30,7 +30,7 @@ from ..contract.model import (
     Limits,
     StoredEntry,
 )
-from ..core.authority import OPERATOR_ID
+from ..core.authority import require_operator
 from ..core.context import Outcome
 from ..core.field import Field
 from ..core.pages import DEFAULT_GET_LIMIT, PageRequest, page_request
@@ -262,14 +262,12 @@ class HTTPBinding:
             viewer = field.authenticate(token)
             if access is not None:
                 access.agent = viewer.id
-            if viewer.id != OPERATOR_ID:
-                raise AuthError(
-                    "the log's events are the operator's to page through: "
-                    "this needs the operator token",
-                    code=Code.INSUFFICIENT_AUTHORITY,
-                    recoverable=False,
-                    suggested_action="Read events through a subscription's stream instead.",
-                )
+            require_operator(
+                viewer,
+                "the log's events are the operator's to page through: "
+                "this needs the operator token",
+                "Read events through a subscription's stream instead.",
+            )
             limit = _events_limit(params.get("limit"))
             before = _events_before(
                 params.get("before"), field.field_tag, field.state.last_position
