@@ -26,6 +26,7 @@ import math
 import sys
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 
@@ -149,7 +150,12 @@ def parse_cursor(cursor: str, field_tag: str) -> tuple[int | None, str | None]:
 
 def encode_event(event: FieldEvent, cursor: str) -> bytes:
     """The part of a notification every subscriber shares, encoded once per event."""
-    body = {
+    return orjson.dumps(event_fields(event, cursor))
+
+
+def event_fields(event: FieldEvent, cursor: str) -> dict[str, Any]:
+    """The fields of :func:`encode_event`, in its order."""
+    body: dict[str, Any] = {
         "event": event.name,
         "epoch": event.epoch,
         "summary": event.summary,
@@ -161,7 +167,7 @@ def encode_event(event: FieldEvent, cursor: str) -> bytes:
     }
     if event.detail is not None:  # task, handoff, session and agent.failed events
         body["detail"] = event.detail
-    return orjson.dumps(body)
+    return body
 
 
 def encode_notification(notification: Notification) -> bytes:

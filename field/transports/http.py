@@ -16,7 +16,6 @@ import time
 from collections.abc import Callable, Collection
 from typing import TYPE_CHECKING, Any
 
-import orjson
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -39,7 +38,7 @@ from ..core.validation import AGENT_ID
 from ..engine.admission import Work
 from ..engine.ratelimits import agent_of
 from ..subscriptions.events import event_of
-from ..subscriptions.stream import encode_event, format_cursor, parse_cursor
+from ..subscriptions.stream import event_fields, format_cursor, parse_cursor
 from .access import access_of
 from .web import (
     OPERATION_ROUTES,
@@ -395,7 +394,7 @@ def _events_page(
             next_before = entry.position + 1  # this one starts the next page
             break
         cursor = format_cursor(tag, entry.position)
-        found.append({**orjson.loads(encode_event(event, cursor)), "ts": event.ts})
+        found.append({**event_fields(event, cursor), "ts": event.ts})
     return {
         "events": found,
         "next": None if next_before <= 1 else format_cursor(tag, next_before),
