@@ -202,10 +202,9 @@ class Presence:
         #: this node's changes not yet flushed, wall-clock times
         self._pending: dict[str, Row | None] = {}
         self._version = 0
-        #: the other nodes: alive_at and the version of theirs last read
-        self._nodes: dict[str, tuple[float, int]] = {}
-        #: the log position each other node had applied at its last flush
-        self._positions: dict[str, int] = {}
+        #: the other nodes: alive_at, the version of theirs last read and the log position
+        #: each had applied at its last flush
+        self._nodes: dict[str, tuple[float, int, int]] = {}
         #: where this node's own position comes from (:meth:`start`)
         self._position: Callable[[], int] = lambda: 0
         #: the other nodes' rows, by node, then agent (no tombstones)
@@ -251,7 +250,7 @@ class Presence:
             return False
         return all(
             node_id > self.node_id
-            for node_id, (alive_at, _) in self._nodes.items()
+            for node_id, (alive_at, _, _) in self._nodes.items()
             if now - alive_at < self.node_timeout
         )
 
@@ -263,15 +262,15 @@ class Presence:
         known: list[tuple[str, int, float | None, bool]] = [
             (self.node_id, self._position(), None, True)
         ]
-        for node_id, (alive_at, _) in self._nodes.items():
+        for node_id, (alive_at, _, position) in self._nodes.items():
             age = max(0.0, now - alive_at)
-            known.append((node_id, self._positions.get(node_id, 0), age, age < self.node_timeout))
+            known.append((node_id, position, age, age < self.node_timeout))
         return sorted(known)
 
     def live_nodes(self) -> list[str]:
         """The nodes live as this node last read them, itself included, sorted."""
         now = self._clock()
-        others = [n for n, (alive, _) in self._nodes.items() if now - alive < self.node_timeout]
+        others = [n for n, (alive, _, _) in self._nodes.items() if now - alive < self.node_timeout]
         return sorted([self.node_id, *others])
 
     # -- life cycle ----------------------------------------------------------------
@@ -331,7 +330,7 @@ class Presence:
         batch, self._pending = self._pending, {}
         now = self._clock()
         resync = self._read_at is None or now - self._read_at >= RESYNC_SECONDS
-        marks = {} if resync else {n: version for n, (_, version) in self._nodes.items()}
+        marks = {} if resync else {n: version for n, (_, version, _) in self._nodes.items()}
         if batch:
             # a version for every attempt: one whose commit was lost stays behind us
             self._version += 1
@@ -383,12 +382,10 @@ class Presence:
         """The others' news into the view: every node's row, the presence rows that changed."""
         if resync:
             self._rows = {}
-        nodes: dict[str, tuple[float, int]] = {}
-        positions: dict[str, int] = {}
+        nodes: dict[str, tuple[float, int, int]] = {}
         for row in rows:
             node_id, alive_at, version, position, agent_id, connections, heard_at, dropped_at = row
-            nodes[node_id] = (alive_at, version)
-            positions[node_id] = position
+            nodes[node_id] = (alive_at, version, position)
             if agent_id is None:
                 continue
             mine = self._rows.setdefault(node_id, {})
@@ -399,7 +396,6 @@ class Presence:
         for gone in self._rows.keys() - nodes.keys():
             del self._rows[gone]
         self._nodes = nodes
-        self._positions = positions
 
     def _warn(self, exc: BaseException) -> None:
         if not self._failing:
