@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import hypothesis
 import pytest
 import uvicorn
@@ -258,3 +259,10 @@ async def raws() -> AsyncIterator[list[Any]]:
     yield opened
     for raw in opened:
         raw.close()
+
+
+@pytest.fixture
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A plain aiohttp session for a test's own HTTP requests, closed after it."""
+    async with aiohttp.ClientSession() as session:
+        yield session

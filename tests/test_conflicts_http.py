@@ -39,12 +39,6 @@ async def field(server: ThreadedServer) -> AsyncIterator[FieldClient]:
         yield client
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def senior(field: FieldClient, agent_id: str) -> AgentClient:
     """An agent of authority 6, registered by the operator."""
     payload = {"id": agent_id, "role": "lead", "authority": 6}

@@ -16,12 +16,6 @@ from .test_push import Agents, listed, record, refused, sse_stream, subscribe
 
 
 @pytest.fixture
-async def http() -> Any:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
 async def agents(field_server: ThreadedServer) -> Any:
     """A writes, B subscribes, C is a bystander."""
     async with FieldClient(field_server.url) as client:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
@@ -35,12 +35,6 @@ NOTE = {
 @pytest.fixture
 def server(server_factory: Callable[..., ThreadedServer]) -> ThreadedServer:
     return server_factory(operator_token=OPERATOR_TOKEN)
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 class Api:

@@ -387,12 +387,6 @@ async def field(field_server: ThreadedServer) -> AsyncIterator[FieldClient]:
         yield client
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 @dataclass
 class Agents:
     a: AgentClient

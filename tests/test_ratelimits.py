@@ -65,12 +65,6 @@ def limited_server(
     return server
 
 
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
 async def attune(agent: AgentClient) -> dict[str, Any]:
     return await agent.attune(max_units=5)
 

@@ -15,7 +15,7 @@ import gc
 import itertools
 import tracemalloc
 import types
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -283,12 +283,6 @@ class Wire:
         assert status == 200, answer
         assert_valid("registration-tokens.response", answer)
         return answer["registration_tokens"]
-
-
-@pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
 
 
 async def test_tokens_over_http_issue_list_use_and_revoke(

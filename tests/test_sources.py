@@ -140,12 +140,6 @@ def server(server_factory: Callable[..., ThreadedServer]) -> ThreadedServer:
 
 
 @pytest.fixture
-async def http() -> AsyncIterator[aiohttp.ClientSession]:
-    async with aiohttp.ClientSession() as session:
-        yield session
-
-
-@pytest.fixture
 async def operator(http: aiohttp.ClientSession, server: ThreadedServer) -> Operator:
     return Operator(http, server.url)
 
