@@ -90,13 +90,14 @@ NOT_APPLY = {
 pytestmark = [pytest.mark.asyncio(loop_scope="module"), pytest.mark.slow]
 
 
-def _installed() -> None:
+def needs_npm(installed: Path, what: str) -> None:
+    """Skip, saying why, unless Node.js runs and ``installed`` (a file of the npm packages
+    of :data:`SUITE`, which ``.ci/run`` installs) is there."""
     if shutil.which("node") is None:
-        pytest.skip("MCP conformance suite: Node.js (node) is not installed")
-    if not CONFORMANCE.exists():
+        pytest.skip(f"{what}: Node.js (node) is not installed")
+    if not installed.exists():
         pytest.skip(
-            "MCP conformance suite not installed: run "
-            "'npm ci --prefix tests/mcp_conformance' (.ci/run does)"
+            f"{what} not installed: run 'npm ci --prefix tests/mcp_conformance' (.ci/run does)"
         )
 
 
@@ -115,7 +116,7 @@ async def _run(*args: str) -> tuple[int, str]:
 
 @pytest.fixture(scope="module")
 def field(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServerProcess]:
-    _installed()
+    needs_npm(CONFORMANCE, "MCP conformance suite")
     server = spawn_server(tmp_path_factory.mktemp("mcp-conformance"))
     yield server
     server.stop()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import signal
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ import aiohttp
 import pytest
 
 from .conftest import ServerProcess, spawn_server
+from .test_mcp_conformance import SUITE, needs_npm
 from .test_service import envelope
 
-SUITE = Path(__file__).parent / "mcp_conformance"
 FOLLOW = SUITE / "follow.mjs"
 SDK = SUITE / "node_modules" / "@modelcontextprotocol" / "sdk" / "package.json"
 HANG_GUARD = 60  # seconds; only ever reached when something hangs
@@ -82,13 +81,7 @@ class Follower:
 async def test_the_typescript_sdk_misses_nothing_across_a_kill_and_restart(
     tmp_path: Path,
 ) -> None:
-    if shutil.which("node") is None:
-        pytest.skip("MCP TypeScript SDK: Node.js (node) is not installed")
-    if not SDK.exists():
-        pytest.skip(
-            "MCP TypeScript SDK not installed: run 'npm ci --prefix tests/mcp_conformance' "
-            "(.ci/run does)"
-        )
+    needs_npm(SDK, "MCP TypeScript SDK")
     data = tmp_path / "field"
     server: ServerProcess = spawn_server(data)
     port = int(server.url.rpartition(":")[2])
