@@ -342,12 +342,7 @@ class Matcher:
         """
         if len(scope.profiles) <= FEW_PROFILES:  # scored per profile: no rows' scales
             return
-        epochs = []
-        for e in events:  # the units _dots and _semantic score: of events some row is told of
-            if e.agent is None and e.topic is None and e.units:
-                c = self._candidates(scope, e.name)
-                if len(c.rows) and c.oldest < e.epoch:
-                    epochs.append(e.epoch)
+        epochs = [e.epoch for e in self._by_units(events, scope)]
         if not epochs:
             return
         index = self.index
@@ -358,16 +353,22 @@ class Matcher:
             if position < len(calibration.checkpoints):  # else not embedded yet: none to make
                 yield from self.registry.scales_in_steps(calibration, position)
 
+    def _by_units(self, events: list[FieldEvent], scope: Scope) -> Iterator[FieldEvent]:
+        """The events of ``events`` scored by their units (not agents or topics) that some
+        row of ``scope`` may be told of: those whose units :meth:`_match_chunk` scores."""
+        for e in events:
+            if e.agent is None and e.topic is None and e.units:
+                c = self._candidates(scope, e.name)
+                if len(c.rows) and c.oldest < e.epoch:
+                    yield e
+
     def _dots(self, events: list[FieldEvent], scope: Scope) -> dict[str, npt.NDArray[np.float32]]:
         """Each unit of ``events`` scored by units (not agents or topics), against every
         interest row of the scope: its exact dot products, from one product."""
         index = self.index
         unit_ids: dict[str, None] = {}
-        for e in events:  # the units _match_chunk scores: of events some row may be told of
-            if e.agent is None and e.topic is None and e.units:
-                c = self._candidates(scope, e.name)
-                if len(c.rows) and c.oldest < e.epoch:
-                    unit_ids.update(dict.fromkeys(e.units))
+        for e in self._by_units(events, scope):
+            unit_ids.update(dict.fromkeys(e.units))
         if not unit_ids:
             return {}
         rows = np.array([index.rows[unit_id] for unit_id in unit_ids], dtype=np.intp)
