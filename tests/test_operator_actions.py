@@ -309,7 +309,14 @@ async def test_the_operator_pages_back_through_every_event_once(api: Api) -> Non
         status, body = await api.call("GET", "/v1/events", who)
         assert status == (401 if who is None else 403), body
         assert_valid("error", body)
-    for query in ("limit=0", "limit=201", "limit=x", "before=nope", "before=zz-3"):
+    for query in (
+        "limit=0",
+        "limit=201",
+        "limit=x",
+        "before=nope",
+        "before=zz-3",
+        "before=" + "9" * 70,
+    ):
         status, body = await api.call("GET", f"/v1/events?{query}", "operator")
         assert (status, body["code"]) == (422, "INVALID_PAYLOAD"), query
 
