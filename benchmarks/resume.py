@@ -1,6 +1,6 @@
 """Resume: how fast a reconnecting subscriber is replayed the notifications it is owed.
 
-    python benchmarks/resume.py [--owed 100000] [--live 20] [--profile DIR]
+    python benchmarks/resume.py [--owed 100000] [--rounds 1] [--live 20] [--profile DIR]
 
 Starts one ``field serve`` process on loopback (fresh data directory,
 durable SQLite log, default settings), registers a writer and a
@@ -17,6 +17,11 @@ Then, timed, with the subscriber reconnecting from that cursor:
   ``Last-Event-ID: <cursor>``, until the ``live`` event;
 * WebSocket: ``/v1/ws?since=<cursor>&token=...``, until the ``live`` frame
   (the SSE stream stays open, idle, meanwhile).
+
+With ``--rounds N`` both are done N times over, each round on new connections from
+the same cursor (an earlier round's streams are closed once checked), so that the
+replays are timed over a sustained stretch; the table has a row per replay and a
+last row per transport with all its rounds together.
 
 Each replay must deliver exactly the owed notifications: ``replayed`` =
 ``--owed``, and the cursors exactly the owed positions, in order (so no
@@ -289,6 +294,8 @@ class Replay:
     began: float
     server_cpu: float = 0.0
     client_cpu: float = 0.0
+    #: which of ``--rounds`` it was
+    round: int = 1
 
     @property
     def seconds(self) -> float:
@@ -302,12 +309,14 @@ class Replay:
 
 async def timed_replay(
     server: FieldServer, transport: str, opener: Any, owed: int, timeout: float
-) -> tuple[Replay, asyncio.Task[None]]:
-    """Open a stream with ``opener(got)`` (returns the reader task); wait for ``live``."""
+) -> tuple[Replay, Any]:
+    """Open a stream with ``opener(got)`` (returns the reader task and what closes the
+    stream); wait for ``live``."""
     got = Received(owed=owed, label=transport)
     cpu0, client0 = server.cpu_seconds(), time.process_time()
     began = time.perf_counter()
-    reader = await opener(got)
+    opened = await opener(got)
+    reader = opened[0]
     live = asyncio.create_task(got.went_live.wait())
     await asyncio.wait({live, reader}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
     live.cancel()
@@ -317,7 +326,7 @@ async def timed_replay(
     if got.live is None:
         problem = "the stream ended" if reader.done() else f"no live frame after {timeout:g} s"
         got.problems.append(problem)
-    return replay, reader
+    return replay, opened
 
 
 async def scenario(server: FieldServer, args: argparse.Namespace) -> dict[str, Any]:
@@ -343,41 +352,53 @@ async def scenario(server: FieldServer, args: argparse.Namespace) -> dict[str, A
         sse_headers = {"Authorization": f"Bearer {reader}", "Last-Event-ID": cursor}
         sse_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
 
-        async def open_sse(got: Received) -> asyncio.Task[None]:
+        async def open_sse(got: Received) -> tuple[asyncio.Task[None], Any]:
             url = f"{base}/v1/subscriptions/{sub_id}/events"
             response = await sse_session.get(url, headers=sse_headers)
             if response.status != 200:
                 raise RuntimeError(f"SSE: {response.status} {await response.text()}")
-            return asyncio.create_task(read_sse(response, got))
+
+            async def close() -> None:
+                response.close()
+
+            return asyncio.create_task(read_sse(response, got)), close
 
         ws_session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=None))
 
-        async def open_ws(got: Received) -> asyncio.Task[None]:
+        async def open_ws(got: Received) -> tuple[asyncio.Task[None], Any]:
             url = f"{base.replace('http', 'ws', 1)}/v1/ws"
             ws = await ws_session.ws_connect(
                 url, params={"since": cursor, "token": reader}, max_msg_size=0, autoping=True
             )
-            return asyncio.create_task(read_ws(ws, got))
+            return asyncio.create_task(read_ws(ws, got)), ws.close
 
         replays: list[Replay] = []
         profiles: dict[str, Path] = {}
         readers: list[asyncio.Task[None]] = []
         try:
-            for transport, opener in (("SSE", open_sse), ("WebSocket", open_ws)):
-                if args.profile is None:
-                    replay, task = await timed_replay(
-                        server, transport, opener, args.owed, args.timeout
-                    )
-                else:
-                    out = args.profile / f"resume-{transport.lower()}.txt"
-                    async with Profiler(server.pid, out):
-                        replay, task = await timed_replay(
+            for round_ in range(1, args.rounds + 1):
+                last = round_ == args.rounds
+                for transport, opener in (("SSE", open_sse), ("WebSocket", open_ws)):
+                    if args.profile is None or not last:
+                        replay, (task, close) = await timed_replay(
                             server, transport, opener, args.owed, args.timeout
                         )
-                    profiles[transport] = out
-                replays.append(replay)
-                readers.append(task)
-                check_replay(replay, owed, cursor)
+                    else:
+                        out = args.profile / f"resume-{transport.lower()}.txt"
+                        async with Profiler(server.pid, out):
+                            replay, (task, close) = await timed_replay(
+                                server, transport, opener, args.owed, args.timeout
+                            )
+                        profiles[transport] = out
+                    replay.round = round_
+                    replays.append(replay)
+                    check_replay(replay, owed, cursor)
+                    if last:  # kept open: the live units must arrive on it
+                        readers.append(task)
+                    else:
+                        task.cancel()
+                        await close()
+            replays_live = [r for r in replays if r.round == args.rounds]
 
             # -- live after the seam -------------------------------------------------
             acknowledged: list[str] = []
@@ -388,7 +409,7 @@ async def scenario(server: FieldServer, args: argparse.Namespace) -> dict[str, A
                 acknowledged.append(answer["memory_unit_id"])
                 progress(n + 1, args.live, "live")
             deadline = time.perf_counter() + 10
-            for replay in replays:
+            for replay in replays_live:
                 got = replay.got
                 while len(got.after_live) < args.live and time.perf_counter() < deadline:
                     got.arrived.clear()
@@ -398,7 +419,7 @@ async def scenario(server: FieldServer, args: argparse.Namespace) -> dict[str, A
             new = logged_units(server.data_dir, owed[-1])
             if [unit for _, unit in new] != acknowledged:
                 raise RuntimeError("the log's new units are not the acknowledged ones")
-            for replay in replays:
+            for replay in replays_live:
                 check_live(replay, new, sub_id)
         finally:
             for task in readers:
@@ -465,6 +486,9 @@ def check_live(replay: Replay, new: list[tuple[int, str]], sub_id: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--owed", type=int, default=100_000, help="notifications owed")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="replays of each transport, from the same cursor"
+    )
     parser.add_argument("--live", type=int, default=20, help="units recorded after live")
     parser.add_argument("--clients", type=int, default=32, help="connections recording set-up")
     parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for live")
@@ -477,8 +501,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.profile is not None:
         args.profile.mkdir(parents=True, exist_ok=True)
-    if not 1 <= args.owed <= 1_000_000 or not 1 <= args.live <= 1000:
-        parser.error("--owed must be in [1, 1000000] and --live in [1, 1000]")
+    if not 1 <= args.owed <= 1_000_000 or not 1 <= args.live <= 1000 or args.rounds < 1:
+        parser.error("--owed must be in [1, 1000000], --live in [1, 1000], --rounds >= 1")
 
     with tempfile.TemporaryDirectory(prefix="field-resume-") as tmp:
         loop, loop_name = new_loop()
@@ -495,7 +519,7 @@ def main() -> None:
         f"connections in {result['setup_s']:.1f} s, not timed; client: {loop_name})"
     )
     print(
-        f"{'transport':<11}{'to live s':>10}{'first ms':>10}{'notif/s':>10}"
+        f"{'transport':<11}{'round':>6}{'to live s':>10}{'first ms':>10}{'notif/s':>10}"
         f"{'srv CPU':>9}{'cli CPU':>9}{'replayed':>10}{'live ok':>9}"
     )
     failed = False
@@ -504,12 +528,25 @@ def main() -> None:
         ok = not got.problems
         failed |= not ok
         seconds = replay.seconds if got.live_at else float("nan")
+        checked = f"{len(got.after_live)}/{args.live}" if replay.round == args.rounds else "-"
         print(
-            f"{replay.transport:<11}{seconds:>10.2f}{replay.first_ms:>10.0f}"
+            f"{replay.transport:<11}{replay.round:>6}{seconds:>10.2f}{replay.first_ms:>10.0f}"
             f"{owed / seconds:>10,.0f}{replay.server_cpu / seconds:>9.0%}"
             f"{replay.client_cpu / seconds:>9.0%}{len(got.replayed):>10,}"
-            f"{f'{len(got.after_live)}/{args.live}' if ok else 'NO':>9}"
+            f"{checked if ok else 'NO':>9}"
         )
+    if args.rounds > 1 and not failed:
+        for transport in ("SSE", "WebSocket"):
+            mine = [r for r in result["replays"] if r.transport == transport]
+            seconds = sum(r.seconds for r in mine)
+            rates = sorted(owed / r.seconds for r in mine)
+            print(
+                f"{transport:<11}{'all':>6}{seconds:>10.2f}{'':>10}"
+                f"{owed * len(mine) / seconds:>10,.0f}"
+                f"{sum(r.server_cpu for r in mine) / seconds:>9.0%}"
+                f"{sum(r.client_cpu for r in mine) / seconds:>9.0%}"
+                f"{len(mine) * owed:>10,}   (rounds {rates[0]:,.0f} to {rates[-1]:,.0f}/s)"
+            )
     for replay in result["replays"]:
         for problem in replay.got.problems:
             print(f"  {replay.transport}: {problem}")

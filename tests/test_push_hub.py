@@ -21,7 +21,7 @@ import orjson
 import pytest
 
 from field.core.field import Field
-from field.engine import push
+from field.engine import push, router
 from field.engine.push import Connection, PushHub
 from field.engine.service import FieldService
 from field.store.memory import MemoryEventLog
@@ -177,27 +177,34 @@ async def test_an_sse_response_that_never_streams_lets_go_of_its_connection(hub:
     assert hub.hub.router.by_subscription == {} and hub.hub.router.by_agent == {}
 
 
-async def test_a_replayed_page_is_offered_in_slices_with_the_loop_running_between(
+async def test_a_replayed_page_is_offered_in_steps_with_the_loop_running_between(
     hub: Hub, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A page read from the log is matched and encoded a slice at a time: every other
-    connection runs between two slices, and the stream gets the same notifications."""
-    monkeypatch.setattr(push, "REPLAY_SLICE", 3)
+    """A page read from the log is matched a slice at a time and its frames queued a few
+    at a time: every other connection runs between two steps, and the stream gets the
+    same notifications, each once and in order."""
+    monkeypatch.setattr(push, "REPLAY_SLICE", 4)
+    monkeypatch.setattr(router, "OFFER_SLICE", 2)
     subscription_id = await hub.subscribe("a", ["memory.recorded"])
     recorded = [await hub.record("writer", f"finding {i}") for i in range(10)]
-    seen: list[object] = []  # in order: the sizes offered, and the other task's turns
-    offer = hub.hub.router.offer_entries
+    seen: list[object] = []  # in order: the steps' work, and the other task's turns
+    offer_steps = hub.hub.router.offer_steps
 
-    def offered(binding: Any, entries: list[Any], *args: Any) -> int:
-        seen.append(len(entries))
-        return offer(binding, entries, *args)
+    def stepped(binding: Any, entries: list[Any], *args: Any, **kwargs: Any) -> Any:
+        steps = offer_steps(binding, entries, *args, **kwargs)
+        matched = sum(e.kind == "memory.recorded" for e in entries)
+        first = True
+        for queued in steps:
+            seen.append(("matched", matched) if first else ("queued", queued))
+            first = False
+            yield queued
 
     async def other_connection() -> None:
         while True:
             seen.append("turn")
             await asyncio.sleep(0)
 
-    monkeypatch.setattr(hub.hub.router, "offer_entries", offered)
+    monkeypatch.setattr(hub.hub.router, "offer_steps", stepped)
     connection = hub.hub.connect("a", "sse")
     hub.hub.attach_at(connection, subscription_id, 0)
     other = asyncio.ensure_future(other_connection())
@@ -206,8 +213,10 @@ async def test_a_replayed_page_is_offered_in_slices_with_the_loop_running_betwee
         frames.append(await connection.outbox.get())
     other.cancel()
     assert [orjson.loads(f.body)["memory_unit_id"] for f in frames if f and f.cursor] == recorded
-    offers = [k for k, s in enumerate(seen) if s != "turn"]
-    assert sum(seen[k] for k in offers) >= len(recorded)  # type: ignore[misc]
-    assert max(seen[k] for k in offers) <= 3  # type: ignore[type-var]
-    # the other connection ran between every two slices
-    assert all("turn" in seen[i + 1 : j] for i, j in itertools.pairwise(offers))
+    steps = [k for k, s in enumerate(seen) if s != "turn"]
+    work = [seen[k] for k in steps]
+    assert sum(n for kind, n in work if kind == "queued") == len(recorded)  # type: ignore[misc]
+    assert max(n for kind, n in work if kind == "matched") <= 4  # type: ignore[misc]
+    assert max(n for kind, n in work if kind == "queued") <= 2  # type: ignore[misc]
+    # the other connection ran between every two steps
+    assert all("turn" in seen[i + 1 : j] for i, j in itertools.pairwise(steps))

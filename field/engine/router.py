@@ -62,6 +62,8 @@ DEFAULT_MAX_PER_AGENT = 16
 #: not an agent's sockets: neither counted against the agent's cap nor proof that the
 #: agent is alive.
 SINK_KINDS = frozenset({"webhook", "rap", "console"})
+#: Matched events whose frames one step of :meth:`Router.offer_steps` queues.
+OFFER_SLICE = 256
 
 #: A notification's bytes from its reason to its ``folded`` count of 0, by (event name,
 #: reason flags, requires_action): few (13 names, 7 flags, 2), so never trimmed.
@@ -237,7 +239,7 @@ class Driver(Protocol[Q]):
 
     def replay(self, binding: Binding[Q], after: int, until: int) -> None:
         """Offer ``binding`` every event in (``after``, ``until``] from the log
-        (:meth:`Router.offer_entries`), then release what it held and take it live
+        (:meth:`Router.offer_steps`), then release what it held and take it live
         (:meth:`Router.release`)."""
 
     def catch_up(self, binding: Binding[Q], after: int) -> None:
@@ -556,7 +558,29 @@ class Router(Generic[Q]):
         names: frozenset[str] | None = None,
     ) -> int:
         """Offer one page read from the log to ``binding``'s stream (rows: its registry
-        row). Only entries of the ``names`` the subscription lists become events."""
+        row), all at once (:meth:`offer_steps`); returns how many notifications it
+        queued."""
+        return sum(self.offer_steps(binding, entries, rows, names, queue=len(entries)))
+
+    def offer_steps(
+        self,
+        binding: Binding[Q],
+        entries: list[StoredEntry],
+        rows: np.ndarray,
+        names: frozenset[str] | None = None,
+        *,
+        queue: int | None = None,
+    ) -> Iterator[int]:
+        """Offer one page read from the log to ``binding``'s stream, in steps.
+
+        Only entries of the ``names`` the subscription lists become events. The
+        first step matches them all at once (one product for the page costs less
+        per event than many small ones); each next step queues the frames of up to
+        ``queue`` matched events, so that whoever takes the steps can let the loop
+        run between them (None: :data:`OFFER_SLICE`). Each step yields how many
+        notifications it queued. The stream's debounce clock advances past the page
+        with the last step; a stream whose connection overflowed takes no more steps.
+        """
         units = self.field.state.known_units
         events = []
         for entry in entries:
@@ -566,28 +590,34 @@ class Router(Generic[Q]):
                     events.append(event)
         # a replay is bounded by the stream's end: its row counts even once cancelled
         matches = self.matcher().match(events, only=rows, inactive=True)
+        yield 0
         stream = binding.stream
-        delivered = 0
-        if not stream.window_ms:  # no debounce: straight to frames
-            tag = self.tag
-            for match in matches:  # one row: this stream's
-                event = match.event
-                cursor = format_cursor(tag, event.position)
-                tail = shared_tail(encode_event(event, cursor))
-                relevance, flags = float(match.relevance[0]), int(match.flags[0])
-                action = bool(match.requires_action[0])
-                if self._direct(binding, event, cursor, tail, relevance, flags, action):
-                    delivered += 1
-                elif binding.connection.ended is not None:  # overflowed
-                    break
-        else:
-            for match in matches:
-                shared = encode_event(match.event, format_cursor(self.tag, match.event.position))
-                for notification in self._notifications(match, shared):
-                    delivered += self.offer(binding, notification)
+        queue = max(1, queue or OFFER_SLICE)
+        for first in range(0, len(matches), queue):
+            some = matches[first : first + queue]
+            delivered = 0
+            if not stream.window_ms:  # no debounce: straight to frames
+                tag = self.tag
+                for match in some:  # one row: this stream's
+                    event = match.event
+                    cursor = format_cursor(tag, event.position)
+                    tail = shared_tail(encode_event(event, cursor))
+                    relevance, flags = float(match.relevance[0]), int(match.flags[0])
+                    action = bool(match.requires_action[0])
+                    if self._direct(binding, event, cursor, tail, relevance, flags, action):
+                        delivered += 1
+                    elif binding.connection.ended is not None:  # overflowed
+                        yield delivered
+                        return
+            else:
+                for match in some:
+                    position = match.event.position
+                    shared = encode_event(match.event, format_cursor(self.tag, position))
+                    for notification in self._notifications(match, shared):
+                        delivered += self.offer(binding, notification)
+            yield delivered
         if entries:
-            delivered += self.deliver(binding, stream.advance(entries[-1].ts))
-        return delivered
+            yield self.deliver(binding, stream.advance(entries[-1].ts))
 
     def _direct(
         self,
