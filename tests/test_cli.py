@@ -425,3 +425,23 @@ def test_field_mcp_and_its_bridge_load_without_the_server(tmp_path: Path) -> Non
     )
     assert done.returncode == 2, done.stderr
     assert done.stderr == "field mcp: --agent-id and --token (or FIELD_TOKEN) go together\n"
+
+
+@pytest.mark.parametrize("inherited", [None, "30"])
+def test_the_command_lets_blas_threads_sleep_before_numpy_is_loaded(
+    inherited: str | None,
+) -> None:
+    """The ``field`` command's package sets OpenBLAS's thread timeout before NumPy is
+    loaded (OpenBLAS reads it once, as NumPy loads it); a timeout the environment gives
+    is kept."""
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if inherited is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = inherited
+    probe = (
+        "import sys, os, field.cli\n"
+        "print('numpy' in sys.modules, os.environ['OPENBLAS_THREAD_TIMEOUT'])\n"
+    )
+    answer = subprocess.run(
+        [sys.executable, "-c", probe], env=env, capture_output=True, text=True, check=True
+    )
+    assert answer.stdout.split() == ["False", inherited or "4"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sqlite3
 import subprocess
 import sys
@@ -89,6 +90,27 @@ class EventLogContract:
         stored = log.read()
         assert positions(stored) == list(range(1, 10))
         assert [e.data["n"] for e in stored] == list(range(1, 10))
+
+    def test_a_large_batch_is_stored_whole_and_exactly(self, log: EventLog) -> None:
+        """A batch of a few hundred entries reads back exactly: positions, epochs,
+        kinds, agents (or none), times to the bit, data."""
+        rng = random.Random(7)
+        entries = [
+            LogEntry(
+                epoch=n,
+                kind=f"kind-{n % 3}",
+                data={"n": n, "text": "x" * rng.randrange(50)},
+                agent_id=None if n % 5 == 0 else f"agent-{n}",
+                ts=1.7e9 + rng.random() * 1e6,
+            )
+            for n in range(1, 301)
+        ]
+        assert log.append(entries) == list(range(1, 301))
+        stored = log.read(0, 1000)
+        assert [(e.epoch, e.kind, e.agent_id, e.ts, e.data) for e in stored] == [
+            (e.epoch, e.kind, e.agent_id, e.ts, e.data) for e in entries
+        ]
+        assert log.append(batch(1, 1)) == [301]
 
     def test_read_pages_in_order(self, log: EventLog) -> None:
         log.append(batch(1, 10))
