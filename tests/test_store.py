@@ -107,6 +107,7 @@ class EventLogContract:
         ]
         assert log.append(entries) == list(range(1, 301))
         stored = log.read(0, 1000)
+        assert positions(stored) == list(range(1, 301))
         assert [(e.epoch, e.kind, e.agent_id, e.ts, e.data) for e in stored] == [
             (e.epoch, e.kind, e.agent_id, e.ts, e.data) for e in entries
         ]
