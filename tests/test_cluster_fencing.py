@@ -249,6 +249,14 @@ class Cluster:
         }
         self.clients = {name: FieldClient(node.url) for name, node in self.nodes.items()}
 
+    def told(self, problem: str, lines: int = 15) -> str:
+        """``problem``, and each node's last log lines: what a failure message shows."""
+        logs = [
+            f"--- node {name}:\n" + "\n".join(node.lines[-lines:])
+            for name, node in self.nodes.items()
+        ]
+        return "\n".join([problem, *logs])
+
     async def status(self, name: str) -> dict[str, Any]:
         status = await self.clients[name].status()
         assert_valid("field-status.response", status)
@@ -312,7 +320,9 @@ async def test_a_paused_or_killed_sender_is_fenced_and_another_node_delivers_eve
                         break
                     except FieldClientError as error:
                         assert error.code == "LOG_UNAVAILABLE", error
-                        assert time.monotonic() < deadline, "writes never resumed"
+                        assert time.monotonic() < deadline, cluster.told(
+                            f"writes through {through} never resumed: {error}"
+                        )
                         await asyncio.sleep(0.1)
                 recorded += 1
             await receiver.until(
