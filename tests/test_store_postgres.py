@@ -397,6 +397,27 @@ def test_a_lease_left_hanging_is_taken_back(database: str, monkeypatch: Any) -> 
         other.close()
 
 
+def test_a_lock_lost_with_its_connection_is_not_appended_after(database: str) -> None:
+    """A node whose connection (and with it the head row's lock) is found lost when it
+    appends refuses the append rather than writing after the head it locked on a new
+    connection, outside any transaction: another node may have appended meanwhile, and
+    the head would move back. Its next lock reads what that node appended."""
+    mine, other = PostgresEventLog(database), PostgresEventLog(database)
+    try:
+        assert mine.lock(0) == []
+        mine._writer.close()  # the session ends: the lock goes with it
+        assert other.append(batch(1, 3)) == [1, 2, 3]
+        with pytest.raises(LogUnavailable):
+            mine.append([entry(4)])
+        assert other.head() == 3 and positions(other.read(0, 10)) == [1, 2, 3]
+        assert positions(mine.lock(0)) == [1, 2, 3]
+        assert mine.append([entry(4)]) == [4]
+        assert other.append([entry(5)]) == [5]
+    finally:
+        mine.close()
+        other.close()
+
+
 class _LostAtCommit:
     """The writer's connection, whose COMMIT is cut off as it is sent: ``landed`` says
     whether the database committed before the connection went."""

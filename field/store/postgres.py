@@ -363,6 +363,9 @@ class PostgresEventLog(EventLog):
         if self._closed:
             raise LogWriteError("The event log is closed.", recoverable=False)
         if not self._usable(self._writer):
+            # a lock :meth:`lock` took ended with its session: what it returned is no
+            # longer the head (:meth:`append` refuses to go on from it)
+            self._locked = None
             self._drop(self._writer)
             self._writer = None
             self._writer = self._open_writer()
@@ -432,8 +435,18 @@ class PostgresEventLog(EventLog):
         count = len(entries)
         with self._write_lock:
             committing = False
+            locked = self._locked
             try:
                 conn = self._writer_conn()
+                if locked is not None and self._locked is None:
+                    # the connection holding the head was found lost: another node may
+                    # have appended since, and moving the head to after ``locked``
+                    # (outside any transaction, on the new connection) would move it back
+                    raise LogUnavailable(
+                        f"The event log's database {self.where} lost the session that held "
+                        "the log's head before the append; nothing was written",
+                        suggested_action="Retry: the next write takes the head again.",
+                    )
                 if self._locked is None:
                     conn.execute(f"BEGIN; {_LOCK_LOG}")
                     last = conn.execute(_HEAD, (count,)).fetchone()[0]
