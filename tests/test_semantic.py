@@ -19,7 +19,7 @@ from field.client import FieldClient
 from field.core.attune import tokens
 from field.core.field import Field
 from field.ranking import embedding, relevance
-from field.ranking.calibration import Calibration
+from field.ranking.calibration import FEW_ROWS, Calibration
 from field.ranking.embedding import (
     EmbedderError,
     HashingEmbedder,
@@ -321,6 +321,35 @@ def test_replay_embeds_in_batches_and_rebuilds_the_same_vectors() -> None:
         replayed_h.attune("reader", max_units=20)["record"]
         == h.attune("reader", max_units=20)["record"]
     )
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.integers(1, 40), min_size=1, max_size=12), st.integers(0, 2**32 - 1))
+def test_the_calibration_is_the_same_however_its_units_come(sizes: list[int], seed: int) -> None:
+    """Units added a few at a time (summed without BLAS) or many at once: the sums at every
+    checkpoint, and so the scales read from them, are the same to the bit."""
+    rng = np.random.default_rng(seed)
+    embedded = rng.standard_normal((sum(sizes), 128)).astype(np.float32)
+    embedded[rng.random(len(embedded)) < 0.1] = 0.0  # zero rows (texts without a word)
+    rows, squares = quantize(embedded)
+    queries, query_squares = quantize(rng.standard_normal((5, 128)).astype(np.float32))
+
+    def calibrated(pieces: list[int]) -> list[tuple[Any, Any]]:
+        calibration = Calibration(128, prior_mean=LEXICAL.prior_mean, prior_sd=LEXICAL.prior_sd)
+        start = 0
+        for size in pieces:
+            calibration.add(rows[start : start + size], squares[start : start + size])
+            start += size
+        return [
+            calibration.scales(queries, query_squares, at)
+            for at in range(len(calibration.checkpoints))
+        ]
+
+    assert FEW_ROWS < 40  # both ways of summing are taken
+    for (scale, shift), (scale_at_once, shift_at_once) in zip(
+        calibrated(sizes), calibrated([len(rows)]), strict=True
+    ):
+        assert np.array_equal(scale, scale_at_once) and np.array_equal(shift, shift_at_once)
 
 
 def test_a_live_record_is_embedded_before_it_is_read() -> None:
