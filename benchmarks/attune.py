@@ -1,6 +1,7 @@
 """ATTUNE latency over many active units, in the core (no HTTP, no log).
 
-    python benchmarks/attune.py [--units 100000] [--runs 50]
+    python benchmarks/attune.py [--units 100000] [--runs 50] [--embedder wordllama]
+                                [--no-baseline]
 
 Builds a Field with ``--units`` committed units from 50 agents, then times:
 
@@ -12,7 +13,10 @@ Builds a Field with ``--units`` committed units from 50 agents, then times:
   the same Field and query, as the baseline the vectorized scorer is
   compared with (it runs on fewer units, scaled, since it is slow).
 
-Prints p50 and p99 in milliseconds and the ratio to the baseline.
+Prints p50 and p99 in milliseconds and the ratio to the baseline. The Field embeds with
+the core's default (hashing) unless ``--embedder`` names another (as ``field serve
+--embedder``: the server's default is wordllama). ``--no-baseline`` skips the per-unit
+scorer (with a model's embedder it takes minutes: it scores unit by unit in Python).
 """
 
 from __future__ import annotations
@@ -27,14 +31,17 @@ from _common import VOCABULARY, bracketed, envelope, pct, progress
 
 from field.core.field import Field, Ids
 from field.ranking import relevance
+from field.ranking.embedding import Embedder, load_embedder
 from tests.reference_relevance import reference_scores
 
 TYPES = ["finding", "decision", "observation", "question", "assumption", "constraint"]
 
 
-def build(units: int, rng: random.Random) -> tuple[Field, dict[str, str]]:
+def build(
+    units: int, rng: random.Random, embedder: Embedder | None = None
+) -> tuple[Field, dict[str, str]]:
     counter = iter(range(1, 10**9))
-    field = Field(ids=Ids(suffix=lambda: f"{next(counter):020x}"))
+    field = Field(ids=Ids(suffix=lambda: f"{next(counter):020x}"), embedder=embedder)
     field.genesis()
     tokens = {}
     for i in range(51):
@@ -78,9 +85,12 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=100_000)
     parser.add_argument("--runs", type=int, default=50)
     parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--embedder", help="as field serve --embedder (default: hashing)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the per-unit scorer")
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    field, tokens = build(args.units, rng)
+    embedder = None if args.embedder is None else load_embedder(args.embedder)
+    field, tokens = build(args.units, rng, embedder)
     reader = "agent-0"
     scope = {
         "role": "strategist",
@@ -128,6 +138,15 @@ def main() -> None:
     handoff_ms = timed(handoff, args.runs, "handoff", setup=new_task)
 
     units = list(field.state.units.values())
+    print(f"\nATTUNE over {len(units):,} active units ({args.runs} runs each)")
+    print(f"{'case':<34}{'p50 ms':>10}{'p99 ms':>10}")
+    print(f"{'full scope, top 10':<34}{pct(full_ms, 0.5):>10.2f}{pct(full_ms, 0.99):>10.2f}")
+    poll_row = f"{'since_epoch poll, 3 new units':<34}"
+    print(f"{poll_row}{pct(poll_ms, 0.5):>10.2f}{pct(poll_ms, 0.99):>10.2f}")
+    handoff_row = f"{'HANDOFF, the best 10 for the target':<34}"
+    print(f"{handoff_row}{pct(handoff_ms, 0.5):>10.2f}{pct(handoff_ms, 0.99):>10.2f}")
+    if args.no_baseline:
+        return
     base_units = units[: min(len(units), 5000)]
     query = relevance.Query(
         agent_id=reader,
@@ -148,16 +167,9 @@ def main() -> None:
         for u in base_units
     }
     start = time.perf_counter()
-    reference_scores(base_units, query, vectors=vectors)
+    reference_scores(base_units, query, embedder, vectors=vectors)
     loop_ms = (time.perf_counter() - start) * 1000 * len(units) / len(base_units)
 
-    print(f"\nATTUNE over {len(units):,} active units ({args.runs} runs each)")
-    print(f"{'case':<34}{'p50 ms':>10}{'p99 ms':>10}")
-    print(f"{'full scope, top 10':<34}{pct(full_ms, 0.5):>10.2f}{pct(full_ms, 0.99):>10.2f}")
-    poll_row = f"{'since_epoch poll, 3 new units':<34}"
-    print(f"{poll_row}{pct(poll_ms, 0.5):>10.2f}{pct(poll_ms, 0.99):>10.2f}")
-    handoff_row = f"{'HANDOFF, the best 10 for the target':<34}"
-    print(f"{handoff_row}{pct(handoff_ms, 0.5):>10.2f}{pct(handoff_ms, 0.99):>10.2f}")
     print(
         f"{'baseline: per-unit Python loop':<34}{loop_ms:>10.1f}{'':>10}"
         f"  (scaled from {len(base_units):,} units)"
