@@ -352,6 +352,34 @@ def test_the_calibration_is_the_same_however_its_units_come(sizes: list[int], se
         assert np.array_equal(scale, scale_at_once) and np.array_equal(shift, shift_at_once)
 
 
+def test_records_embed_a_bounded_batch_and_a_replay_a_large_one() -> None:
+    """A record that fills the queue embeds EMBED_LIVE units (its batch waits for that
+    alone), not EMBED_BATCH; a replay of the same log queues up to EMBED_BATCH before it
+    embeds, and records after it are bounded again."""
+    counting = CountingEmbedder()
+    h = Harness(embedder=counting)
+    h.register("w1", "engineer")
+    total = relevance.EMBED_LIVE * 3 + 5
+    for i in range(total):
+        h.record("w1", f"{UNRELATED} {i}")
+    assert relevance.EMBED_LIVE < total < relevance.EMBED_BATCH
+    assert counting.calls == [relevance.EMBED_LIVE] * 3
+    assert h.field.state.index.waiting == 5
+
+    replaying = CountingEmbedder()
+    replayed = Field(embedder=replaying)
+    replayed.replay(h.stored())
+    index = replayed.state.index
+    assert replaying.calls == [] and index.waiting == total  # below EMBED_BATCH
+    expected, _ = quantize(HashingEmbedder().embed([f"{UNRELATED} {i}" for i in range(total)]))
+    assert np.array_equal(index.vectors, expected)  # read: embedded in one call
+    assert replaying.calls == [total]
+    unit = h.field.state.units[index.ids[0]]
+    for i in range(relevance.EMBED_LIVE):  # live again: a bounded batch
+        index.add({**unit, "id": f"more-{i}", "content": f"more {i}"})
+    assert replaying.calls == [total, relevance.EMBED_LIVE]
+
+
 def test_a_live_record_is_embedded_before_it_is_read() -> None:
     h = Harness()
     close, _ = _two_units(h)

@@ -257,7 +257,7 @@ class _Pickler(pickle.Pickler):
         if kind is Source:
             return _source, (obj.definition, obj.deliveries, obj.accepted)
         if kind is UnitIndex:
-            left_out = ("rows", "weights", "deferred")
+            left_out = ("rows", "weights", "deferred", "_batch")
             kept = {k: v for k, v in vars(obj).items() if k not in left_out}
             return _unit_index, (kept,)
         return NotImplemented

@@ -242,8 +242,9 @@ class FieldState:
 
     def replay(self, entries: Any) -> None:
         """Apply stored entries in order, then settle the clock above them."""
-        for entry in entries:
-            self.apply(entry)
+        with self.index.in_bulk():
+            for entry in entries:
+                self.apply(entry)
         self.clock.restore(epoch=self.clock.value, reserved=self.clock.reserved)
 
     def _field_created(self, data: dict[str, Any]) -> None:

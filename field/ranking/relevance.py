@@ -9,10 +9,11 @@ The index also holds each unit's content embedding (``vectors``, in the
 quantized form of :func:`field.ranking.embedding.quantize`), computed in
 batches: :meth:`UnitIndex.add` queues the content and the first read of
 the vectors (or a full batch) embeds what is queued, so a replay of the
-whole log embeds 1,024 units per call. A batch is also full at
-:data:`EMBED_BATCH_CHARS` characters, so no read (nor record) ever pays
-for embedding more than that: the queue never holds a backlog of long
-contents for the next ATTUNE to embed.
+whole log embeds 1,024 units per call. Live, a batch is full at
+:data:`EMBED_LIVE` units, and always at :data:`EMBED_BATCH_CHARS`
+characters, so no read (nor record) ever pays for embedding more than
+that: the queue never holds a backlog of long contents for the next
+ATTUNE to embed.
 
 With a sentence model (milliseconds per text) the index is
 :attr:`~UnitIndex.deferred`: reading it embeds nothing, and whoever owns
@@ -70,6 +71,7 @@ so a notification replayed from the log scores exactly as it did live.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import re
@@ -188,6 +190,11 @@ def weights_for(embedder: Embedder) -> Weights:
 SEMANTIC_NOTE = 0.9
 #: units embedded per call of the embedder
 EMBED_BATCH = 1024
+#: units a record queues before it embeds them: bounds the work of the write that happens to
+#: flush the queue (wordllama: about 35-60 us a unit, 4-8 ms for 128; at 650 units of 100
+#: characters, where the characters' bound came first, that write's batch waited 25-35 ms).
+#: A replay embeds EMBED_BATCH at a time (:meth:`UnitIndex.in_bulk`)
+EMBED_LIVE = 128
 #: characters embedded per call at most (beyond one content): bounds the work of the
 #: request that happens to flush the queue (about 4 ms with the default embedder)
 EMBED_BATCH_CHARS = 65536
@@ -476,6 +483,9 @@ def role_alignment(
 class UnitIndex:
     """Column store of memory units for vectorized scoring."""
 
+    #: units queued before :meth:`add` embeds them (a class default: snapshots leave it out)
+    _batch = EMBED_LIVE
+
     def __init__(self, embedder: Embedder | None = None, weights: Weights | None = None) -> None:
         self.embedder = embedder or default_embedder()
         #: the formula's weights: by default those for this embedder (:func:`weights_for`)
@@ -554,8 +564,19 @@ class UnitIndex:
         self._queued_chars += len(unit["content"])
         if self.deferred:
             return
-        if len(self._queued) >= EMBED_BATCH or self._queued_chars >= EMBED_BATCH_CHARS:
+        if len(self._queued) >= self._batch or self._queued_chars >= EMBED_BATCH_CHARS:
             self.flush()
+
+    @contextlib.contextmanager
+    def in_bulk(self) -> Iterator[None]:
+        """Meanwhile :meth:`add` queues :data:`EMBED_BATCH` units before it embeds them, as
+        many as a call embeds (a replay: no request waits for it, and a large batch costs
+        less a unit), rather than :data:`EMBED_LIVE`."""
+        self._batch = EMBED_BATCH
+        try:
+            yield
+        finally:
+            del self._batch
 
     def flush(self) -> None:
         """Embed every queued unit now (deferred or not)."""
