@@ -195,8 +195,8 @@ EMBED_BATCH = 1024
 #: characters, where the characters' bound came first, that write's batch waited 25-35 ms).
 #: A replay embeds EMBED_BATCH at a time (:meth:`UnitIndex.in_bulk`)
 EMBED_LIVE = 128
-#: characters embedded per call at most (beyond one content): bounds the work of the
-#: request that happens to flush the queue (about 4 ms with the default embedder)
+#: characters embedded per call at most (beyond one content): with :data:`EMBED_LIVE`, bounds
+#: the work of the request that happens to flush the queue when contents are long
 EMBED_BATCH_CHARS = 65536
 #: Interests of an agent compared one by one with a unit (the first ones; see
 #: :func:`interest_vectors`)
