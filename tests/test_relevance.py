@@ -270,3 +270,53 @@ def test_keyword_rows_hold_each_rows_words_and_count_as_sets_do(
     chosen = np.array([row for row in picked if row < len(rows)], dtype=np.intp)
     expected = [len(query & rows[row]) for row in chosen.tolist()]
     assert keywords.count(query, chosen).tolist() == expected
+
+
+def _counted_matrix(width: int) -> tuple[relevance.Matrix, list[int]]:
+    """A matrix whose row copies (moves and growths) are counted, copy by copy."""
+    matrix, copied = relevance.Matrix(width), []
+    real_copy = matrix._copy
+
+    def counted(to: Any, start: int, stop: int) -> None:
+        copied.append(max(0, stop - start))
+        real_copy(to, start, stop)
+
+    matrix._copy = counted  # type: ignore[method-assign]
+    return matrix, copied
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.integers(1, 700), min_size=1, max_size=60), st.integers(0, 2**32 - 1))
+def test_a_matrix_grown_ahead_holds_its_rows_and_no_append_copies_them_all(
+    blocks: list[int], seed: int
+) -> None:
+    """Rows appended ahead (the unit index's) read back as appended at every step, through
+    every growth; past :data:`relevance.AHEAD_FROM` rows, no append copies more than
+    AHEAD_ROWS rows for each it appends, its own and those of the largest block before it
+    (not yet movable when it came), where growing at once copies them all."""
+    width = 3
+    matrix, copied = _counted_matrix(width)
+    expected = np.empty((0, width), dtype=np.float32)
+    rng = np.random.default_rng(seed)
+    for count in blocks * 12:
+        rows = rng.integers(-127, 128, size=(count, width)).astype(np.float32)
+        copied.clear()
+        matrix.extend(rows, ahead=True)
+        expected = np.concatenate([expected, rows])
+        assert np.array_equal(matrix.view, expected)
+        if len(expected) - count >= relevance.AHEAD_FROM:
+            assert sum(copied) <= (relevance.AHEAD_ROWS + 1) * count + max(blocks)
+
+
+def test_a_matrix_grown_at_once_copies_every_row_in_one_append() -> None:
+    """Without ``ahead`` (rows that may change in place: the registry's) the append that
+    fills the buffer copies every row, as the bound above would not allow."""
+    matrix, copied = _counted_matrix(2)
+    rows = np.arange(8192 * 2, dtype=np.float32).reshape(-1, 2)
+    most = 0
+    for start in range(0, len(rows), 64):
+        copied.clear()
+        matrix.extend(rows[start : start + 64])
+        most = max(most, sum(copied))
+    assert np.array_equal(matrix.view, rows)
+    assert most >= relevance.AHEAD_FROM > (relevance.AHEAD_ROWS + 2) * 64
