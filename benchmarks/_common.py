@@ -27,6 +27,23 @@ LOAD_RATES = (
 )  # fmt: skip
 
 
+#: the memory types the ATTUNE benchmarks' units are of
+UNIT_TYPES = ["finding", "decision", "observation", "question", "assumption", "constraint"]
+
+
+def unit_payload(rng: Any) -> dict[str, Any]:
+    """A RECORD of the ATTUNE benchmarks: 12 random words, 4 of purpose, one of 200 tasks."""
+    return {
+        "type": rng.choice(UNIT_TYPES),
+        "content": " ".join(rng.choices(VOCABULARY, k=12)),
+        "intent": {
+            "purpose": " ".join(rng.choices(VOCABULARY, k=4)),
+            "task_id": f"task-{rng.randrange(200)}",
+        },
+        "confidence": {"score": rng.random(), "reasoning": "generated"},
+    }
+
+
 def envelope(operation: str, agent: str, payload: dict[str, Any], epoch: int = 0) -> Any:
     return {
         "protocol": "akashik",

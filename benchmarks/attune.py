@@ -27,14 +27,12 @@ import statistics
 import time
 from typing import Any
 
-from _common import VOCABULARY, bracketed, envelope, pct, progress
+from _common import VOCABULARY, bracketed, envelope, pct, progress, unit_payload
 
 from field.core.field import Field, Ids
 from field.ranking import relevance
 from field.ranking.embedding import Embedder, load_embedder
 from tests.reference_relevance import reference_scores
-
-TYPES = ["finding", "decision", "observation", "question", "assumption", "constraint"]
 
 
 def build(
@@ -53,16 +51,7 @@ def build(
     for n in range(units):
         progress(n, units, "recording")
         agent = f"agent-{rng.randrange(1, 51)}"
-        payload = {
-            "type": rng.choice(TYPES),
-            "content": " ".join(rng.choices(VOCABULARY, k=12)),
-            "intent": {
-                "purpose": " ".join(rng.choices(VOCABULARY, k=4)),
-                "task_id": f"task-{rng.randrange(200)}",
-            },
-            "confidence": {"score": rng.random(), "reasoning": "generated"},
-        }
-        field.handle(envelope("RECORD", agent, payload), token=tokens[agent])
+        field.handle(envelope("RECORD", agent, unit_payload(rng)), token=tokens[agent])
     progress(units, units, "recording")
     return field, tokens
 

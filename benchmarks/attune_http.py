@@ -42,12 +42,11 @@ from typing import Any
 import aiohttp
 import fanout
 import orjson
-from _common import ROOT, VOCABULARY, bracketed, envelope, pct, progress
+from _common import ROOT, VOCABULARY, bracketed, envelope, pct, progress, unit_payload
 from _refusals import Refusals, send
 from _refusals import post as post_body
 from fanout import ChildServer, start_field
 
-TYPES = ["finding", "decision", "observation", "assumption", "constraint", "question"]
 SCOPE = {
     "role": "strategist",
     "max_units": 10,
@@ -78,21 +77,7 @@ async def populate(url: str, units: int, clients: int, rng: random.Random) -> di
             payload = {"id": agent, "role": ["strategist", "analyst"][i % 2]}
             payload["interests"] = rng.sample(VOCABULARY, 3)
             tokens[agent] = (await post(session, url, "REGISTER", agent, payload, ""))["token"]
-    payloads = [
-        (
-            f"agent-{rng.randrange(1, 51)}",
-            {
-                "type": rng.choice(TYPES),
-                "content": " ".join(rng.choices(VOCABULARY, k=12)),
-                "intent": {
-                    "purpose": " ".join(rng.choices(VOCABULARY, k=4)),
-                    "task_id": f"task-{rng.randrange(200)}",
-                },
-                "confidence": {"score": rng.random(), "reasoning": "generated"},
-            },
-        )
-        for _ in range(units)
-    ]
+    payloads = [(f"agent-{rng.randrange(1, 51)}", unit_payload(rng)) for _ in range(units)]
     done = 0
 
     async def worker(mine: list[tuple[str, dict[str, Any]]]) -> None:

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, VOCABULARY, bracketed, envelope, pct
+from _common import ROOT, VOCABULARY, bracketed, envelope, pct, unit_payload
 
 SCOPE = {
     "role": "strategist",
@@ -35,7 +35,6 @@ SCOPE = {
     "interests": ["pricing", "churn"],
     "active_task_id": "task-7",
 }
-TYPES = ["finding", "decision", "observation", "question", "assumption", "constraint"]
 NEW_UNIT = {
     "type": "finding",
     "content": "new pricing data",
@@ -73,16 +72,7 @@ async def measure(units: int, runs: int, embedder_name: str) -> dict[str, list[f
             tokens[agent] = (await send("REGISTER", agent, payload, None))["token"]
         for _ in range(units):
             agent = f"agent-{rng.randrange(1, 51)}"
-            payload = {
-                "type": rng.choice(TYPES),
-                "content": " ".join(rng.choices(VOCABULARY, k=12)),
-                "intent": {
-                    "purpose": " ".join(rng.choices(VOCABULARY, k=4)),
-                    "task_id": f"task-{rng.randrange(200)}",
-                },
-                "confidence": {"score": rng.random(), "reasoning": "generated"},
-            }
-            await send("RECORD", agent, payload, tokens[agent])
+            await send("RECORD", agent, unit_payload(rng), tokens[agent])
         reader, writer = "agent-0", "agent-1"
         cursor = (await send("ATTUNE", reader, {"scope": SCOPE}, tokens[reader]))["epoch"]
         samples: dict[str, list[float]] = {"after_writes": [], "none_new": []}
