@@ -191,7 +191,7 @@ SEMANTIC_NOTE = 0.9
 #: units embedded per call of the embedder
 EMBED_BATCH = 1024
 #: units a record queues before it embeds them: bounds the work of the write that happens to
-#: flush the queue (wordllama: about 35-60 us a unit, 4-8 ms for 128; at 650 units of 100
+#: flush the queue (wordllama: about 35-110 us a unit, 4-15 ms for 128; at 650 units of 100
 #: characters, where the characters' bound came first, that write's batch waited 25-35 ms).
 #: A replay embeds EMBED_BATCH at a time (:meth:`UnitIndex.in_bulk`)
 EMBED_LIVE = 128
