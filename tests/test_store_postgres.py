@@ -418,6 +418,55 @@ def test_a_lock_lost_with_its_connection_is_not_appended_after(database: str) ->
         other.close()
 
 
+def test_a_node_stopped_amid_its_append_holds_the_others_for_the_lease_at_most(
+    database: str, monkeypatch: Any
+) -> None:
+    """The batch goes in with one statement: a node stopped amid its append (between its
+    statements: the INSERT done, the COMMIT not sent) leaves a session idle in its
+    transaction, which the database ends after LEASE_TIMEOUT_MS; the other nodes' appends
+    go on, the stopped node's batch is not stored and its next append is refused."""
+    monkeypatch.setattr(pg_module, "LEASE_TIMEOUT_MS", 300)
+    stopped, other = PostgresEventLog(database), PostgresEventLog(database)
+    resume, inserted = threading.Event(), threading.Event()
+    writer = stopped._writer_conn()
+
+    class _StopsAfterInsert:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(writer, name)
+
+        def execute(self, query: Any, *args: Any, **kwargs: Any) -> Any:
+            result = writer.execute(query, *args, **kwargs)
+            if query == pg_module._INSERT:
+                inserted.set()
+                resume.wait(30)  # stopped: nothing more is sent
+            return result
+
+    proxy = _StopsAfterInsert()
+    stopped._writer_conn = lambda: proxy  # type: ignore[method-assign]
+    outcome: list[Any] = []
+
+    def append() -> None:
+        try:
+            outcome.append(stopped.append(batch(1, 2)))
+        except LogUnavailable as error:
+            outcome.append(error)
+
+    thread = threading.Thread(target=append)
+    thread.start()
+    try:
+        assert inserted.wait(30)
+        assert other.append([entry(7)]) == [1]  # waited for the lease to be taken back
+        resume.set()
+        thread.join(30)
+        assert isinstance(outcome[0], LogUnavailable)
+        assert positions(other.read(0, 10)) == [1]
+    finally:
+        resume.set()
+        thread.join(30)
+        stopped.close()
+        other.close()
+
+
 class _LostAtCommit:
     """The writer's connection, whose COMMIT is cut off as it is sent: ``landed`` says
     whether the database committed before the connection went."""
