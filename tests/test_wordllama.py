@@ -8,6 +8,7 @@ close to what the package itself computes.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import random
@@ -20,6 +21,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from field.client import FieldClient
 from field.ranking import embedding, relevance
@@ -150,6 +153,66 @@ def test_a_text_embeds_the_same_alone_or_in_a_batch(
         alone = np.concatenate([embedder.embed([text]) for text in texts])
         assert np.array_equal(batch, alone)  # bit for bit
         assert np.array_equal(embedder.embed(texts[::-1]), batch[::-1])
+
+
+def test_a_texts_token_rows_are_summed_in_order(embedders: dict[int, WordLlamaEmbedder]) -> None:
+    """Each text's row is its tokens' rows added first to last, whatever the batch holds:
+    texts of one token, many of one length, and texts longer than a gather."""
+    rng = random.Random(5)
+    vocabulary = len(embedders[64]._table) - 1
+    lengths = [1, 1, 2, 3, 7, 7, 7, 40, 57, 64, 65, 300, embedding._GATHERED + 5]
+    lengths += [rng.randint(1, 120) for _ in range(200)]
+    rng.shuffle(lengths)
+    ids = [[rng.randrange(vocabulary) for _ in range(n)] for n in lengths]
+    for embedder in embedders.values():
+        table = embedder._table
+        expected = []
+        for text in ids:
+            total = table[text[0]].copy()
+            for token in text[1:]:
+                total = total + table[token]
+            expected.append(total)
+        got = embedder._sums(ids)
+        assert np.array_equal(got.view(np.uint32), np.array(expected).view(np.uint32))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.lists(
+            st.sampled_from(
+                list(" aAbé東🚀\n\t!0\u2581-") + ["latency", " pricing", "  ", "churn"]
+            ),
+            max_size=30,
+        ).map("".join),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_a_texts_ids_are_its_words_ids_one_after_the_other(texts: list[str]) -> None:
+    """The ids made from the words' kept ids are the tokenizer's for the whole text:
+    spaces in runs, at either end, a ``▁`` of the text's own, other scripts."""
+    embedder = _EMBEDDER()
+    encode = embedder._tokenizer.encode
+    expected = [encode(text, add_special_tokens=False).ids for text in texts]
+    assert embedder._token_ids(texts) == expected
+    assert embedder._token_ids(texts[::-1]) == expected[::-1]  # now from what was kept
+
+
+@functools.cache
+def _EMBEDDER() -> WordLlamaEmbedder:
+    return WordLlamaEmbedder(64)
+
+
+def test_kept_word_ids_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    embedder = WordLlamaEmbedder(64)
+    monkeypatch.setattr(embedding, "KEPT_PIECES", 50)
+    texts = _texts(200, seed=9) + [f"word{i} x{i}" for i in range(100)]
+    first = embedder.embed(texts)
+    assert len(embedder._pieces) == 50
+    assert all(len(piece) <= embedding._KEPT_PIECE_CHARS for piece in embedder._pieces)
+    assert np.array_equal(embedder.embed(texts), first)
+    assert np.array_equal(WordLlamaEmbedder(64).embed(texts), first)
 
 
 def test_rows_match_the_packages_own_inference(embedders: dict[int, WordLlamaEmbedder]) -> None:

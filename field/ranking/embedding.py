@@ -30,6 +30,7 @@ None of them ever downloads anything.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import math
@@ -216,6 +217,13 @@ _GATHERED = 2048
 #: against 19 for three short ones) and whose threads spin on the other core afterwards
 #: (embedding three texts took 268 us, 114 without the pool)
 SERIAL_TEXTS = 8
+#: pieces of text (words) whose token ids a wordllama embedder keeps, the oldest forgotten
+#: first: about 6 MB (290 bytes a piece)
+KEPT_PIECES = 20_000
+#: longer pieces are not kept (identifiers, numbers, pasted blobs rarely come again)
+_KEPT_PIECE_CHARS = 40
+#: a word with the spaces before it (:func:`_segments`)
+_PIECE = re.compile(r" *[^ ]+")
 
 
 class WordLlamaEmbedder:
@@ -281,9 +289,14 @@ class WordLlamaEmbedder:
         resize_cache = getattr(self._tokenizer.model, "_resize_cache", None)
         if resize_cache is not None:
             resize_cache(0)
-        #: one row per token of the vocabulary, float32 (stored as float16: exact)
-        self._table = np.ascontiguousarray(table[:, :dim], dtype=np.float32)
+        #: one row per token of the vocabulary, float32 (stored as float16: exact), and a
+        #: last row of -0.0 that pads a short text among longer ones: x + -0.0 is x exactly
+        self._table = np.empty((len(table) + 1, dim), dtype=np.float32)
+        self._table[:-1] = table[:, :dim]
+        self._table[-1] = -0.0
         self._dim = dim
+        #: a piece of text's token ids (:meth:`_token_ids`), oldest first
+        self._pieces: dict[str, list[int]] = {}
 
     @property
     def name(self) -> str:
@@ -298,33 +311,92 @@ class WordLlamaEmbedder:
         kept = [row for row, text in enumerate(texts) if _WORD.search(text)]
         if not kept:
             return out
-        some = [texts[row] for row in kept]
-        if len(some) <= SERIAL_TEXTS:
-            encode = self._tokenizer.encode
-            ids = [encode(text, add_special_tokens=False).ids for text in some]
-        else:
-            ids = [e.ids for e in self._encode_batch(some, add_special_tokens=False)]
-        # (never empty: each text has a word)
-        lengths = np.fromiter(map(len, ids), dtype=np.intp, count=len(ids))
-        ends = np.cumsum(lengths)
-        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.intp, count=int(ends[-1]))
-        sums = np.empty((len(ids), self._dim), dtype=np.float32)
-        first = 0
-        while first < len(ids):  # whole texts of at most _GATHERED tokens (or one longer text)
-            start = int(ends[first] - lengths[first])
-            last = max(first + 1, int(np.searchsorted(ends, start + _GATHERED, side="right")))
-            # each text's rows summed in order, apart from the others: batching changes nothing
-            np.add.reduceat(
-                self._table[tokens[start : ends[last - 1]]],
-                ends[first:last] - lengths[first:last] - start,
-                axis=0,
-                out=sums[first:last],
-            )
-            first = last
+        sums = self._sums(self._token_ids([texts[row] for row in kept]))
         norms = np.sqrt(np.einsum("ij,ij->i", sums, sums))[:, None]
         np.divide(sums, norms, out=sums, where=norms > 0)
         out[kept] = sums
         return out
+
+    def _token_ids(self, texts: list[str]) -> list[list[int]]:
+        """The tokenizer's ids of each text, made from its words' ids.
+
+        The tokenizer turns every space into ``▁`` and puts one before the
+        text, and no token holds a ``▁`` after its first character but
+        the runs of ``▁`` alone: no merge joins a character to the ``▁``
+        after it, so a text's tokens are those of its pieces (each word
+        with the spaces before it, :func:`_segments`) one after the other.
+        A piece's ids are kept (up to :data:`KEPT_PIECES` pieces of at most
+        :data:`_KEPT_PIECE_CHARS` characters); the others are tokenized
+        together, a few one by one, more by the tokenizer's pool. A text
+        that ends with a space, or holds a ``▁``, is tokenized whole.
+        """
+        kept = self._pieces
+        pieces = [_segments(text) or [text] for text in texts]
+        ids_of: dict[str, list[int]] = {}
+        new: list[str] = []
+        for found in pieces:
+            for piece in found:
+                if piece not in ids_of:
+                    ids = kept.get(piece)
+                    if ids is None:
+                        new.append(piece)
+                        ids = []  # (made below)
+                    ids_of[piece] = ids
+        for piece, ids in zip(new, self._tokenize(new), strict=True):
+            ids_of[piece] = ids
+            if len(piece) <= _KEPT_PIECE_CHARS:
+                if len(kept) >= KEPT_PIECES:  # the oldest goes
+                    with contextlib.suppress(KeyError, RuntimeError, StopIteration):
+                        del kept[next(iter(kept))]
+                kept[piece] = ids
+        return [list(chain.from_iterable(ids_of[piece] for piece in found)) for found in pieces]
+
+    def _tokenize(self, texts: list[str]) -> list[list[int]]:
+        if len(texts) <= SERIAL_TEXTS:
+            encode = self._tokenizer.encode
+            return [encode(text, add_special_tokens=False).ids for text in texts]
+        return [e.ids for e in self._encode_batch(texts, add_special_tokens=False)]
+
+    def _sums(self, ids: list[list[int]]) -> npt.NDArray[np.float32]:
+        """Each text's token rows summed in order, first to last, apart from the others
+        (so batching changes nothing, to the bit).
+
+        Texts of like length, longest first, are padded with the -0.0 row into one
+        (texts x tokens x dim) gather of at most :data:`_GATHERED` rows (or one longer
+        text) and summed down the token axis: NumPy adds a non-inner axis row after
+        row, in order. (``np.add.reduceat`` over the texts' rows sums in its own
+        order, in blocks, and took 7 times as long for a batch of 128 short texts.)
+        """
+        # (never empty: each text has a word)
+        lengths = np.fromiter(map(len, ids), dtype=np.intp, count=len(ids))
+        tokens = np.fromiter(chain.from_iterable(ids), dtype=np.intp, count=int(lengths.sum()))
+        starts = np.cumsum(lengths) - lengths
+        order = np.argsort(-lengths, kind="stable")
+        pad = len(self._table) - 1
+        sums = np.empty((len(ids), self._dim), dtype=np.float32)
+        first = 0
+        while first < len(order):
+            width = int(lengths[order[first]])  # the longest text left
+            texts = order[first : first + max(1, _GATHERED // width)]
+            steps = np.arange(width)
+            inside = steps < lengths[texts][:, None]
+            at = np.minimum(starts[texts][:, None] + steps, len(tokens) - 1)
+            rows = np.where(inside, tokens[at], pad)
+            sums[texts] = np.add.reduce(self._table[rows], axis=1)
+            first += len(texts)
+        return sums
+
+
+def _segments(text: str) -> list[str] | None:
+    """What the wordllama tokenizer may tokenize apart for ``text``: each word with the
+    spaces before it, less the one its ``▁`` stands for ("a  b c": "a", " b", "c"; the
+    first piece keeps its own, the tokenizer puts a ``▁`` before it as before the
+    text); None for a text that ends with a space (its last ``▁`` has no word) or that
+    holds a ``▁`` of its own (it would join the next space's)."""
+    if not text or text.endswith(" ") or "\u2581" in text:
+        return None
+    found = _PIECE.findall(text)
+    return [found[0], *(piece[1:] for piece in found[1:])] if found else None
 
 
 def embeds_after_commit(embedder: Embedder) -> bool:
