@@ -172,7 +172,8 @@ async def measure(targets: list[Target], floor: str, runs: int) -> dict[str, lis
 @contextlib.contextmanager
 def served_from(tree: str) -> Iterator[None]:
     """``start_field`` runs ``python -m field`` from ``tree`` (its working directory, so
-    its ``field`` package is the one imported)."""
+    its ``field`` package is the one imported; unless ``PYTHONPATH`` names a tree:
+    :func:`fanout.field_tree`)."""
     saved = fanout.ROOT
     fanout.ROOT = tree
     try:

@@ -176,6 +176,7 @@ class ChildServer:
         *,
         timeout: float = 60,
         stdout: bool = False,
+        cwd: str | None = None,
     ) -> None:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         self.process = subprocess.Popen(
@@ -185,7 +186,7 @@ class ChildServer:
             stderr=subprocess.STDOUT if stdout else subprocess.PIPE,
             text=True,
             env=env,
-            cwd=ROOT,
+            cwd=ROOT if cwd is None else cwd,
         )
         self.output = self.process.stdout if stdout else self.process.stderr
         self.lines: collections.deque[str] = collections.deque(maxlen=200)
@@ -235,14 +236,29 @@ ONE_CLIENT_ADDRESS = (
 )
 
 
+def field_tree() -> str:
+    """The source tree whose ``field`` package a served Field runs: ``python -m field``
+    imports it from its working directory first, so the server runs from this tree:
+    the first ``PYTHONPATH`` entry that holds a ``field`` package (``PYTHONPATH=<tree>
+    python benchmarks/fanout.py`` times that tree, as the scripts run in this process
+    do), else :data:`ROOT` (this checkout, or the tree ``attune_http.py --before``
+    sets there)."""
+    for entry in os.environ.get("PYTHONPATH", "").split(os.pathsep):
+        if entry and os.path.isfile(os.path.join(entry, "field", "__init__.py")):
+            return entry
+    return str(ROOT)
+
+
 def start_field(*extra: str, data_dir: str | None = None) -> tuple[ChildServer, int]:
     """``field serve`` on a free loopback port, ``--in-memory`` unless given a
-    ``data_dir`` (a SQLite log there): (server, port)."""
+    ``data_dir`` (a SQLite log there): (server, port). It runs :func:`field_tree`'s
+    ``field``."""
     command = [sys.executable, "-m", "field", "serve", "--host", HOST, "--port", "0"]
     log = ["--in-memory"] if data_dir is None else ["--data-dir", data_dir]
     server = ChildServer(
         [*command, *log, *ONE_CLIENT_ADDRESS, *LOAD_RATES, *extra],
         re.compile(r"listening on http://127\.0\.0\.1:(\d+)"),
+        cwd=field_tree(),
     )
     assert server.match is not None
     return server, int(server.match.group(1))
@@ -1304,6 +1320,7 @@ def main() -> None:
         f"\nPush fan-out: {args.procs} client processes, one subscription per agent, "
         f"notification {size_bytes} bytes; paced = offered {args.rate:,.0f} notifications/s"
         + (", WebSocket permessage-deflate offered" if args.deflate else "")
+        + f"; the Field served from {field_tree()}"
     )
     print(
         f"{'transport':<10}{'subscr.':>8} {'phase':<9}{'metrics':<8}{'units':>6}{'delivered':>11}"

@@ -15,6 +15,9 @@ RECORD after RECORD for ``--warmup`` + ``--seconds`` seconds:
   per transaction);
 * the baseline: the same server with a batch size of 1
   (``FIELD_MAX_BATCH=1``: one transaction, one commit, per write);
+* the naive loop: no server, one thread of this process inserting a row of
+  a RECORD's size and committing it, one transaction per write, in a SQLite
+  file with the Field's journal mode and ``synchronous``;
 * the durable peer: NATS JetStream (a private ``nats-server -js``, see
   ``_jetstream.py``), one stream on file storage, and ``--clients`` publishers,
   each with its own NATS connection, publishing in the same closed loop and
@@ -35,9 +38,10 @@ many ``memory.recorded`` entries.
 
 Prints RECORD/s, p50/p99 latency (ms, over the measured window), the CPU
 the server and the load generator used, the requests the server refused
-(``503 OVERLOADED`` or ``429 RATE_LIMITED``), and the ratio group commit /
-one commit per write, and the Field's group commit / JetStream's acknowledged
-publishes. A refused request (REGISTER or RECORD) is waited out
+(``503 OVERLOADED`` or ``429 RATE_LIMITED``), and the ratios group commit /
+one commit per write, the Field's group commit / the naive loop's commits, and
+the Field's group commit / JetStream's acknowledged publishes. A refused
+request (REGISTER or RECORD) is waited out
 for its ``Retry-After`` and sent again, the same envelope: the Field changed
 nothing for it, so nothing is written twice; the ``refused`` column counts
 the refusals, and a line after the table names their kinds. A latency is the
@@ -51,7 +55,7 @@ so. ``--nats-server PATH`` names the server binary.
 default) and off (``--no-metrics``), alternating, ``--rounds`` times each
 (the order flips every round), and prints the mean RECORD/s and p50 with
 metrics on as a ratio of those with them off. ``--no-baseline`` skips the
-one-commit-per-write server. ``--embedders hashing wordllama`` instead runs
+one-commit-per-write server and the naive loop. ``--embedders hashing wordllama`` instead runs
 group commit with each embedder (``--embedder``), alternating, and prints
 the cost per write of each against the first's (writes per second of the
 first over its own).
@@ -416,6 +420,46 @@ def run_jetstream(args: argparse.Namespace, sync: str) -> Run:
             loop.close()
 
 
+#: the bare loop's name in the table
+BARE = "SQLite, commit/write"
+
+
+def run_bare_sqlite(args: argparse.Namespace, sync: str) -> Run:
+    """The naive durable loop: one thread inserting a RECORD-sized row (a log entry's
+    columns, the unit as JSON) and committing it, one transaction per write, in a SQLite
+    file in WAL mode with ``synchronous`` as the Field sets it, for ``--warmup`` +
+    ``--seconds``. No HTTP and no Field: what one commit per write costs the disk."""
+    run = Run()
+    rng = random.Random(5)
+    with tempfile.TemporaryDirectory(prefix="field-writes-bare-") as tmp:
+        conn = sqlite3.connect(Path(tmp) / "bare.db", isolation_level=None)
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute(f"PRAGMA synchronous = {sync.upper()}")
+        conn.execute(
+            "CREATE TABLE log (position INTEGER PRIMARY KEY, epoch INTEGER, kind TEXT, "
+            "data BLOB, actor TEXT, ts REAL)"
+        )
+        cpu0, start = time.process_time(), time.perf_counter()
+        run.window = (start + args.warmup, start + args.warmup + args.seconds)
+        n = 0
+        while time.perf_counter() < run.window[1]:
+            n += 1
+            data = orjson.dumps({"unit": record_payload(rng, n)})
+            began = time.perf_counter()
+            conn.execute("BEGIN")
+            conn.execute(
+                "INSERT INTO log VALUES (?, ?, ?, ?, ?, ?)",
+                (n, n, "memory.recorded", data, "writer-0", time.time()),
+            )
+            conn.execute("COMMIT")
+            run.samples.append((began, time.perf_counter()))
+        run.server_cpu = time.process_time() - cpu0
+        run.acknowledged = n
+        run.status_units = run.log_units = conn.execute("SELECT count(*) FROM log").fetchone()[0]
+        conn.close()
+    return run
+
+
 def run_case(
     args: argparse.Namespace,
     sync: str,
@@ -539,6 +583,9 @@ def main() -> None:
                         label += f"/{metrics}{round_ + 1}"
                     run = run_case(args, sync, batch, label, metrics)
                     metered.append((sync, name, metrics, run))
+        if not args.no_baseline:
+            for _ in range(args.rounds):
+                metered.append((sync, BARE, "-", run_bare_sqlite(args, sync)))
         if jetstream:
             for _ in range(args.rounds):
                 name = f"JetStream ({jetstream_policy(args, sync)})"
@@ -572,6 +619,12 @@ def main() -> None:
             single = [r for s, n, _, r in metered if s == sync and n == "one commit per write"]
             ratio = group / mean_rate(single)
             print(f"--sync {sync}: group commit is {ratio:.1f}x one commit per write")
+            bare = mean_rate([r for s, n, _, r in metered if s == sync and n == BARE])
+            print(
+                f"--sync {sync}: Field group commit {group:,.0f} RECORD/s is "
+                f"{group / bare:.2f}x the bare loop's {bare:,.0f} commits/s (one thread, "
+                "one SQLite transaction per write, no HTTP)"
+            )
         if jetstream:
             policy = jetstream_policy(args, sync)
             peer = mean_rate(
