@@ -234,7 +234,16 @@ async def test_a_websocket_resume_arrives_as_text_frames_whether_batched_or_not(
         writes.append(len(texts))
         await send_texts(self, texts, timeout)
 
+    write_now = FieldWebSocketProtocol.write_texts_now
+
+    def counted_now(self: FieldWebSocketProtocol, texts: list[bytes]) -> bool:
+        written = write_now(self, texts)
+        if written:
+            writes.append(len(texts))
+        return written
+
     monkeypatch.setattr(FieldWebSocketProtocol, "_send_texts", counted)
+    monkeypatch.setattr(FieldWebSocketProtocol, "write_texts_now", counted_now)
     cursor = (await subscribe(agents.b, ["memory.recorded"]))["cursor"]
     missed = await record_many(agents.a, 120, "missed")
     async with open_ws(field_server, agents.b.token, since=[cursor]) as ws:

@@ -14,6 +14,15 @@ routes a batch it *corks* the outboxes' :class:`Waker`: their consumers are
 woken afterwards, :attr:`Waker.per_turn` a turn, so that the loop reads its
 sockets between them. Each consumer still finds every frame the batch gave
 it, and writes them in one go.
+
+A consumer that can write without waiting (a WebSocket whose socket takes
+bytes, its agent's notification tokens there) gives its outbox
+:attr:`Outbox.take_now`: where the consumer would be woken, that writes what
+is queued instead (as the waker wakes the outbox, or in a callback of the
+loop's next turn for a frame put uncorked, so that what a turn queues goes
+out together), and the consumer's task stays asleep. Whatever it cannot do
+now (a full socket, a notification rate to wait for, a closed outbox) wakes
+the task as before.
 """
 
 from __future__ import annotations
@@ -117,6 +126,8 @@ class Outbox:
         "notify",
         "waker",
         "due",
+        "take_now",
+        "_taking",
     )
 
     def __init__(self, *, max_frames: int, max_bytes: int, waker: Waker | None = None) -> None:
@@ -137,6 +148,10 @@ class Outbox:
         self.waker = waker
         #: the consumer is to be woken by the waker (it holds this outbox)
         self.due = False
+        #: what the consumer waiting in get() does instead of waking, if it can: write
+        #: what is queued at once; True if it took every frame (module docstring)
+        self.take_now: Callable[[], bool] | None = None
+        self._taking = False  # take_now is to run in the loop's next turn
 
     def __len__(self) -> int:
         return len(self._frames) if self._frames is not None else 0
@@ -167,13 +182,29 @@ class Outbox:
         self._frames.append(frame)
         self._bytes += len(frame.body)
         if self.waker is None or not self.waker.defer(self):
-            self._wake_reader()
+            self._wake_reader(soon=True)
 
-    def _wake_reader(self) -> None:
-        if self._reader is not None and not self._reader.done():
-            self._reader.set_result(None)
+    def _wake_reader(self, soon: bool = False) -> None:
+        """Wake the consumer waiting in get(), or have :attr:`take_now` write for it: now,
+        or with ``soon`` in a callback of the loop's next turn, so that the frames
+        queued until then go out together (as the woken consumer would take them)."""
+        reader = self._reader
+        if reader is not None and not reader.done():
+            take_now = self.take_now
+            if take_now is None or self.closed:
+                reader.set_result(None)
+            elif soon:
+                if not self._taking:
+                    self._taking = True
+                    asyncio.get_running_loop().call_soon(self._take)
+            elif not take_now():
+                reader.set_result(None)
         if self.notify is not None:
             self.notify()
+
+    def _take(self) -> None:
+        self._taking = False
+        self._wake_reader()  # unless the consumer is awake already: it takes them itself
 
     def _wake_pacers(self) -> None:
         pacers, self._pacers = self._pacers, None
@@ -233,6 +264,15 @@ class Outbox:
         if frames is not None and not frames:
             self._frames = None  # idle: hold no queue
         return out
+
+    def unget(self, frames: list[Frame]) -> None:
+        """Put back, in front and in order, frames :meth:`drain_now` took and no one sent."""
+        if not frames:
+            return
+        if self._frames is None:
+            self._frames = deque()
+        self._frames.extendleft(reversed(frames))
+        self._bytes += sum(len(frame.body) for frame in frames)
 
     def tally(self, most: int) -> dict[str, int] | None:
         """The queued notifications (frames with a cursor) by subscription, or None when

@@ -207,6 +207,22 @@ class PushHub:
             else:
                 frames -= cost
 
+    def may_send_now(self, connection: Connection, frames: int) -> bool:
+        """Whether :meth:`pace` would let ``frames`` notifications (at most a batch, see
+        :meth:`batch_size`) through without waiting; nothing is taken."""
+        limiter = self.notifications
+        if limiter is None or connection.kind in SINK_KINDS or connection.ended is not None:
+            return True
+        return frames == 0 or limiter.wait(connection.agent_id, frames) == 0.0
+
+    def sent_now(self, connection: Connection, frames: int) -> None:
+        """Take the tokens of ``frames`` notifications :meth:`may_send_now` found there."""
+        limiter = self.notifications
+        if limiter is None or connection.kind in SINK_KINDS or connection.ended is not None:
+            return
+        if frames:
+            limiter.take(connection.agent_id, frames)
+
     # -- streams -----------------------------------------------------------------
 
     def attach(self, connection: Connection, subscription_id: str, since: str | None) -> None:

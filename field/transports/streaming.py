@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import orjson
@@ -36,7 +37,13 @@ from ..engine.router import Frame
 from .access import access_of
 from .documents import decode_document
 from .web import SEND_TIMEOUT_SECONDS, absolute_urls, deny_websocket, token_of
-from .wsprotocol import BATCH_EXTENSION, SHUTDOWN_CLOSE, SHUTDOWN_EXTENSION, STALL_EXTENSION
+from .wsprotocol import (
+    BATCH_EXTENSION,
+    SHUTDOWN_CLOSE,
+    SHUTDOWN_EXTENSION,
+    STALL_EXTENSION,
+    WRITE_NOW_EXTENSION,
+)
 
 if TYPE_CHECKING:
     from .door import FrontDoor
@@ -102,8 +109,12 @@ async def ws_endpoint(
     default, each = since_cursors(websocket.query_params.getlist("since"))
     base_http = str(websocket.base_url).replace("ws", "http", 1).rstrip("/")  # the Host header
     _release_handshake(websocket)
-    batched = BATCH_EXTENSION in scope.get("extensions", {})
-    sender = asyncio.create_task(_ws_sender(websocket, hub, connection, send if batched else None))
+    extensions = scope.get("extensions") or {}
+    batched = BATCH_EXTENSION in extensions
+    write_now = (extensions.pop(WRITE_NOW_EXTENSION, None) or {}).get("write")
+    sender = asyncio.create_task(
+        _ws_sender(websocket, hub, connection, send if batched else None, write_now)
+    )
     access = access_of(scope)
     try:
         subscriptions = streamed(hub.field, agent_id, each)
@@ -233,7 +244,11 @@ def _known_operation(value: Any) -> str | None:
 
 
 async def _ws_sender(
-    websocket: WebSocket, hub: PushHub, connection: Connection, send: Send | None
+    websocket: WebSocket,
+    hub: PushHub,
+    connection: Connection,
+    send: Send | None,
+    write_texts_now: Callable[[list[bytes]], bool] | None = None,
 ) -> None:
     """Copy frames to the socket; close with the hub's code when it ends the connection.
 
@@ -242,7 +257,9 @@ async def _ws_sender(
     each batch once its notifications' tokens are there (:meth:`PushHub.pace`),
     and the protocol bounds the wait for a full socket (a stall, which ends the
     connection through :func:`_ws_reader`). Otherwise each send may wait
-    :data:`SEND_TIMEOUT_SECONDS`, then the connection is given up.
+    :data:`SEND_TIMEOUT_SECONDS`, then the connection is given up. With
+    ``write_texts_now`` too (:data:`WRITE_NOW_EXTENSION`), a batch that can go out
+    at once is written where it arrives, without waking this task.
     """
 
     async def write(batch: list[Frame]) -> bool:
@@ -255,8 +272,11 @@ async def _ws_sender(
                     await websocket.send_text(_ws_frame(queued).decode())
         return False
 
+    direct = write_texts_now if send is not None else None
     try:
-        await consume(hub, connection, write, most=SEND_BATCH + 1)
+        await consume(
+            hub, connection, write, most=SEND_BATCH + 1, write_now=direct, encode=_ws_frame
+        )
         code, reason = connection.ended or (1000, "")
         await websocket.close(code=code, reason=reason)
     except TimeoutError:

@@ -19,6 +19,9 @@ closing:
   system call per frame. The extension is announced in the scope's
   ``extensions``, as ASGI extensions are; an application that finds it
   missing (another server) sends frame by frame;
+* :data:`WRITE_NOW_EXTENSION`: the same batch written by a plain call, when
+  that needs no wait, so that a frame for an idle connection goes out
+  without waking the application's sender task;
 * a handshake websockets refuses is answered with the Field's error body
   (``400 INVALID_HANDSHAKE``) and an ``X-Request-Id`` instead of plain text
   (:class:`FieldServerProtocol`);
@@ -87,6 +90,12 @@ logger = logging.getLogger("field.websocket")
 #: full socket buffer to drain, past which the consumer is stalled (the texts are
 #: written all the same).
 BATCH_EXTENSION = "field.websocket.send_texts"
+#: The scope extension whose options are ``{"write": write_texts_now}``: a plain call
+#: that writes a batch of texts as :data:`BATCH_EXTENSION` does, at once, and answers
+#: True, or writes nothing and answers False when that cannot be done without waiting
+#: (the socket's buffer is full, the connection is closing, an extension frames the
+#: texts); the application then sends them with :data:`BATCH_EXTENSION`.
+WRITE_NOW_EXTENSION = "field.websocket.write_texts_now"
 #: The scope extension, and the type of the receive event ``{"type": STALL_EXTENSION,
 #: "reason": close reason, "detail": what happened}`` that says the consumer stalled
 #: (module docstring): the application should end the connection.
@@ -299,6 +308,7 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
             extensions = scope["extensions"]
             for name in (BATCH_EXTENSION, STALL_EXTENSION, SHUTDOWN_EXTENSION):
                 extensions[name] = _NO_OPTIONS
+            extensions[WRITE_NOW_EXTENSION] = {"write": self.write_texts_now}
 
     async def send(self, message: Any) -> None:
         if message["type"] == BATCH_EXTENSION:
@@ -320,6 +330,27 @@ class FieldWebSocketProtocol(WebSocketsSansIOProtocol):
             # a denial response went out whole: the handshake is over (uvicorn
             # would otherwise log that the application never completed it)
             self.handshake_complete = True
+
+    def write_texts_now(self, texts: list[bytes]) -> bool:
+        """:data:`WRITE_NOW_EXTENSION`: write ``texts`` now as :meth:`_send_texts` would,
+        or write nothing and answer False where it would wait or fail."""
+        if (
+            not self.writable.is_set()
+            or self.close_sent
+            or not self.handshake_complete
+            or self.transport.is_closing()
+        ):
+            return False
+        conn = self.conn
+        if (
+            conn.state is not State.OPEN
+            or conn.extensions
+            or conn.expect_continuation_frame
+            or conn.debug
+        ):
+            return False
+        self.transport.write(b"".join(text_frames(conn.data_to_send(), texts)))
+        return True
 
     async def _send_texts(self, texts: list[bytes], timeout: float | None) -> None:
         """Frame every text as ``send`` would, and write them all in one go.
