@@ -9,21 +9,16 @@ closed outbox) wakes the loop, which sends it as before.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import orjson
 import pytest
 
-from field.core.field import Field
 from field.engine.consumer import consume
 from field.engine.push import Connection, PushHub
 from field.engine.router import Frame
-from field.engine.service import FieldService
-from field.store.memory import MemoryEventLog
 
-from .conftest import UNLOADED_POLICY
 from .test_push_hub import Hub, hub  # noqa: F401
-from .test_ratelimits import Clock, Rate
+from .test_ratelimits import Clock, paced  # noqa: F401
 
 
 class Sink:
@@ -74,6 +69,19 @@ def sending(h: PushHub, connection: Connection, sink: Sink) -> asyncio.Task[bool
     )
 
 
+async def streaming(h: Hub, sink: Sink) -> tuple[Connection, Sink, asyncio.Task[bool]]:
+    """a's WebSocket of a new subscription to memory.recorded, sent to ``sink``, its
+    sender waiting once it has sent what attaching queued (the live marker)."""
+    subscription = await h.subscribe("a", ["memory.recorded"])
+    connection = h.hub.connect("a", "ws")
+    h.hub.attach(connection, subscription, None)
+    queued = len(connection.outbox)
+    assert queued
+    task = sending(h.hub, connection, sink)
+    await sink.until(queued)
+    return connection, sink, task
+
+
 def units(batches: list[list[bytes]]) -> list[str]:
     """The memory units notified in ``batches``, in order (other frames left out)."""
     found = [orjson.loads(text) for batch in batches for text in batch]
@@ -87,14 +95,7 @@ def numbered(n: int) -> Frame:
 async def test_a_fan_out_is_written_where_it_arrives_and_the_sender_sleeps_on(
     hub: Hub,  # noqa: F811
 ) -> None:
-    subscription = await hub.subscribe("a", ["memory.recorded"])
-    connection = hub.hub.connect("a", "ws")
-    hub.hub.attach(connection, subscription, None)
-    sink = Sink()
-    task = sending(hub.hub, connection, sink)
-    queued = len(connection.outbox)  # what attaching queued (the live marker): the loop's
-    assert queued
-    await sink.until(queued)
+    connection, sink, task = await streaming(hub, Sink())
     recorded = [await hub.record("writer", f"pricing note {n}") for n in range(3)]
     await sink.until_notified(3)
     assert units(sink.now) == recorded and units(sink.woken) == []
@@ -106,13 +107,9 @@ async def test_a_fan_out_is_written_where_it_arrives_and_the_sender_sleeps_on(
 async def test_a_socket_that_takes_nothing_now_leaves_the_frames_to_the_sender(
     hub: Hub,  # noqa: F811
 ) -> None:
-    subscription = await hub.subscribe("a", ["memory.recorded"])
-    connection = hub.hub.connect("a", "ws")
-    hub.hub.attach(connection, subscription, None)
     sink = Sink()
     sink.writable = False
-    task = sending(hub.hub, connection, sink)
-    await sink.until(len(connection.outbox))  # the live marker
+    connection, sink, task = await streaming(hub, sink)
     recorded = [await hub.record("writer", f"pricing note {n}") for n in range(2)]
     await sink.until_notified(2)
     assert sink.now == [] and units(sink.woken) == recorded
@@ -137,23 +134,13 @@ async def test_what_one_turn_queues_goes_out_in_one_write(hub: Hub) -> None:  # 
     assert await task is True
 
 
-@pytest.fixture
-async def paced() -> AsyncIterator[tuple[PushHub, Clock]]:
-    clock = Clock()
-    service = FieldService(MemoryEventLog(), Field, admission=UNLOADED_POLICY)
-    push = PushHub(service, notify_rate=Rate(2.0, 4), clock=clock, pause=clock.pause)
-    await service.start()
-    yield push, clock
-    await service.stop()
-
-
 async def test_the_agents_notification_rate_holds_for_what_is_written_at_once(
-    paced: tuple[PushHub, Clock],
+    paced: tuple[Hub, Clock],  # noqa: F811
 ) -> None:
-    push, clock = paced
-    connection = push.connect("a", "ws")
+    h, clock = paced
+    connection = h.hub.connect("a", "ws")
     sink = Sink()
-    task = sending(push, connection, sink)
+    task = sending(h.hub, connection, sink)
     await asyncio.sleep(0)
     for n in range(6):
         assert connection.outbox.put(numbered(n))
