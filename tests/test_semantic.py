@@ -378,6 +378,11 @@ def test_records_embed_a_bounded_batch_and_a_replay_a_large_one() -> None:
     for i in range(relevance.EMBED_LIVE):  # live again: a bounded batch
         index.add({**unit, "id": f"more-{i}", "content": f"more {i}"})
     assert replaying.calls == [total, relevance.EMBED_LIVE]
+    with index.in_bulk(), index.in_bulk():  # a replay within a replay
+        pass
+    for i in range(relevance.EMBED_LIVE):  # and live again after both
+        index.add({**unit, "id": f"last-{i}", "content": f"last {i}"})
+    assert replaying.calls == [total, relevance.EMBED_LIVE, relevance.EMBED_LIVE]
 
 
 def test_a_live_record_is_embedded_before_it_is_read() -> None:

@@ -614,11 +614,13 @@ class UnitIndex:
         """Meanwhile :meth:`add` queues :data:`EMBED_BATCH` units before it embeds them, as
         many as a call embeds (a replay: no request waits for it, and a large batch costs
         less a unit), rather than :data:`EMBED_LIVE`."""
+        outer = "_batch" not in vars(self)  # (a replay within a replay leaves it to the outer)
         self._batch = EMBED_BATCH
         try:
             yield
         finally:
-            del self._batch
+            if outer:
+                del self._batch  # back to the class default: nothing of it in the state
 
     def flush(self) -> None:
         """Embed every queued unit now (deferred or not)."""
