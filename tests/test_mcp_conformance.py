@@ -156,7 +156,7 @@ async def proxy(field: ServerProcess) -> AsyncIterator[str]:
 
     app = web.Application()
     app.router.add_route("*", "/{path:.*}", forward)
-    runner = web.AppRunner(app)
+    runner = web.AppRunner(app, handler_cancellation=True)  # a client gone ends its relay
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
