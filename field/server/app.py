@@ -46,6 +46,7 @@ from ..transports.door import FrontDoor, RegisterLimit
 from ..transports.health import health_routes
 from ..transports.http import HTTPBinding
 from ..transports.index import OPENAPI_PATH, index_routes
+from ..transports.mcp.deferred import DeferredMcp
 from ..transports.metrics import Metrics, Observer
 from ..transports.openapi import openapi_endpoint
 from ..transports.rap import RapBinding
@@ -125,21 +126,26 @@ def _snapshotter(
     )
 
 
-def _mcp_binding(runtime: Runtime, door: FrontDoor, config: Config) -> McpHttpBinding | None:
-    """MCP over HTTP at ``/mcp``, or None when the mcp extra is not installed."""
+def _mcp_binding(runtime: Runtime, door: FrontDoor, config: Config) -> DeferredMcp | None:
+    """MCP over HTTP at ``/mcp``, made at its first request, or None when the mcp extra
+    is not installed."""
     if importlib.util.find_spec("mcp") is None:
         return None
-    from ..transports.mcp.streamable_http import McpHttpBinding
 
-    return McpHttpBinding(
-        runtime,
-        door,
-        limits=config.limits,
-        max_sessions=config.mcp_max_sessions,
-        max_per_agent=config.max_push_per_agent,
-        max_per_client=config.mcp_max_sessions_per_client,
-        idle_timeout=config.mcp_idle_timeout,
-    )
+    def build() -> McpHttpBinding:
+        from ..transports.mcp.streamable_http import McpHttpBinding
+
+        return McpHttpBinding(
+            runtime,
+            door,
+            limits=config.limits,
+            max_sessions=config.mcp_max_sessions,
+            max_per_agent=config.max_push_per_agent,
+            max_per_client=config.mcp_max_sessions_per_client,
+            idle_timeout=config.mcp_idle_timeout,
+        )
+
+    return DeferredMcp(build)
 
 
 def create_app(
