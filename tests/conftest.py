@@ -24,7 +24,6 @@ from typing import Any
 import aiohttp
 import hypothesis
 import pytest
-import uvicorn
 
 from field.cli.main import uvicorn_config
 from field.client import FieldClient
@@ -32,6 +31,7 @@ from field.engine.admission import AdmissionPolicy
 from field.ranking.embedding import Embedder
 from field.server.app import create_app
 from field.server.config import Config
+from field.server.serving import FieldServer
 
 _LISTENING = re.compile(r"listening on (http://\S+?):? ")
 
@@ -98,7 +98,8 @@ class ThreadedServer:
         )
         if ws is not None:  # another of uvicorn's WebSocket protocols than field serve's
             settings.ws = ws
-        self.server = uvicorn.Server(settings)
+        #: field serve's server: a stop is noticed at once and ends the push streams first
+        self.server = FieldServer(settings, self.app)
         self.thread = threading.Thread(target=self._run, name="field-server", daemon=True)
 
     def _run(self) -> None:
@@ -111,7 +112,7 @@ class ThreadedServer:
         return self
 
     def stop(self) -> None:
-        self.server.should_exit = True
+        self.server.stop()
         self.thread.join(timeout=30)
         self.sock.close()
 

@@ -4,6 +4,7 @@ Field's way, and the caller hears when the server takes connections."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import socket
 from collections.abc import Callable
@@ -11,6 +12,10 @@ from types import FrameType
 
 import uvicorn
 from starlette.applications import Starlette
+
+#: Seconds between uvicorn's ticks, and the count at which its counter starts again (a day)
+TICK_SECONDS = 0.1
+TICKS_WRAP = 864000
 
 
 class FieldServer(uvicorn.Server):
@@ -33,6 +38,8 @@ class FieldServer(uvicorn.Server):
         self.on_started = on_started
         #: the loop the server runs on (a signal handler may run elsewhere)
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: set on the loop when the server is to stop: the main loop's wait ends there
+        self._stopping = asyncio.Event()
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
@@ -40,16 +47,33 @@ class FieldServer(uvicorn.Server):
         if self.started and self.on_started is not None:
             self.on_started()
 
+    async def main_loop(self) -> None:
+        """uvicorn's ticks (the date header, once a second; the stop), but a stop ends the
+        wait for the next tick at once instead of up to a tenth of a second later."""
+        counter = 0
+        while not await self.on_tick(counter):
+            counter = (counter + 1) % TICKS_WRAP
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(TICK_SECONDS):
+                    await self._stopping.wait()
+
+    def stop(self) -> None:
+        """Stop as SIGTERM does, from any thread."""
+        self.handle_exit(signal.SIGTERM, None)
+
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self.should_exit and sig == signal.SIGINT:
             self.force_exit = True  # a second Ctrl-C skips the graceful wait
             return
         self.should_exit = True
+        if self._loop is None:  # not started
+            return
         # End push streams ourselves, before uvicorn drops the connections:
         # WebSockets close with 1001 and SSE streams end with a shutdown event.
         hub = getattr(self.app.state, "push_hub", None)
         mcp = getattr(self.app.state, "mcp", None)  # MCP sessions' streams end likewise
-        if self._loop is not None:
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the server ended already
+            self._loop.call_soon_threadsafe(self._stopping.set)
             for stop in (hub, mcp):
                 if stop is not None:
                     self._loop.call_soon_threadsafe(stop.shutdown)
