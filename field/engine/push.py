@@ -195,8 +195,8 @@ class PushHub:
         and neither is a connection that has ended: nothing more is queued on it, and
         what is left is sent at once (the client may be gone).
         """
-        limiter = self.notifications
-        if limiter is None or connection.kind in SINK_KINDS:
+        limiter = self._limiter_of(connection)
+        if limiter is None:
             return
         burst = int(limiter.rate.burst)
         while frames > 0 and connection.ended is None:
@@ -210,18 +210,25 @@ class PushHub:
     def may_send_now(self, connection: Connection, frames: int) -> bool:
         """Whether :meth:`pace` would let ``frames`` notifications (at most a batch, see
         :meth:`batch_size`) through without waiting; nothing is taken."""
-        limiter = self.notifications
-        if limiter is None or connection.kind in SINK_KINDS or connection.ended is not None:
+        limiter = self._limiter_of(connection)
+        if limiter is None or connection.ended is not None:
             return True
         return frames == 0 or limiter.wait(connection.agent_id, frames) == 0.0
 
     def sent_now(self, connection: Connection, frames: int) -> None:
         """Take the tokens of ``frames`` notifications :meth:`may_send_now` found there."""
-        limiter = self.notifications
-        if limiter is None or connection.kind in SINK_KINDS or connection.ended is not None:
+        limiter = self._limiter_of(connection)
+        if limiter is None or connection.ended is not None:
             return
         if frames:
             limiter.take(connection.agent_id, frames)
+
+    def _limiter_of(self, connection: Connection) -> KeyedLimiter | None:
+        """The notification limiter that paces ``connection``: None with no rate, or for a
+        durable sink (a delivery has its own ``delivery_rate``)."""
+        if connection.kind in SINK_KINDS:
+            return None
+        return self.notifications
 
     # -- streams -----------------------------------------------------------------
 
